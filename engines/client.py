@@ -1,0 +1,247 @@
+"""Async client for the daemon's control API, used by the CLI and the desktop app.
+
+``DaemonClient.connect()`` finds the running daemon through ``daemon.json`` in the state dir and
+checks that it answers. Every method raises ``DaemonUnavailable`` when the daemon cannot be
+reached and ``ControlAPIError`` (with the daemon's message, which says what to do) otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from engines import __version__
+from engines.config import Paths
+from engines.errors import ControlAPIError, DaemonUnavailable
+from engines.events import EngineState, EngineStatus, Event, from_plain, from_wire
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    """The contents of daemon.json."""
+
+    pid: int
+    url: str
+    port: int
+    token: str
+    version: str
+    started_at_s: float
+
+    @classmethod
+    def read(cls, paths: Paths) -> DaemonInfo:
+        try:
+            data = json.loads(paths.daemon_json.read_text())
+            info = cls(
+                int(data["pid"]),
+                str(data["url"]),
+                int(data["port"]),
+                str(data["token"]),
+                str(data["version"]),
+                float(data["started_at_s"]),
+            )
+        except FileNotFoundError:
+            raise DaemonUnavailable(
+                "the traylm daemon is not running; start it with `traylm serve` "
+                "(or open the tray app with `traylm`)"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DaemonUnavailable(
+                f"{paths.daemon_json} is unreadable ({exc}); restart the daemon with `traylm serve`"
+            ) from None
+        if not _pid_alive(info.pid):
+            raise DaemonUnavailable(
+                f"the traylm daemon (pid {info.pid}) is no longer running; start it with "
+                "`traylm serve`"
+            )
+        return info
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DaemonClient:
+    def __init__(self, info: DaemonInfo, *, timeout_s: float = 30.0) -> None:
+        self.info = info
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=3)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    async def connect(cls, paths: Paths | None = None, *, timeout_s: float = 30.0) -> DaemonClient:
+        info = await asyncio.to_thread(DaemonInfo.read, paths or Paths.from_env())
+        client = cls(info, timeout_s=timeout_s)
+        try:
+            await client.status()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    @property
+    def version_matches(self) -> bool:
+        return self.info.version == __version__
+
+    async def __aenter__(self) -> DaemonClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                base_url=self.info.url,
+                timeout=self._timeout,
+                headers={"Authorization": f"Bearer {self.info.token}"},
+            )
+        return self._session
+
+    async def _call(
+        self, method: str, path: str, *, json_body: Any = None, params: dict[str, str] | None = None
+    ) -> Any:
+        try:
+            async with self._http().request(method, path, json=json_body, params=params) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status >= 400:
+                    err = data.get("error", {}) if isinstance(data, dict) else {}
+                    raise ControlAPIError(
+                        str(err.get("message", f"HTTP {resp.status}")),
+                        code=str(err.get("type", "error")),
+                        http_status=resp.status,
+                    )
+                return data
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise DaemonUnavailable(
+                f"the traylm daemon at {self.info.url} does not answer ({type(exc).__name__}); "
+                "is it still running? `traylm serve` starts it"
+            ) from None
+        except (ValueError, aiohttp.ContentTypeError) as exc:
+            raise DaemonUnavailable(
+                f"the daemon answered something that is not JSON ({exc})"
+            ) from None
+
+    # ----------------------------------------------------------------- status and engines
+
+    async def status(self) -> JSON:
+        data: JSON = await self._call("GET", "/api/status")
+        return data
+
+    async def engines(self) -> list[EngineStatus]:
+        return [from_plain(EngineStatus, e) for e in await self._call("GET", "/api/engines")]
+
+    async def start(self, profile: str | None = None, **adhoc: Any) -> EngineStatus:
+        body = {"profile": profile} if profile else adhoc
+        return from_plain(EngineStatus, await self._call("POST", "/api/engines", json_body=body))
+
+    async def stop(self, engine_id: str) -> EngineStatus:
+        return from_plain(EngineStatus, await self._call("POST", f"/api/engines/{engine_id}/stop"))
+
+    async def restart(self, engine_id: str) -> EngineStatus:
+        data = await self._call("POST", f"/api/engines/{engine_id}/restart")
+        return from_plain(EngineStatus, data)
+
+    async def logs(self, engine_id: str, tail: int = 200) -> list[str]:
+        data = await self._call("GET", f"/api/engines/{engine_id}/logs", params={"tail": str(tail)})
+        return [str(line) for line in data["lines"]]
+
+    async def shutdown(self) -> None:
+        await self._call("POST", "/api/shutdown")
+
+    # ----------------------------------------------------------------- profiles and settings
+
+    async def profiles(self) -> JSON:
+        data: JSON = await self._call("GET", "/api/profiles")
+        return data
+
+    async def profile(self, name: str) -> JSON:
+        data: JSON = await self._call("GET", f"/api/profiles/{name}")
+        return data
+
+    async def save_profile(self, name: str, fields: JSON, *, dry_run: bool = False) -> JSON:
+        params = {"dry_run": "1"} if dry_run else None
+        data: JSON = await self._call(
+            "PUT", f"/api/profiles/{name}", json_body=fields, params=params
+        )
+        return data
+
+    async def delete_profile(self, name: str) -> None:
+        await self._call("DELETE", f"/api/profiles/{name}")
+
+    async def settings(self) -> JSON:
+        data: JSON = await self._call("GET", "/api/settings")
+        return data
+
+    async def update_settings(self, changes: JSON) -> JSON:
+        data: JSON = await self._call("PATCH", "/api/settings", json_body=changes)
+        return data
+
+    async def envs(self) -> list[JSON]:
+        data: list[JSON] = await self._call("GET", "/api/envs")
+        return data
+
+    async def env_doctor(self, name: str) -> JSON:
+        data: JSON = await self._call("GET", f"/api/envs/{name}/doctor")
+        return data
+
+    # ----------------------------------------------------------------- events
+
+    async def events(self, kinds: Iterable[str] | None = None) -> AsyncIterator[Event]:
+        """Yield events until the daemon closes the stream. Unknown kinds (a newer daemon) are
+        skipped."""
+        params = {"kinds": ",".join(kinds)} if kinds else None
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=60)
+        try:
+            async with self._http().get("/api/events", params=params, timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise ControlAPIError(
+                        f"events stream refused: HTTP {resp.status}",
+                        code="events",
+                        http_status=resp.status,
+                    )
+                async for raw in resp.content:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    try:
+                        yield from_wire(json.loads(line[5:]))
+                    except (KeyError, ValueError, TypeError):
+                        continue
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
+            raise DaemonUnavailable(f"lost the event stream from {self.info.url}") from None
+
+    async def wait_for_engine(
+        self, engine_id: str, states: Iterable[EngineState], timeout_s: float
+    ) -> EngineStatus:
+        """Wait until the engine reaches one of ``states``; returns its status then."""
+        wanted = frozenset(states)
+
+        async def poll() -> EngineStatus:
+            while True:
+                for status in await self.engines():
+                    if status.engine_id == engine_id and status.state in wanted:
+                        return status
+                await asyncio.sleep(0.5)
+
+        return await asyncio.wait_for(poll(), timeout_s)

@@ -1,0 +1,298 @@
+"""The traylm daemon: builds every part, serves the gateway, shuts down on a deadline.
+
+One daemon per user (a lock file in the state dir). It writes ``daemon.json`` (pid, URL and the
+control token, mode 0600) once it serves, and removes it on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from engines import __version__
+from engines.adapters import adapter_for
+from engines.bus import EventBus
+from engines.config import (
+    Paths,
+    Profile,
+    ProfileStore,
+    Settings,
+    load_settings,
+    profile_from_mapping,
+    replace_setting,
+    save_settings,
+    write_bytes_atomic,
+)
+from engines.envs import EnvManager, has_nvidia_gpu
+from engines.errors import ConfigError, EngineNotFound, PortInUseError, TraylmError
+from engines.events import DaemonStopping, EngineState, EngineStatus, Notice
+from engines.gateway.app import GatewayContext, build_app
+from engines.gateway.control import control_routes
+from engines.gateway.metrics import MetricsRegistry
+from engines.procs import PidRegistry, port_holder, reap_orphans
+from engines.store import Store
+from engines.supervisor import ManagedEngine, Supervisor
+
+log = logging.getLogger(__name__)
+
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+class DaemonAlreadyRunning(TraylmError):
+    code = "daemon_running"
+
+
+class Daemon:
+    """Composition root. Construct (no I/O), then ``await run()``."""
+
+    def __init__(self, paths: Paths, settings: Settings | None = None) -> None:
+        self.paths = paths
+        self._settings_override = settings
+        self.settings = settings or Settings()
+        self.bus = EventBus()
+        self.supervisor = Supervisor()
+        self.registry = MetricsRegistry()
+        self.profiles = ProfileStore(paths.profiles_dir)
+        self.envs = EnvManager(paths.envs_dir)
+        self.store = Store(paths.db_path)
+        self.pids = PidRegistry(paths.engine_pids_json)
+        self.token = secrets.token_urlsafe(32)
+        self.ctx: GatewayContext | None = None
+        self.started_at_s = time.time()
+        self.reaped: list[str] = []
+        self._stop = asyncio.Event()
+        self._lock_fh: IO[str] | None = None
+        self._runner: web.AppRunner | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if not self.settings.gateway.lan_sharing else "0.0.0.0"  # noqa: S104
+        return f"http://{host}:{self.settings.gateway.port}"
+
+    def request_stop(self, reason: str = "") -> None:
+        log.info("stop requested%s", f": {reason}" if reason else "")
+        self._stop.set()
+
+    async def run(
+        self, *, ready: asyncio.Event | None = None, install_signal_handlers: bool = True
+    ) -> None:
+        self.bus.bind_loop(asyncio.get_running_loop())
+        self._take_lock()
+        try:
+            if self._settings_override is None:
+                self.settings = await asyncio.to_thread(load_settings, self.paths.config_file)
+            self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
+            await asyncio.to_thread(self.store.open)
+            await self._serve()
+            if install_signal_handlers:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, self.request_stop, sig.name)
+            if ready is not None:
+                ready.set()
+            log.info("traylm %s serving on %s", __version__, self.url)
+            await self._stop.wait()
+        finally:
+            await self._shutdown()
+
+    async def _serve(self) -> None:
+        g = self.settings.gateway
+        self.ctx = GatewayContext(
+            self.settings, self.supervisor, self.registry, self.token, daemon=self
+        )
+        app = build_app(self.ctx, control_routes=control_routes())
+        runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+        )
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(
+            runner, self.settings.bind_host, g.port, reuse_address=True, backlog=1024
+        )
+        try:
+            await site.start()
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                holder = port_holder(self.settings.bind_host, g.port) or "another process"
+                raise PortInUseError(
+                    f"port {g.port} is held by {holder}; stop it, or move traylm with "
+                    f"`traylm config set gateway.port {g.port + 1}`"
+                ) from exc
+            raise
+        info = {
+            "pid": os.getpid(),
+            "url": f"http://127.0.0.1:{g.port}",
+            "port": g.port,
+            "token": self.token,
+            "version": __version__,
+            "started_at_s": self.started_at_s,
+        }
+        write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
+
+    async def _shutdown(self) -> None:
+        self.bus.publish(DaemonStopping(reason="daemon stopping"))
+        deadline = self.settings.engines.stop_timeout_s + 10
+        try:
+            await asyncio.wait_for(self.supervisor.stop_all(), deadline)
+        except TimeoutError:
+            log.error("engines did not stop within %.0f s", deadline)
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._runner.cleanup(), 5)
+        with contextlib.suppress(FileNotFoundError):
+            if self._owns_daemon_json():
+                self.paths.daemon_json.unlink()
+        self.store.close()
+        self._release_lock()
+
+    def _owns_daemon_json(self) -> bool:
+        try:
+            return bool(json.loads(self.paths.daemon_json.read_text())["pid"] == os.getpid())
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _take_lock(self) -> None:
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        fh = (self.paths.state_dir / "daemon.lock").open("a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            running = ""
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                info = json.loads(self.paths.daemon_json.read_text())
+                running = f" (pid {info['pid']}, {info['url']})"
+            raise DaemonAlreadyRunning(
+                f"a traylm daemon is already running{running}; use it, or stop it with "
+                "`traylm shutdown`"
+            ) from None
+        self._lock_fh = fh
+
+    def _release_lock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    # ----------------------------------------------------------------- engines
+
+    async def start_engine(self, profile: Profile) -> EngineStatus:
+        """Validate everything that can be checked before launch, then start (returns at once
+        with state ``starting``). Raises TraylmError subclasses with the fix in the message."""
+        adapter = adapter_for(profile.engine)
+        device = resolve_device(profile)
+        env = self.envs.find(profile.engine, device=device, version=profile.engine_version)
+        runtime = await asyncio.to_thread(env.runtime)
+        model = resolve_model(profile)
+        if profile.cpu_kv_cache_gib is None and device == "cpu":
+            profile = dataclasses.replace(
+                profile, cpu_kv_cache_gib=self.settings.engines.cpu_kv_cache_gib
+            )
+        self._check_names_free(profile)
+        adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        engine = ManagedEngine(
+            profile.name,
+            profile=profile,
+            adapter=adapter,
+            runtime=runtime,
+            model=model,
+            settings=self.settings.engines,
+            log_path=self.paths.logs_dir / "engines" / f"{profile.name}.log",
+            pids=self.pids,
+            publish=self.bus.publish,
+        )
+        self.supervisor.add(engine)
+        await engine.start()
+        return engine.status()
+
+    def _check_names_free(self, profile: Profile) -> None:
+        for other in self.supervisor.engines.values():
+            if other.engine_id == profile.name or other.state in (
+                EngineState.STOPPED,
+                EngineState.FAILED,
+            ):
+                continue
+            clash = set(other.served_names) & set(profile.served_names)
+            if clash:
+                raise ConfigError(
+                    f"{', '.join(sorted(clash))} is already served by engine "
+                    f"{other.engine_id!r}; stop it first or give this profile another served_name"
+                )
+
+    def engine(self, engine_id: str) -> ManagedEngine:
+        engine = self.supervisor.get(engine_id)
+        if engine is None:
+            known = ", ".join(sorted(self.supervisor.engines)) or "none"
+            raise EngineNotFound(f"no engine {engine_id!r}; engines: {known}")
+        return engine
+
+    def notify_error(self, title: str, exc: TraylmError) -> None:
+        self.bus.publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
+
+    # ----------------------------------------------------------------- settings
+
+    async def update_settings(self, changes: dict[str, Any]) -> Settings:
+        """Apply ``{"section.field": value}`` changes: all validated, saved and applied, or
+        none (the first invalid one raises ConfigError)."""
+        new = self.settings
+        for dotted, value in changes.items():
+            new = replace_setting(new, dotted, value)
+        await asyncio.to_thread(save_settings, self.paths.config_file, new)
+        self.settings = new
+        if self.ctx is not None:
+            self.ctx.apply_settings(new)
+        return new
+
+    def adhoc_profile(self, data: dict[str, Any]) -> Profile:
+        model = str(data.get("model", ""))
+        name = data.pop("name", None) or _name_from_model(model)
+        return profile_from_mapping(name, data, f"--model {model}")
+
+
+def resolve_device(profile: Profile) -> str:
+    if profile.device != "auto":
+        return profile.device
+    return "cuda" if has_nvidia_gpu() else "cpu"
+
+
+def resolve_model(profile: Profile) -> str:
+    model = profile.model
+    if model.startswith(("/", "./", "../", "~")):
+        path = Path(model).expanduser().resolve()
+        if not path.is_dir():
+            raise ConfigError(
+                f"model folder {model} does not exist; check the profile's model "
+                "path, or use a Hugging Face repo id (org/name)"
+            )
+        if not (path / "config.json").exists():
+            raise ConfigError(
+                f"{model} has no config.json, so it is not a Hugging Face model "
+                "folder; point the profile at the folder that holds config.json"
+            )
+        return str(path)
+    if not REPO_ID_RE.match(model) or ".." in model or "--" in model:
+        raise ConfigError(
+            f"model {model!r} is neither a local folder nor a Hugging Face repo id "
+            "(org/name); fix the profile's model"
+        )
+    return model
+
+
+def _name_from_model(model: str) -> str:
+    base = model.rstrip("/").rsplit("/", 1)[-1] or "model"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", base)[:64].lstrip(".-_") or "model"

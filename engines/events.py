@@ -1,0 +1,202 @@
+"""Frozen event dataclasses: the only things that cross from the core to a UI.
+
+Every event has a ``kind`` (its wire name) and a ``ts_s`` (Unix time). ``to_wire`` turns an
+event into JSON-ready data for the control API's SSE stream; ``from_wire`` turns it back into
+the same dataclass on the client side. Fields are plain values, tuples, mappings or other
+frozen dataclasses, so nothing mutable ever reaches the GUI thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+
+
+class EngineState(enum.StrEnum):
+    """Lifecycle of one engine process. Transitions: stopped → starting → ready → stopping →
+    stopped; any state → failed; failed → starting on a (re)start."""
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of every event. Subclasses set ``kind`` as a class variable."""
+
+    kind: ClassVar[str] = "event"
+    ts_s: float = dataclasses.field(default_factory=_now)
+
+    def to_wire(self) -> dict[str, Any]:
+        data = to_plain(self)
+        assert isinstance(data, dict)
+        data["kind"] = self.kind
+        return data
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Diagnosis:
+    """A known failure recognised in an engine's log, with advice a person can act on."""
+
+    code: str
+    summary: str
+    advice: str
+    severity: str = "error"  # "error" (the engine will not run) | "warning" | "info" (benign)
+    line: str = ""
+    suggested: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStatus:
+    """A snapshot of one managed engine, for the control API."""
+
+    engine_id: str
+    engine: str
+    state: EngineState
+    served_names: tuple[str, ...]
+    port: int | None
+    pid: int | None
+    restarts: int
+    detail: str
+    diagnosis: Diagnosis | None
+    started_at_s: float | None
+    ready_at_s: float | None
+    profile: str
+    device: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineStateChanged(Event):
+    kind: ClassVar[str] = "engine.state"
+    engine_id: str
+    state: EngineState
+    previous: EngineState
+    engine: str = ""
+    served_names: tuple[str, ...] = ()
+    port: int | None = None
+    pid: int | None = None
+    detail: str = ""
+    restarts: int = 0
+    diagnosis: Diagnosis | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineLogLine(Event):
+    kind: ClassVar[str] = "engine.log"
+    engine_id: str
+    line: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineDiagnosed(Event):
+    kind: ClassVar[str] = "engine.diagnosis"
+    engine_id: str
+    diagnosis: Diagnosis
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Notice(Event):
+    """Something a person should see (a tray notification, a banner in the dashboard)."""
+
+    kind: ClassVar[str] = "notice"
+    level: str  # "info" | "warning" | "error"
+    title: str
+    message: str
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DaemonStopping(Event):
+    kind: ClassVar[str] = "daemon.stopping"
+    reason: str = ""
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (EngineStateChanged, EngineLogLine, EngineDiagnosed, Notice, DaemonStopping)
+}
+
+
+def register(cls: type[E]) -> type[E]:
+    """Add an event class defined in another module (gpu, hub, bench) to the wire registry.
+
+    Called explicitly by the module's ``EVENTS`` wiring in the daemon and client, never as an
+    import-time decorator.
+    """
+    EVENT_TYPES[cls.kind] = cls
+    return cls
+
+
+E = TypeVar("E", bound=Event)
+
+
+def from_wire(data: Mapping[str, Any]) -> Event:
+    """Rebuild an event from its wire form. Unknown kinds raise KeyError; extra keys are ignored
+    so that an older client can read a newer daemon's events."""
+    cls = EVENT_TYPES[str(data["kind"])]
+    return from_plain(cls, data)
+
+
+def to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    return value
+
+
+T = TypeVar("T")
+
+
+def from_plain(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Rebuild any frozen dataclass of this module (or nested ones) from JSON data."""
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            if arg is type(None):
+                continue
+            return _convert(arg, value)
+        return value
+    if origin is tuple:
+        args = get_args(tp)
+        item = args[0] if args else Any
+        return tuple(_convert(item, v) for v in value)
+    if origin in (Mapping, dict, typing.Mapping):
+        args = get_args(tp)
+        vt = args[1] if len(args) == 2 else Any
+        return {k: _convert(vt, v) for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return from_plain(tp, value)
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value

@@ -1,0 +1,192 @@
+"""The streaming relay from the gateway to one engine.
+
+Server-sent events pass through unbuffered: each chunk the engine sends is written to the client
+as soon as it arrives. If the client goes away the handler is cancelled and the upstream
+connection is closed, so the engine aborts the request instead of generating for nobody. If the
+engine dies mid-stream, the client gets an OpenAI-shaped error event (which the openai SDK raises
+as ``APIError``) and a clean end of stream instead of a hung connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from engines.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+HOP_HEADERS = frozenset(
+    {
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "content-encoding",
+        "server",
+        "date",
+    }
+)
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    code: str | int | None = None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": type_,
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+    return web.json_response(body, status=status, headers=headers)
+
+
+def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
+    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a request goes: an engine's loopback URL (or a remote base URL)."""
+
+    name: str  # engine id, shown in X-Traylm-Engine
+    base_url: str  # without the /v1 suffix
+    headers: Mapping[str, str]
+    remote: bool = False
+
+
+async def relay(
+    request: web.Request,
+    *,
+    session: aiohttp.ClientSession,
+    upstream: Upstream,
+    body: bytes,
+    model: str,
+    connect_timeout_s: float,
+    metrics: GatewayMetrics,
+) -> web.StreamResponse:
+    started = time.perf_counter()
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": request.headers.get("Accept", "*/*"),
+        **upstream.headers,
+    }
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
+    route = request.path
+    try:
+        resp_cm = session.post(
+            upstream.base_url + route, data=body, headers=headers, timeout=timeout
+        )
+        upstream_resp = await resp_cm
+    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        log.warning("upstream %s unreachable: %s", upstream.name, exc)
+        return openai_error(
+            502,
+            f"engine {upstream.name} did not answer ({type(exc).__name__}); "
+            "it may be restarting: retry shortly",
+            type_="engine_unavailable",
+            headers={"Retry-After": "2"},
+        )
+    try:
+        ctype = upstream_resp.headers.get("Content-Type", "")
+        if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
+            return await _stream(request, upstream_resp, upstream, model, started, metrics)
+        data = await upstream_resp.read()
+        _count_usage(data, model, metrics, chunks=0)
+        out_headers = {
+            k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS
+        }
+        out_headers["X-Traylm-Engine"] = upstream.name
+        if upstream.remote:
+            out_headers["X-Traylm-Route"] = "remote"
+        return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        return openai_error(
+            502, f"engine {upstream.name} failed mid-request: {exc}", type_="engine_error"
+        )
+    finally:
+        metrics.latency.observe(time.perf_counter() - started, route=route)
+        upstream_resp.close()
+
+
+async def _stream(
+    request: web.Request,
+    upstream_resp: aiohttp.ClientResponse,
+    upstream: Upstream,
+    model: str,
+    started: float,
+    metrics: GatewayMetrics,
+) -> web.StreamResponse:
+    headers = {
+        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        "X-Traylm-Engine": upstream.name,
+    }
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    resp = web.StreamResponse(status=200, headers=headers)
+    await resp.prepare(request)
+    first = True
+    chunks = 0
+    tail = b""
+    try:
+        async for chunk in upstream_resp.content.iter_any():
+            if first:
+                metrics.ttft.observe(time.perf_counter() - started, model=model)
+                first = False
+            chunks += chunk.count(b"data: {")
+            tail = (tail + chunk)[-2048:]
+            await resp.write(chunk)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        log.warning("engine %s broke off a stream: %s", upstream.name, exc)
+        metrics.errors.inc(status="502")
+        await resp.write(
+            sse_error(
+                f"engine {upstream.name} stopped in the middle of the reply "
+                f"({type(exc).__name__}); traylm is restarting it: retry shortly"
+            )
+        )
+    _count_usage(tail, model, metrics, chunks=chunks)
+    await resp.write_eof()
+    return resp
+
+
+def _count_usage(data: bytes, model: str, metrics: GatewayMetrics, *, chunks: int) -> None:
+    prompt = _PROMPT_RE.findall(data)
+    completion = _COMPLETION_RE.findall(data)
+    if prompt:
+        metrics.tokens_in.inc(float(prompt[-1]), model=model)
+    if completion:
+        metrics.tokens_out.inc(float(completion[-1]), model=model)
+    elif chunks > 1:
+        metrics.tokens_out.inc(float(chunks - 1), model=model)  # first chunk carries the role
+
+
+def parse_json_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"the request body is not valid JSON ({exc})"
+    if not isinstance(data, dict):
+        return None, "the request body must be a JSON object"
+    return data, None

@@ -1,0 +1,115 @@
+"""Request guards that run before anything reaches an engine or the control API.
+
+- Path: the raw path must be canonical (no ``..``, ``//``, encoded ``.``/``/``/``\\``).
+- Host: only loopback names (plus the user's additions) — the DNS-rebinding guard.
+- Origin: an exact allow-list; no ``*``, no reflection, no credentials.
+- API keys: SHA-256 digests compared with ``secrets.compare_digest``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+_BAD_PATH = re.compile(r"(^|/)\.\.?(/|$)|//|%2e|%2f|%5c|\\|%00", re.IGNORECASE)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    return "tlm-" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Guard:
+    allowed_hosts: frozenset[str]
+    allowed_origins: frozenset[str]
+    key_digests: tuple[str, ...]
+    port: int
+    lan: bool
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        hosts: Iterable[str],
+        origins: Iterable[str],
+        key_digests: Iterable[str],
+        port: int,
+        lan: bool,
+    ) -> Guard:
+        return cls(
+            LOOPBACK_HOSTS | {h.lower() for h in hosts},
+            frozenset(o.rstrip("/") for o in origins),
+            tuple(key_digests),
+            port,
+            lan,
+        )
+
+    def path_problem(self, raw_path: str) -> str | None:
+        path = raw_path.split("?", 1)[0]
+        if not path.startswith("/") or _BAD_PATH.search(path):
+            return "the request path is not canonical (no '..', '//' or encoded separators)"
+        return None
+
+    def host_ok(self, host_header: str | None) -> bool:
+        if not host_header:
+            return False
+        host = host_header.strip().lower()
+        name, port = _split_host(host)
+        if port is not None and port != self.port:
+            return False
+        if name in self.allowed_hosts:
+            return True
+        if self.lan:
+            # With LAN sharing on, clients use this machine's address. An IP literal cannot be a
+            # DNS-rebinding attack (the attacker's page would carry its own domain name).
+            try:
+                ipaddress.ip_address(name.strip("[]"))
+            except ValueError:
+                return False
+            return True
+        return False
+
+    def origin_ok(self, origin: str | None) -> bool:
+        """No Origin (curl, SDKs, apps) is fine; a browser's Origin must be allow-listed."""
+        if origin is None:
+            return True
+        return origin.rstrip("/") in self.allowed_origins
+
+    @property
+    def keys_required(self) -> bool:
+        return bool(self.key_digests)
+
+    def key_ok(self, authorization: str | None) -> bool:
+        if not self.key_digests:
+            return True
+        if not authorization or not authorization.lower().startswith("bearer "):
+            return False
+        digest = hash_key(authorization[7:].strip())
+        ok = False
+        for expected in self.key_digests:  # no early exit: constant time over the key list
+            ok |= secrets.compare_digest(digest, expected)
+        return ok
+
+
+def _split_host(host: str) -> tuple[str, int | None]:
+    if host.startswith("["):
+        end = host.find("]")
+        name, rest = host[: end + 1], host[end + 1 :]
+        port = rest[1:] if rest.startswith(":") else None
+    elif host.count(":") == 1:
+        name, port = host.split(":")
+    else:
+        name, port = host, None
+    try:
+        return name, int(port) if port else None
+    except ValueError:
+        return name, -1

@@ -1,0 +1,191 @@
+"""Process groups: free loopback ports, group kill with verification, and the orphan reaper.
+
+Engines run in their own session (``start_new_session=True``), so their process group id equals
+the leader's pid. vLLM's workers (``VLLM::EngineCore``, ``VLLM::Worker``) stay in that group, so
+killing the group reaches them even when the leader was SIGKILLed. Descendants are also tracked
+by pid (with their start time, so a reused pid is never killed by mistake).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from engines.config import write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Describe the process listening on ``port`` ("pid 4242 (python3 -m http.server)"), or
+    None when it cannot be told (another user's process, or no permission)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return describe_pid(c.pid)
+    return None
+
+
+def describe_pid(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        cmd = " ".join(proc.cmdline()[:4]) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return f"pid {pid}"
+    return f"pid {pid} ({cmd[:80]})"
+
+
+@dataclass(frozen=True)
+class TrackedProcess:
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> TrackedProcess | None:
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.NoSuchProcess:
+            return None
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return abs(proc.create_time() - self.create_time) < 0.01 and (
+                proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.NoSuchProcess:
+            return False
+
+
+def descendants(pid: int) -> list[TrackedProcess]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.append(TrackedProcess(child.pid, child.create_time()))
+    return out
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process (zombies excluded) is in process group ``pgid``."""
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_tracked(processes: list[TrackedProcess], sig: signal.Signals) -> None:
+    for p in processes:
+        if p.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p.pid, sig)
+
+
+def survivors(pgid: int, tracked: list[TrackedProcess]) -> list[int]:
+    alive = [p.pid for p in tracked if p.alive()]
+    if group_alive(pgid) and pgid not in alive:
+        alive.append(pgid)
+    return alive
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """What the reaper needs to find an engine's processes after the daemon died."""
+
+    engine_id: str
+    pgid: int
+    leader: TrackedProcess
+    tracked: tuple[TrackedProcess, ...] = ()
+
+
+class PidRegistry:
+    """engine-pids.json in the state dir: the live engines' process groups."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, EngineRecord]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        out: dict[str, EngineRecord] = {}
+        for key, rec in raw.items():
+            with contextlib.suppress(KeyError, TypeError):
+                out[key] = EngineRecord(
+                    rec["engine_id"],
+                    int(rec["pgid"]),
+                    TrackedProcess(**rec["leader"]),
+                    tuple(TrackedProcess(**t) for t in rec.get("tracked", ())),
+                )
+        return out
+
+    def put(self, record: EngineRecord) -> None:
+        records = self.read()
+        records[record.engine_id] = record
+        self._write(records)
+
+    def drop(self, engine_id: str) -> None:
+        records = self.read()
+        if records.pop(engine_id, None) is not None:
+            self._write(records)
+
+    def _write(self, records: dict[str, EngineRecord]) -> None:
+        data = {k: asdict(v) for k, v in records.items()}
+        write_bytes_atomic(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
+
+
+def reap_orphans(registry: PidRegistry, *, grace_s: float = 5.0) -> list[str]:
+    """Kill engine process groups left behind by a daemon that died. Returns one line per
+    engine reaped. Only processes whose pid *and* start time match the record are touched."""
+    reaped: list[str] = []
+    for rec in registry.read().values():
+        members = [p for p in (rec.leader, *rec.tracked) if p.alive()]
+        if not members:
+            continue
+        leader_alive = rec.leader.alive()
+        if leader_alive:
+            signal_group(rec.pgid, signal.SIGTERM)
+        kill_tracked(members, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.alive() for p in members):
+            time.sleep(0.1)
+        if leader_alive:
+            signal_group(rec.pgid, signal.SIGKILL)
+        kill_tracked(members, signal.SIGKILL)
+        reaped.append(
+            f"{rec.engine_id}: killed {len(members)} orphaned process(es) of group {rec.pgid}"
+        )
+        log.warning("reaped orphaned engine %s (group %d)", rec.engine_id, rec.pgid)
+    registry._write({})
+    return reaped

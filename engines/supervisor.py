@@ -1,0 +1,506 @@
+"""ManagedEngine: spawn an engine, decide when it is ready, keep its logs, stop it completely,
+and restart it after a crash. Supervisor: the set of engines the daemon runs.
+
+State machine (published as ``EngineStateChanged``)::
+
+    stopped ─start→ starting ─ready→ ready ─stop→ stopping → stopped
+        any state ─(start failed | crashed too often)→ failed ─start→ starting
+    ready ─crash→ starting (automatic restart, capped exponential backoff)
+
+Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
+A crash is noticed within 2 s: the process exiting wakes a waiter at once, and ``/health``
+failing twice in a row (vLLM answers 503 when its engine core died) also counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+
+from engines.adapters.base import EngineAdapter, EngineRuntime, LaunchSpec
+from engines.config import EngineSettings, Profile
+from engines.errors import EngineError
+from engines.events import (
+    Diagnosis,
+    EngineDiagnosed,
+    EngineLogLine,
+    EngineState,
+    EngineStateChanged,
+    EngineStatus,
+    Event,
+)
+from engines.procs import (
+    EngineRecord,
+    PidRegistry,
+    TrackedProcess,
+    descendants,
+    free_loopback_port,
+    kill_tracked,
+    signal_group,
+    survivors,
+)
+
+log = logging.getLogger(__name__)
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+HEALTH_PERIOD_S = 0.5
+LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
+
+Publish = Callable[[Event], None]
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_RE.sub("", text)
+
+
+class ManagedEngine:
+    """One engine process and everything about its life."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        *,
+        profile: Profile,
+        adapter: EngineAdapter,
+        runtime: EngineRuntime,
+        model: str,
+        settings: EngineSettings,
+        log_path: Path,
+        pids: PidRegistry,
+        publish: Publish,
+    ) -> None:
+        self.engine_id = engine_id
+        self.profile = profile
+        self.adapter = adapter
+        self.runtime = runtime
+        self.model = model
+        self.settings = settings
+        self.log_path = log_path
+        self._pids = pids
+        self._publish = publish
+        self.state = EngineState.STOPPED
+        self.port: int | None = None
+        self.restarts = 0
+        self.detail = ""
+        self.diagnosis: Diagnosis | None = None
+        self.ring: collections.deque[str] = collections.deque(maxlen=settings.log_ring_lines)
+        self.started_at_s: float | None = None
+        self.ready_at_s: float | None = None
+        self.served_names = profile.served_names
+        self._proc: asyncio.subprocess.Process | None = None
+        self._tracked: list[TrackedProcess] = []
+        self._task: asyncio.Task[None] | None = None
+        self._want_running = False
+        self._ready_event = asyncio.Event()
+        self._log_fh: object | None = None
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def base_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.port}" if self.port else None
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            self.engine_id,
+            self.profile.engine,
+            self.state,
+            self.served_names,
+            self.port,
+            self.pid,
+            self.restarts,
+            self.detail,
+            self.diagnosis,
+            self.started_at_s,
+            self.ready_at_s,
+            self.profile.name,
+            self.runtime.device,
+            str(self.runtime.version),
+        )
+
+    async def start(self) -> None:
+        """Begin starting (returns at once; watch the events or ``wait_ready``)."""
+        if self._task is not None and not self._task.done():
+            if self.state in (EngineState.STARTING, EngineState.READY):
+                return
+            await self.stop()
+        self._want_running = True
+        self.restarts = 0
+        self.diagnosis = None
+        self._ready_event.clear()
+        self._task = asyncio.create_task(self._run(), name=f"engine:{self.engine_id}")
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+
+    async def stop(self, reason: str = "stopped") -> None:
+        """Stop the engine and everything it started; returns when no process of it remains."""
+        self._want_running = False
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._proc is not None:
+            self._set_state(EngineState.STOPPING, reason)
+            await self._terminate()
+        if self.state not in (EngineState.FAILED, EngineState.STOPPED):
+            self._set_state(EngineState.STOPPED, reason)
+
+    async def restart(self) -> None:
+        await self.stop("restarting")
+        await self.start()
+
+    def logs(self, tail: int) -> list[str]:
+        lines = list(self.ring)
+        return lines[-tail:] if tail > 0 else lines
+
+    # ----------------------------------------------------------------- the life loop
+
+    async def _run(self) -> None:
+        try:
+            while self._want_running:
+                outcome = await self._one_life()
+                if outcome == "stopped" or not self._want_running:
+                    return
+                if outcome == "start_failed":
+                    return
+                # crashed after having been ready: restart with backoff, up to restart_max
+                if self.restarts >= self.settings.restart_max:
+                    self._set_state(
+                        EngineState.FAILED,
+                        f"crashed {self.restarts + 1} times; not restarting again. "
+                        "Check the engine log, then start it again.",
+                    )
+                    return
+                delay = min(
+                    self.settings.restart_backoff_s * (2**self.restarts),
+                    self.settings.restart_backoff_max_s,
+                )
+                self.restarts += 1
+                self._set_state(
+                    EngineState.STARTING,
+                    f"crashed; restart {self.restarts}/{self.settings.restart_max} "
+                    f"in {delay:.0f} s",
+                )
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # boundary: a bug here must become an event, not a dead task
+            log.exception("engine %s supervisor task failed", self.engine_id)
+            await self._terminate()
+            self._set_state(EngineState.FAILED, f"internal error: {exc}")
+
+    async def _one_life(self) -> str:
+        """Spawn, wait for ready, watch until exit. Returns stopped|start_failed|crashed."""
+        spec = self._spawn_spec()
+        self._set_state(EngineState.STARTING, f"starting on 127.0.0.1:{self.port}")
+        await self._spawn(spec)
+        assert self._proc is not None
+        reader = asyncio.create_task(self._read_logs(self._proc), name=f"logs:{self.engine_id}")
+        try:
+            ready = await self._wait_until_ready(spec)
+            if not ready:
+                await self._terminate()
+                await _drain(reader)
+                self._set_state(EngineState.FAILED, self._failure_text("failed to start"))
+                return "start_failed"
+            self.ready_at_s = time.time()
+            self._ready_event.set()
+            self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            why = await self._watch(spec)
+            self._ready_event.clear()
+            await self._terminate()
+            await _drain(reader)
+            self.detail = why
+            log.warning("engine %s crashed: %s", self.engine_id, why)
+            return "crashed"
+        except asyncio.CancelledError:
+            reader.cancel()
+            raise
+
+    def _spawn_spec(self) -> LaunchSpec:
+        self.port = free_loopback_port()
+        return self.adapter.launch(
+            self.profile, runtime=self.runtime, port=self.port, model=self.model
+        )
+
+    async def _spawn(self, spec: LaunchSpec) -> None:
+        import os
+
+        self._open_log(spec)
+        env = {**os.environ, **spec.env}
+        env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
+        self._proc = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.started_at_s = time.time()
+        self.ready_at_s = None
+        leader = TrackedProcess.of(self._proc.pid)
+        self._tracked = []
+        if leader is not None:
+            self._pids.put(EngineRecord(self.engine_id, self._proc.pid, leader))
+        log.info("engine %s started: pid %d port %s", self.engine_id, self._proc.pid, self.port)
+
+    async def _wait_until_ready(self, spec: LaunchSpec) -> bool:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while time.monotonic() < deadline:
+                if self._proc.returncode is not None:
+                    return False
+                if await self._probe(http, spec.health_path) and await self._probe(
+                    http, spec.models_path
+                ):
+                    return self._proc.returncode is None
+                self._track_descendants()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._proc.wait()), HEALTH_PERIOD_S)
+        self.diagnosis = self.diagnosis or Diagnosis(
+            code="ready_timeout",
+            summary=f"not ready after {self.settings.ready_timeout_s:.0f} s",
+            advice="The engine log shows how far it got; raise engines.ready_timeout_s for very "
+            "large models or first-time compiles.",
+        )
+        return False
+
+    async def _watch(self, spec: LaunchSpec) -> str:
+        """Return (with the reason) when the ready engine dies or stops answering /health."""
+        assert self._proc is not None
+        failures = 0
+        timeout = aiohttp.ClientTimeout(total=1.5)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                exit_wait = asyncio.ensure_future(asyncio.shield(self._proc.wait()))
+                try:
+                    code = await asyncio.wait_for(exit_wait, 1.0)
+                    return f"process exited with code {code}"
+                except TimeoutError:
+                    pass
+                if await self._probe(http, spec.health_path):
+                    failures = 0
+                else:
+                    failures += 1
+                    if failures >= 2:
+                        return "/health stopped answering 200 (engine core died)"
+                self._track_descendants()
+                if (
+                    self.restarts
+                    and self.ready_at_s
+                    and time.time() - self.ready_at_s > self.settings.stable_after_s
+                ):
+                    self.restarts = 0
+
+    async def _probe(self, http: aiohttp.ClientSession, path: str) -> bool:
+        try:
+            async with http.get(f"{self.base_url}{path}") as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    def _track_descendants(self) -> None:
+        if self._proc is None:
+            return
+        found = descendants(self._proc.pid)
+        known = {(p.pid, p.create_time) for p in self._tracked}
+        new = [p for p in found if (p.pid, p.create_time) not in known]
+        if new:
+            self._tracked.extend(new)
+            leader = TrackedProcess.of(self._proc.pid)
+            if leader is not None:
+                self._pids.put(
+                    EngineRecord(self.engine_id, self._proc.pid, leader, tuple(self._tracked))
+                )
+
+    async def _terminate(self) -> None:
+        """SIGTERM the leader, wait; SIGTERM the group, wait; SIGKILL the group and every
+        tracked descendant; then verify that nothing of it is left."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._track_descendants()
+        pgid = proc.pid
+        grace = self.settings.stop_timeout_s
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), grace * 0.6)
+        signal_group(pgid, signal.SIGTERM)
+        kill_tracked(self._tracked, signal.SIGTERM)
+        if await self._wait_gone(pgid, grace * 0.4):
+            self._finish_terminate()
+            return
+        signal_group(pgid, signal.SIGKILL)
+        kill_tracked(self._tracked, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        if not await self._wait_gone(pgid, 5.0):
+            left = survivors(pgid, self._tracked)
+            log.error("engine %s: processes %s survived SIGKILL", self.engine_id, left)
+            self.detail = f"processes {left} survived SIGKILL"
+        self._finish_terminate()
+
+    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = await asyncio.to_thread(survivors, pgid, self._tracked)
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    def _finish_terminate(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        self._pids.drop(self.engine_id)
+        self._proc = None
+        self._tracked = []
+        self._close_log()
+
+    # ----------------------------------------------------------------- logs
+
+    def _open_log(self, spec: LaunchSpec) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists() and self.log_path.stat().st_size > LOG_FILE_MAX_BYTES:
+            self.log_path.replace(self.log_path.with_suffix(".log.1"))
+        fh = self.log_path.open("a", encoding="utf-8")
+        fh.write(f"\n===== traylm: starting {self.engine_id} at {time.ctime()}\n")
+        fh.write("===== argv: " + " ".join(spec.argv) + "\n")
+        fh.flush()
+        self._log_fh = fh
+
+    def _close_log(self) -> None:
+        fh = self._log_fh
+        if fh is not None:
+            fh.close()  # type: ignore[attr-defined]
+            self._log_fh = None
+
+    async def _read_logs(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        buffer = b""
+        while True:
+            chunk = await proc.stdout.read(65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = re.split(rb"\r\n|\n|\r", buffer)
+            for raw in complete:
+                self._log_line(raw.decode(errors="replace"))
+        if buffer:
+            self._log_line(buffer.decode(errors="replace"))
+
+    def _log_line(self, text: str) -> None:
+        line = strip_ansi(text).rstrip()
+        if not line:
+            return
+        self.ring.append(line)
+        fh = self._log_fh
+        if fh is not None:
+            fh.write(line + "\n")  # type: ignore[attr-defined]
+            fh.flush()  # type: ignore[attr-defined]
+        self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
+        found = self.adapter.diagnose(line)
+        if found is not None:
+            if found.severity == "error":
+                self.diagnosis = found
+            self._publish(EngineDiagnosed(engine_id=self.engine_id, diagnosis=found))
+
+    def _failure_text(self, what: str) -> str:
+        if self.diagnosis is not None:
+            return f"{what}: {self.diagnosis.summary}. {self.diagnosis.advice}"
+        tail = next((ln for ln in reversed(self.ring) if "Error" in ln or "error" in ln), "")
+        code = self._proc.returncode if self._proc is not None else None
+        exit_text = f" (exit code {code})" if code is not None else ""
+        hint = f"; last error line: {tail[:300]}" if tail else ""
+        return f"{what}{exit_text}{hint}. See `traylm logs {self.engine_id}`."
+
+    def _set_state(self, state: EngineState, detail: str) -> None:
+        previous = self.state
+        self.state = state
+        self.detail = detail
+        log.info("engine %s: %s → %s (%s)", self.engine_id, previous, state, detail)
+        self._publish(
+            EngineStateChanged(
+                engine_id=self.engine_id,
+                state=state,
+                previous=previous,
+                engine=self.profile.engine,
+                served_names=self.served_names,
+                port=self.port,
+                pid=self.pid,
+                detail=detail,
+                restarts=self.restarts,
+                diagnosis=self.diagnosis if state == EngineState.FAILED else None,
+            )
+        )
+
+
+async def _drain(task: asyncio.Task[None]) -> None:
+    try:
+        await asyncio.wait_for(task, 2.0)
+    except (TimeoutError, asyncio.CancelledError):
+        task.cancel()
+
+
+class Supervisor:
+    """The engines the daemon runs, keyed by engine id (the profile name)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, ManagedEngine] = {}
+
+    def add(self, engine: ManagedEngine) -> None:
+        current = self.engines.get(engine.engine_id)
+        if current is not None and current.state not in (EngineState.STOPPED, EngineState.FAILED):
+            raise EngineError(
+                f"engine {engine.engine_id!r} is {current.state}; stop it first "
+                f"(`traylm stop {engine.engine_id}`)"
+            )
+        self.engines[engine.engine_id] = engine
+
+    def get(self, engine_id: str) -> ManagedEngine | None:
+        return self.engines.get(engine_id)
+
+    def route(self, model: str) -> ManagedEngine | None:
+        """The engine serving ``model`` (a served name or alias): a ready one first, else one
+        that is starting (the gateway answers 503 + Retry-After for those)."""
+        matches = [e for e in self.engines.values() if model in e.served_names]
+        for state in (EngineState.READY, EngineState.STARTING, EngineState.STOPPING):
+            for engine in matches:
+                if engine.state == state:
+                    return engine
+        return matches[0] if matches else None
+
+    def served_models(self) -> list[tuple[str, ManagedEngine]]:
+        return [
+            (name, e)
+            for e in self.engines.values()
+            if e.state == EngineState.READY
+            for name in e.served_names
+        ]
+
+    async def stop_all(self, reason: str = "daemon stopping") -> None:
+        await asyncio.gather(*(e.stop(reason) for e in self.engines.values()))

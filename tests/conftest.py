@@ -1,0 +1,100 @@
+"""Fixtures shared by every test folder: isolated traylm paths and a real in-process daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines.client import DaemonClient
+from engines.config import (
+    EngineSettings,
+    GatewaySettings,
+    Paths,
+    Settings,
+    write_toml_atomic,
+)
+from engines.daemon import Daemon
+from engines.procs import free_loopback_port
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+
+@pytest.fixture
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
+    """A private TRAYLM_HOME for the test (config, data, state, cache) and engine envs dir."""
+    monkeypatch.setenv("TRAYLM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAYLM_ENVS_DIR", str(tmp_path / "envs"))
+    return Paths.from_env()
+
+
+@pytest.fixture
+def fake_env(paths: Paths) -> Path:
+    return make_fake_vllm_env(paths.envs_dir)
+
+
+def fast_settings(port: int, **gateway: Any) -> Settings:
+    """Settings tuned for tests: quick restarts and stops."""
+    return Settings(
+        gateway=dataclasses.replace(GatewaySettings(port=port), **gateway),
+        engines=EngineSettings(
+            ready_timeout_s=30, stop_timeout_s=3, restart_backoff_s=0.2, restart_backoff_max_s=1
+        ),
+    )
+
+
+@dataclass
+class RunningDaemon:
+    daemon: Daemon
+    url: str
+    client: DaemonClient
+    paths: Paths
+
+    @property
+    def port(self) -> int:
+        return self.daemon.settings.gateway.port
+
+    def write_profile(self, name: str, **fields: Any) -> None:
+        write_toml_atomic(self.paths.profiles_dir / f"{name}.toml", fields)
+
+
+DaemonFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def daemon_factory(paths: Paths) -> AsyncIterator[DaemonFactory]:
+    """Start real daemons in this event loop; all are stopped (engines included) at the end."""
+    running: list[tuple[Daemon, asyncio.Task[None], DaemonClient]] = []
+
+    async def start(settings: Settings | None = None) -> RunningDaemon:
+        settings = settings or fast_settings(free_loopback_port())
+        daemon = Daemon(paths, settings)
+        ready = asyncio.Event()
+        task = asyncio.create_task(daemon.run(ready=ready, install_signal_handlers=False))
+        ready_wait = asyncio.create_task(ready.wait())
+        done, _ = await asyncio.wait({task, ready_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            ready_wait.cancel()
+            task.result()  # raises the start-up error
+        client = await DaemonClient.connect(paths)
+        running.append((daemon, task, client))
+        return RunningDaemon(daemon, f"http://127.0.0.1:{settings.gateway.port}", client, paths)
+
+    yield start
+    for daemon, task, client in running:
+        await client.close()
+        daemon.request_stop("test finished")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+async def daemon(daemon_factory: DaemonFactory, fake_env: Path) -> RunningDaemon:
+    """A running daemon with the fake vLLM env installed."""
+    result: RunningDaemon = await daemon_factory()
+    return result

