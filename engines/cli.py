@@ -130,7 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     _engines_parser(sub)
     _profiles_parser(sub)
     _config_parser(sub)
+    _feature_parsers(sub)
     return p
+
+
+def _feature_parsers(sub: Any) -> None:
+    """Each feature package adds its own subcommands (its module has add_parsers(sub))."""
+    # gpu (issue 3): traylm gpus [watch|record], fans, power
+
+    # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
+
+    # engines (issue 5): traylm engines cache ls|rm|prune, remote
+
+    # desktop (issue 6)
 
 
 def _engines_parser(sub: Any) -> None:

@@ -226,6 +226,20 @@ class HubSettings:
 
 
 @dataclass(frozen=True)
+class RemoteSettings:
+    enabled: bool = setting(
+        False, "Send requests to a remote OpenAI-compatible API when no local engine can serve."
+    )
+    base_url: str = setting("", "Remote API base URL, e.g. https://api.example.com/v1.")
+    api_key_env: str = setting(
+        "TRAYLM_REMOTE_API_KEY", "Environment variable with the remote key (else the OS keyring)."
+    )
+    aliases: tuple[str, ...] = setting(
+        (), "Model names that may fall back to the remote API (empty: none)."
+    )
+
+
+@dataclass(frozen=True)
 class UISettings:
     quit_action: str = setting(
         "ask",
@@ -243,6 +257,7 @@ class Settings:
     gpu: GPUSettings = field(default_factory=GPUSettings)
     energy: EnergySettings = field(default_factory=EnergySettings)
     hub: HubSettings = field(default_factory=HubSettings)
+    remote: RemoteSettings = field(default_factory=RemoteSettings)
     ui: UISettings = field(default_factory=UISettings)
 
     @property
@@ -256,6 +271,7 @@ SECTIONS: dict[str, type[Any]] = {
     "gpu": GPUSettings,
     "energy": EnergySettings,
     "hub": HubSettings,
+    "remote": RemoteSettings,
     "ui": UISettings,
 }
 

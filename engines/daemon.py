@@ -19,7 +19,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from aiohttp import web
 
@@ -56,6 +56,22 @@ class DaemonAlreadyRunning(TraylmError):
     code = "daemon_running"
 
 
+class Feature(Protocol):
+    """A part of the daemon with its own routes and background work (GPU telemetry, hub, ...).
+
+    The daemon builds each feature in ``_build_features`` (no I/O in constructors), adds its
+    routes to the gateway, starts it after the gateway serves, and stops it before the engines.
+    """
+
+    name: str
+
+    def routes(self) -> list[web.RouteDef]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 class Daemon:
     """Composition root. Construct (no I/O), then ``await run()``."""
 
@@ -77,6 +93,19 @@ class Daemon:
         self._stop = asyncio.Event()
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
+        self.features: list[Feature] = self._build_features()
+
+    def _build_features(self) -> list[Feature]:
+        features: list[Feature] = []
+        # gpu (issue 3): telemetry sampler, fan curves and power limits via traylm-gpud, guard
+
+        # hub (issue 4): search, fit estimate, downloads, library
+
+        # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
+
+        # desktop (issue 6): chats persisted for the chat window
+
+        return features
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -100,6 +129,8 @@ class Daemon:
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
             await asyncio.to_thread(self.store.open)
             await self._serve()
+            for feature in self.features:
+                await feature.start()
             if install_signal_handlers:
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,7 +147,8 @@ class Daemon:
         self.ctx = GatewayContext(
             self.settings, self.supervisor, self.registry, self.token, daemon=self
         )
-        app = build_app(self.ctx, control_routes=control_routes())
+        routes = [*control_routes(), *(r for f in self.features for r in f.routes())]
+        app = build_app(self.ctx, control_routes=routes)
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
         )
@@ -147,6 +179,11 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         self.bus.publish(DaemonStopping(reason="daemon stopping"))
+        for feature in reversed(self.features):
+            try:
+                await asyncio.wait_for(feature.stop(), 10)
+            except Exception:  # boundary: one feature failing to stop must not block the rest
+                log.exception("feature %s did not stop cleanly", feature.name)
         deadline = self.settings.engines.stop_timeout_s + 10
         try:
             await asyncio.wait_for(self.supervisor.stop_all(), deadline)

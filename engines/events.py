@@ -124,23 +124,38 @@ class DaemonStopping(Event):
     reason: str = ""
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls
-    for cls in (EngineStateChanged, EngineLogLine, EngineDiagnosed, Notice, DaemonStopping)
-}
+# --------------------------------------------------------------------------- gpu (issue 3)
+# GPU snapshots and telemetry/fan/power/thermal-guard events go here: they cross to the UI.
 
 
-def register(cls: type[E]) -> type[E]:
-    """Add an event class defined in another module (gpu, hub, bench) to the wire registry.
-
-    Called explicitly by the module's ``EVENTS`` wiring in the daemon and client, never as an
-    import-time decorator.
-    """
-    EVENT_TYPES[cls.kind] = cls
-    return cls
+# --------------------------------------------------------------------------- hub (issue 4)
+# Search results, fit verdicts, download progress and library events go here.
 
 
-E = TypeVar("E", bound=Event)
+# --------------------------------------------------------------------------- engines (issue 5)
+# TensorRT-LLM build progress, engine-cache and remote-fallback events go here.
+
+
+# --------------------------------------------------------------------------- desktop (issue 6)
+# Chat/conversation data crossing to the UI goes here.
+
+
+# --------------------------------------------------------------------------- wire registry
+
+
+def _all_event_types() -> dict[str, type[Event]]:
+    found: dict[str, type[Event]] = {}
+    pending: list[type[Event]] = [Event]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls is not Event:
+            found[cls.kind] = cls
+    return found
+
+
+EVENT_TYPES: dict[str, type[Event]] = _all_event_types()
+"""Every Event subclass defined above, by wire name (computed once, at import)."""
 
 
 def from_wire(data: Mapping[str, Any]) -> Event:
