@@ -245,3 +245,15 @@ class DaemonClient:
                 await asyncio.sleep(0.5)
 
         return await asyncio.wait_for(poll(), timeout_s)
+
+    # ----------------------------------------------------------------- gpu (issue 3)
+    # methods for /api/gpus, fans, power, thermal guard go here
+
+    # ----------------------------------------------------------------- hub (issue 4)
+    # methods for /api/models and /api/downloads go here
+
+    # ----------------------------------------------------------------- engines (issue 5)
+    # methods for the TensorRT-LLM engine cache and remote fallback go here
+
+    # ----------------------------------------------------------------- desktop (issue 6)
+    # methods for /api/chats go here
