@@ -186,8 +186,8 @@ class EngineSettings:
         300.0, "An engine ready this long has its restart count reset.", min=1
     )
     log_ring_lines: int = setting(5000, "Engine log lines kept in memory per engine.", min=100)
-    cpu_kv_cache_gib: float = setting(
-        1.0, "KV cache size for CPU engines (VLLM_CPU_KVCACHE_SPACE, GiB).", min=0.0625
+    cpu_kv_cache_gib: int = setting(
+        1, "KV cache size for CPU engines (VLLM_CPU_KVCACHE_SPACE, whole GiB).", min=1
     )
 
 
@@ -378,8 +378,8 @@ class Profile:
     gpu_memory_utilization: float = setting(
         0.90, "Fraction of each GPU's memory the engine may take.", min=0.05, max=1.0
     )
-    cpu_kv_cache_gib: float | None = setting(
-        None, "KV cache for the CPU build, in GiB (default: engines.cpu_kv_cache_gib).", min=0.0625
+    cpu_kv_cache_gib: int | None = setting(
+        None, "KV cache for the CPU build, in whole GiB (default: engines.cpu_kv_cache_gib).", min=1
     )
     trust_remote_code: bool = setting(
         False, "Run the model repo's own Python code. Only for models you trust."

@@ -141,6 +141,7 @@ class ManagedEngine:
         self.restarts = 0
         self.diagnosis = None
         self._ready_event.clear()
+        self._set_state(EngineState.STARTING, "launching")
         self._task = asyncio.create_task(self._run(), name=f"engine:{self.engine_id}")
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -207,7 +208,10 @@ class ManagedEngine:
     async def _one_life(self) -> str:
         """Spawn, wait for ready, watch until exit. Returns stopped|start_failed|crashed."""
         spec = self._spawn_spec()
-        self._set_state(EngineState.STARTING, f"starting on 127.0.0.1:{self.port}")
+        if self.state != EngineState.STARTING:
+            self._set_state(EngineState.STARTING, f"starting on 127.0.0.1:{self.port}")
+        else:
+            self.detail = f"starting on 127.0.0.1:{self.port}"
         await self._spawn(spec)
         assert self._proc is not None
         reader = asyncio.create_task(self._read_logs(self._proc), name=f"logs:{self.engine_id}")
@@ -223,6 +227,11 @@ class ManagedEngine:
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
             why = await self._watch(spec)
             self._ready_event.clear()
+            # Flip the state at once (the gateway stops routing here), then clean up the remains.
+            if self.restarts < self.settings.restart_max:
+                self._set_state(EngineState.STARTING, f"crashed ({why}); restarting")
+            else:
+                self._set_state(EngineState.STOPPING, f"crashed ({why}); cleaning up")
             await self._terminate()
             await _drain(reader)
             self.detail = why
@@ -432,7 +441,7 @@ class ManagedEngine:
     def _failure_text(self, what: str) -> str:
         if self.diagnosis is not None:
             return f"{what}: {self.diagnosis.summary}. {self.diagnosis.advice}"
-        tail = next((ln for ln in reversed(self.ring) if "Error" in ln or "error" in ln), "")
+        tail = last_error(list(self.ring))
         code = self._proc.returncode if self._proc is not None else None
         exit_text = f" (exit code {code})" if code is not None else ""
         hint = f"; last error line: {tail[:300]}" if tail else ""
@@ -457,6 +466,22 @@ class ManagedEngine:
                 diagnosis=self.diagnosis if state == EngineState.FAILED else None,
             )
         )
+
+
+_ERROR_LINE = re.compile(r"\b[\w.]*(Error|Exception)\b:|\bERROR\b")
+
+
+def last_error(lines: list[str]) -> str:
+    """The most telling error of a log tail: the last ``SomethingError: ...`` line, with the
+    indented line after it when that carries the message (pydantic puts it there)."""
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_LINE.search(lines[i]):
+            text = lines[i].strip()
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            if following.startswith((" ", "\t")) and "errors.pydantic.dev" not in following:
+                text += " " + following.strip()
+            return text
+    return ""
 
 
 async def _drain(task: asyncio.Task[None]) -> None:

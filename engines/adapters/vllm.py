@@ -226,8 +226,7 @@ class VLLMAdapter:
     def _env(profile: Profile, runtime: EngineRuntime) -> dict[str, str]:
         env = tp_env(profile) if runtime.device == "cuda" else {}
         if runtime.device == "cpu":
-            kv = profile.cpu_kv_cache_gib or 1.0
-            env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv:g}"
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kv_cache_gib or 1)  # whole GiB
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
         env["PYTHONUNBUFFERED"] = "1"

