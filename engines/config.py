@@ -420,8 +420,7 @@ def profile_from_mapping(name: str, data: Mapping[str, Any], where: str = "") ->
     problems: list[str] = []
     values = {**dict(data), "name": name}
     profile = _build(Profile, values, "", problems)
-    if not problems:
-        problems.extend(_check_profile(profile))
+    problems.extend(_check_profile(profile))  # also with field errors: report everything at once
     if problems:
         raise ConfigError(_problems_message(where or f"profile '{name}'", problems))
     return profile

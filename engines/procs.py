@@ -90,6 +90,8 @@ def descendants(pid: int) -> list[TrackedProcess]:
 
 def group_alive(pgid: int) -> bool:
     """True while any process (zombies excluded) is in process group ``pgid``."""
+    if pgid <= 1:
+        raise ValueError(f"not an engine process group: {pgid}")
     for proc in psutil.process_iter(["pid", "status"]):
         try:
             if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:

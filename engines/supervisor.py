@@ -398,7 +398,8 @@ class ManagedEngine:
             self.log_path.replace(self.log_path.with_suffix(".log.1"))
         fh = self.log_path.open("a", encoding="utf-8")
         fh.write(f"\n===== traylm: starting {self.engine_id} at {time.ctime()}\n")
-        fh.write("===== argv: " + " ".join(spec.argv) + "\n")
+        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
+        fh.write(f"===== argv: {argv}\n")
         fh.flush()
         self._log_fh = fh
 

@@ -1,0 +1,129 @@
+"""Engine environments: discovery, broken installs, doctor, and install failure/cancel leaving
+nothing half-made behind (real venv + real pip on local packages; no network needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from engines.envs import META_FILE, RECIPES, EngineRecipe, EnvManager, load_flags
+from engines.errors import EngineEnvError
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+
+def test_find_reports_missing_and_broken_envs(tmp_path: Path) -> None:
+    manager = EnvManager(tmp_path)
+    with pytest.raises(EngineEnvError, match=r"run `traylm engines install vllm --cpu`"):
+        manager.find("vllm", device="cpu")
+    make_fake_vllm_env(tmp_path, complete=False)  # an install that never finished
+    with pytest.raises(EngineEnvError, match="is broken"):
+        manager.find("vllm", device="cpu")
+    (env,) = manager.list()
+    assert not env.complete and env.version == "0.32.0" and env.device == "cpu"
+
+
+def test_find_picks_the_newest_complete_version(tmp_path: Path) -> None:
+    manager = EnvManager(tmp_path)
+    make_fake_vllm_env(tmp_path)
+    newer = tmp_path / "vllm-0.40.1-cpu"
+    (newer / "bin").mkdir(parents=True)
+    (newer / META_FILE).write_text(
+        json.dumps({"engine": "vllm", "version": "0.40.1", "device": "cpu"})
+    )
+    assert manager.find("vllm", device="cpu").version == "0.40.1"
+    assert manager.find("vllm", device="cpu", version="0.32.0").version == "0.32.0"
+    with pytest.raises(EngineEnvError, match="CUDA|cuda"):
+        manager.find("vllm", device="cuda")
+
+
+async def test_doctor_on_a_good_and_a_broken_env(tmp_path: Path) -> None:
+    manager = EnvManager(tmp_path)
+    make_fake_vllm_env(tmp_path)
+    env = manager.find("vllm", device="cpu")
+    # the fake env's python is not a real vLLM: the import check must say so
+    checks = {c.name: c for c in await manager.doctor(env)}
+    assert checks["metadata"].ok and checks["flag allow-list"].ok
+    assert not checks["imports"].ok and "reinstall" in checks["imports"].fix
+    (env.path / "bin" / "python").unlink()
+    checks = {c.name: c for c in await manager.doctor(env)}
+    assert not checks["python"].ok
+
+
+def test_flags_fall_back_to_the_shipped_list_and_refuse_unknown_versions(tmp_path: Path) -> None:
+    assert load_flags("vllm", "0.32.0", tmp_path).version == "0.32.0"
+    with pytest.raises(EngineEnvError, match="no flag allow-list for vllm 9.9.9"):
+        load_flags("vllm", "9.9.9", tmp_path)
+
+
+def write_local_package(root: Path, *, sleep_s: float = 0.0, broken: bool = False) -> Path:
+    """A tiny local package for pip: optionally slow to build, or failing to build."""
+    pkg = root / "localpkg"
+    pkg.mkdir(parents=True)
+    body = (
+        "raise SystemExit('build failed on purpose')"
+        if broken
+        else (
+            f"import time; time.sleep({sleep_s})\n"
+            "from setuptools import setup; setup(name='localpkg', version='1.0', py_modules=[])"
+        )
+    )
+    (pkg / "setup.py").write_text(body)
+    return pkg
+
+
+@pytest.fixture
+def local_recipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    def install(**kw: object) -> None:
+        pkg = write_local_package(tmp_path / "src", **kw)  # type: ignore[arg-type]
+        recipe = EngineRecipe(
+            "vllm", "cpu", "0.0.1", f"{pkg}", import_check="print('ok')", probe_flags=False
+        )
+        monkeypatch.setitem(RECIPES, ("vllm", "cpu"), recipe)
+
+    return install
+
+
+@pytest.mark.slow
+async def test_failed_install_leaves_nothing_behind(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
+    local_recipe(broken=True)
+    manager = EnvManager(tmp_path / "envs")
+    lines: list[str] = []
+    with pytest.raises(EngineEnvError, match="failed with exit code"):
+        await manager.install(
+            "vllm", device="cpu", progress=lambda p, ln: lines.append(p), extra_index_urls=()
+        )
+    assert manager.list() == []
+    assert "create" in lines and "install" in lines
+
+
+@pytest.mark.slow
+async def test_cancelled_install_is_killed_and_removed(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
+    local_recipe(sleep_s=120)
+    manager = EnvManager(tmp_path / "envs")
+    phases: list[str] = []
+    task = asyncio.create_task(
+        manager.install(
+            "vllm", device="cpu", progress=lambda p, ln: phases.append(p), extra_index_urls=()
+        )
+    )
+    while "install" not in phases:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(3)  # pip is building the slow package now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert manager.list() == []
+    assert not (tmp_path / "envs" / "vllm-0.0.1-cpu").exists()
+
+
+@pytest.mark.slow
+async def test_successful_local_install_records_metadata(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
+    local_recipe()
+    manager = EnvManager(tmp_path / "envs")
+    env = await manager.install("vllm", device="cpu", extra_index_urls=())
+    assert env.complete and env.version == "0.0.1"
+    again = await manager.install("vllm", device="cpu", extra_index_urls=())
+    assert again.path == env.path  # already installed: nothing redone

@@ -1,0 +1,244 @@
+"""ManagedEngine with real processes (the FAKE engine in tests/fakes/openai_engine.py):
+readiness, stop with a stubborn child, crash detection and restart caps, logs, orphan reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from packaging.version import Version
+
+from engines.adapters.base import EngineRuntime, FlagSet, LaunchSpec
+from engines.adapters.vllm import VLLMAdapter
+from engines.config import EngineSettings, Profile, profile_from_mapping
+from engines.events import Diagnosis, EngineState, EngineStateChanged, Event
+from engines.procs import PidRegistry, TrackedProcess, group_alive, reap_orphans
+from engines.supervisor import ManagedEngine, last_error, strip_ansi
+
+FAKE = Path(__file__).parents[1] / "fakes" / "openai_engine.py"
+
+
+class FakeEngineAdapter:
+    """Launches the fake OpenAI engine; diagnoses with vLLM's rules."""
+
+    name = "fake"
+
+    def __init__(self, args: str = "") -> None:
+        self.args = args
+
+    def launch(
+        self, profile: Profile, *, runtime: EngineRuntime, port: int, model: str
+    ) -> LaunchSpec:
+        argv = (
+            sys.executable,
+            str(FAKE),
+            "--port",
+            str(port),
+            "--served-model-name",
+            *profile.served_names,
+            *shlex.split(self.args),
+        )
+        return LaunchSpec(argv=argv, env={}, served_names=profile.served_names)
+
+    def diagnose(self, line: str) -> Diagnosis | None:
+        return VLLMAdapter().diagnose(line)
+
+
+RUNTIME = EngineRuntime(
+    "fake",
+    Version("1"),
+    Path(sys.executable),
+    Path(sys.executable).parent,
+    "cpu",
+    FlagSet("fake", "1", {}),
+)
+
+
+def make_engine(
+    tmp_path: Path, args: str = "", events: list[Event] | None = None, **settings: float
+) -> ManagedEngine:
+    defaults = {
+        "ready_timeout_s": 20,
+        "stop_timeout_s": 2,
+        "restart_backoff_s": 0.1,
+        "restart_backoff_max_s": 0.4,
+        "restart_max": 2,
+    }
+    sink: list[Event] = events if events is not None else []
+    return ManagedEngine(
+        "e1",
+        profile=profile_from_mapping("e1", {"model": "org/m", "served_name": "m"}),
+        adapter=FakeEngineAdapter(args),
+        runtime=RUNTIME,
+        model="org/m",
+        settings=EngineSettings(**{**defaults, **settings}),  # type: ignore[arg-type]
+        log_path=tmp_path / "logs" / "e1.log",
+        pids=PidRegistry(tmp_path / "pids.json"),
+        publish=sink.append,
+    )
+
+
+async def wait_state(engine: ManagedEngine, state: EngineState, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while engine.state != state:
+        assert time.monotonic() < deadline, f"still {engine.state}: {engine.detail}"
+        await asyncio.sleep(0.05)
+
+
+async def test_start_ready_stop(tmp_path: Path) -> None:
+    events: list[Event] = []
+    engine = make_engine(tmp_path, events=events)
+    await engine.start()
+    await engine.wait_ready(20)
+    assert engine.state == EngineState.READY and engine.pid
+    pid = engine.pid
+    await engine.stop()
+    assert engine.state == EngineState.STOPPED
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    states = [e.state for e in events if isinstance(e, EngineStateChanged)]
+    assert states == [
+        EngineState.STARTING,
+        EngineState.READY,
+        EngineState.STOPPING,
+        EngineState.STOPPED,
+    ]
+    assert not PidRegistry(tmp_path / "pids.json").read()  # record dropped on a clean stop
+
+
+async def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, "--spawn-child")
+    await engine.start()
+    await engine.wait_ready(20)
+    pgid = engine.pid
+    assert pgid is not None
+    await asyncio.sleep(0.6)  # let the supervisor's tracker see the child
+    children = psutil.Process(pgid).children()
+    assert children, "the fake should have spawned its stubborn child"
+    started = time.monotonic()
+    await engine.stop()
+    assert time.monotonic() - started < 10
+    assert not group_alive(pgid)
+    assert all(not psutil.pid_exists(c.pid) or c.status() == psutil.STATUS_ZOMBIE for c in children)
+
+
+async def test_crash_is_detected_fast_and_restarted_with_a_cap(tmp_path: Path) -> None:
+    events: list[Event] = []
+    engine = make_engine(tmp_path, "--health-503-after 0.5", events=events)
+    await engine.start()
+    await wait_state(engine, EngineState.FAILED, 30)
+    states = [e for e in events if isinstance(e, EngineStateChanged)]
+    readies = [e for e in states if e.state == EngineState.READY]
+    assert len(readies) == 3  # first start + restart_max (2) restarts
+    assert "crashed 3 times" in engine.detail
+    # each crash was noticed within 2 s of /health turning 503 (0.5 s after start)
+    crash_events = [e for e in states if "crashed (" in e.detail]
+    for ready, crash in zip(readies, crash_events, strict=False):
+        assert crash.ts_s - ready.ts_s < 0.5 + 2.0 + 0.5
+    for ready in readies:  # every life's process group is gone
+        assert ready.pid is not None and not group_alive(ready.pid)
+
+
+async def test_failed_start_keeps_the_diagnosis_and_is_not_retried(tmp_path: Path) -> None:
+    line = (
+        "ValueError: User-specified max_model_len (65536) is greater than the derived "
+        "max_model_len (max_position_embeddings=32768 or model_max_length=None in model's "
+        "config.json)."
+    )
+    engine = make_engine(tmp_path, f"--print {shlex.quote(line)} --exit-after-print 1")
+    await engine.start()
+    await wait_state(engine, EngineState.FAILED)
+    assert engine.diagnosis is not None and engine.diagnosis.code == "model_len_above_limit"
+    assert "max_model_len = 32768" in engine.detail
+    assert engine.restarts == 0
+
+
+async def test_ready_timeout_fails_with_advice(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, "--startup-delay 30", ready_timeout_s=1.5)
+    await engine.start()
+    await wait_state(engine, EngineState.FAILED)
+    assert "not ready after 2 s" in engine.detail or "not ready after 1 s" in engine.detail
+    assert "engines.ready_timeout_s" in engine.detail
+
+
+async def test_logs_ring_file_and_ansi(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, "--print '\x1b[32mgreen\x1b[0m text' --print 'second\rthird'")
+    await engine.start()
+    await engine.wait_ready(20)
+    await engine.stop()
+    lines = engine.logs(0)
+    assert "green text" in lines
+    assert "second" in lines and "third" in lines  # \r splits progress-bar style lines
+    text = engine.log_path.read_text()
+    assert "green text" in text and "\x1b" not in text
+    assert "===== argv:" in text
+
+
+def test_strip_ansi_and_last_error() -> None:
+    assert strip_ansi("\x1b[1;31mERR\x1b[0m \x1b]0;title\x07x") == "ERR x"
+    lines = [
+        "Traceback (most recent call last):",
+        "  File x",
+        "pydantic_core.ValidationError: 1 validation error for VllmConfig",
+        "  Value error, invalid literal for int()",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ]
+    assert last_error(lines) == (
+        "pydantic_core.ValidationError: 1 validation error for "
+        "VllmConfig Value error, invalid literal for int()"
+    )
+
+
+def test_reaper_kills_orphans_and_spares_reused_pids(tmp_path: Path) -> None:
+    registry = PidRegistry(tmp_path / "pids.json")
+    # an "engine" whose parent (the daemon) died: leader + child in their own group
+    code = (
+        "import subprocess, sys, time, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+        "time.sleep(600)"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = psutil.Process(leader.pid).children()[0]
+        from engines.procs import EngineRecord
+
+        registry.put(
+            EngineRecord(
+                "orphan",
+                leader.pid,
+                TrackedProcess.of(leader.pid),  # type: ignore[arg-type]
+                (TrackedProcess(child.pid, child.create_time()),),
+            )
+        )
+        # a record whose pid was reused by an unrelated process: must not be touched
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        registry.put(EngineRecord("stale", bystander.pid, TrackedProcess(bystander.pid, 1.0)))
+        reaped = reap_orphans(registry, grace_s=0.5)
+        assert len(reaped) == 1 and reaped[0].startswith("orphan:")
+        leader.wait(5)
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        assert bystander.poll() is None, "a process with a reused pid was killed"
+        assert registry.read() == {}
+    finally:
+        for p in (leader,):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("registry_text", ["", "{not json", '{"x": {"pgid": "a"}}'])
+def test_reaper_tolerates_a_damaged_registry(tmp_path: Path, registry_text: str) -> None:
+    path = tmp_path / "pids.json"
+    path.write_text(registry_text)
+    assert reap_orphans(PidRegistry(path)) == []
