@@ -225,7 +225,7 @@ def engine_port(home: Path) -> int:
     req = urllib.request.Request(
         f"{token['url']}/api/engines", headers={"Authorization": f"Bearer {token['token']}"}
     )
-    with urllib.request.urlopen(req) as r:  # noqa: S310 - loopback control API
+    with urllib.request.urlopen(req) as r:
         return int(json.load(r)[0]["port"])
 
 
