@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engines_parser(sub)
     _profiles_parser(sub)
     _config_parser(sub)
+    _keys_parser(sub)
     _feature_parsers(sub)
     return p
 
@@ -187,6 +188,18 @@ def _config_parser(sub: Any) -> None:
     s.add_argument("key")
     s.add_argument("value", help='a TOML value: 8001, true, \'text\', ["a", "b"]')
     s.set_defaults(func=cmd_config_set)
+
+
+def _keys_parser(sub: Any) -> None:
+    k = sub.add_parser("keys", help="API keys for the gateway (needed for LAN sharing)")
+    ksub = k.add_subparsers(title="keys commands", metavar="ACTION", required=True)
+    s = ksub.add_parser("add", help="create a key (shown once; only its SHA-256 is stored)")
+    s.set_defaults(func=cmd_keys_add)
+    s = ksub.add_parser("list", help="list key fingerprints")
+    s.set_defaults(func=cmd_keys_list)
+    s = ksub.add_parser("remove", help="remove a key by its fingerprint (or its first 8 chars)")
+    s.add_argument("fingerprint")
+    s.set_defaults(func=cmd_keys_remove)
 
 
 # --------------------------------------------------------------------------- daemon
@@ -454,15 +467,50 @@ async def cmd_config_set(args: argparse.Namespace) -> int:
         value = tomllib.loads(f"v = {args.value}")["v"]
     except tomllib.TOMLDecodeError:
         value = args.value  # a bare word is a string
+    print(f"{args.key} = {value!r} ({await _save_setting(args.key, value)})")
+    return 0
+
+
+async def _save_setting(key: str, value: Any) -> str:
+    """Save one setting to config.toml and apply it to the running daemon, if any."""
     paths = Paths.from_env()
-    new = replace_setting(load_settings(paths.config_file), args.key, value)
+    new = replace_setting(load_settings(paths.config_file), key, value)
     save_settings(paths.config_file, new)
     try:
         async with await _client() as c:
-            await c.update_settings({args.key: value})
-            print(f"{args.key} = {value!r} (saved, and applied to the running daemon)")
+            await c.update_settings({key: value})
+            return "saved, and applied to the running daemon"
     except DaemonUnavailable:
-        print(f"{args.key} = {value!r} (saved; the daemon reads it when it starts)")
+        return "saved; the daemon reads it when it starts"
+
+
+async def cmd_keys_add(args: argparse.Namespace) -> int:
+    from engines.gateway.security import hash_key, new_api_key
+
+    key = new_api_key()
+    digests = load_settings(Paths.from_env().config_file).gateway.api_key_sha256
+    where = await _save_setting("gateway.api_key_sha256", [*digests, hash_key(key)])
+    print(f"new API key (shown only now; {where}):\n{key}")
+    print(f"fingerprint {hash_key(key)[:8]}. Clients send it as 'Authorization: Bearer KEY'.")
+    return 0
+
+
+async def cmd_keys_list(args: argparse.Namespace) -> int:
+    digests = load_settings(Paths.from_env().config_file).gateway.api_key_sha256
+    if not digests:
+        print("no API keys: the gateway serves loopback clients without one")
+    for digest in digests:
+        print(digest[:8])
+    return 0
+
+
+async def cmd_keys_remove(args: argparse.Namespace) -> int:
+    digests = load_settings(Paths.from_env().config_file).gateway.api_key_sha256
+    keep = [d for d in digests if not d.startswith(args.fingerprint.lower())]
+    if len(keep) == len(digests):
+        raise TraylmError(f"no key with fingerprint {args.fingerprint!r}; `traylm keys list`")
+    where = await _save_setting("gateway.api_key_sha256", keep)
+    print(f"removed {len(digests) - len(keep)} key(s) ({where})")
     return 0
 
 

@@ -201,6 +201,15 @@ class DaemonClient:
         data: list[JSON] = await self._call("GET", "/api/envs")
         return data
 
+    async def install_env(
+        self, engine: str, *, device: str = "auto", version: str | None = None
+    ) -> JSON:
+        """Start an install in the daemon; follow it with ``events(kinds=("env.install",))``."""
+        data: JSON = await self._call(
+            "POST", "/api/envs", json_body={"engine": engine, "device": device, "version": version}
+        )
+        return data
+
     async def env_doctor(self, name: str) -> JSON:
         data: JSON = await self._call("GET", f"/api/envs/{name}/doctor")
         return data

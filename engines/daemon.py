@@ -38,8 +38,14 @@ from engines.config import (
     write_bytes_atomic,
 )
 from engines.envs import EnvManager, has_nvidia_gpu
-from engines.errors import ConfigError, EngineNotFound, PortInUseError, TraylmError
-from engines.events import DaemonStopping, EngineState, EngineStatus, Notice
+from engines.errors import (
+    ConfigError,
+    EngineEnvError,
+    EngineNotFound,
+    PortInUseError,
+    TraylmError,
+)
+from engines.events import DaemonStopping, EngineState, EngineStatus, EnvInstallProgress, Notice
 from engines.gateway.app import GatewayContext, build_app
 from engines.gateway.control import control_routes
 from engines.gateway.metrics import MetricsRegistry
@@ -93,6 +99,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
+        self._install_task: asyncio.Task[None] | None = None
         self.features: list[Feature] = self._build_features()
 
     def _build_features(self) -> list[Feature]:
@@ -179,6 +186,10 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         self.bus.publish(DaemonStopping(reason="daemon stopping"))
+        if self._install_task is not None and not self._install_task.done():
+            self._install_task.cancel()  # the installer removes its half-made venv
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._install_task
         for feature in reversed(self.features):
             try:
                 await asyncio.wait_for(feature.stop(), 10)
@@ -277,6 +288,41 @@ class Daemon:
             known = ", ".join(sorted(self.supervisor.engines)) or "none"
             raise EngineNotFound(f"no engine {engine_id!r}; engines: {known}")
         return engine
+
+    def install_env(self, engine: str, *, device: str, version: str | None) -> dict[str, str]:
+        """Start installing an engine env in the background (one at a time); progress and the
+        outcome are published as EnvInstallProgress events."""
+        from engines.envs import RECIPES
+
+        if device == "auto":
+            device = "cuda" if has_nvidia_gpu() else "cpu"
+        if (engine, device) not in RECIPES:
+            known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
+            raise ConfigError(f"traylm cannot install {engine!r} for {device}; it knows: {known}")
+        if self._install_task is not None and not self._install_task.done():
+            raise EngineEnvError("an engine install is already running; wait for it to finish")
+        started = time.monotonic()
+
+        def progress(phase: str, line: str) -> None:
+            self.bus.publish(
+                EnvInstallProgress(
+                    engine=engine,
+                    device=device,
+                    phase=phase,
+                    line=line,
+                    elapsed_s=time.monotonic() - started,
+                )
+            )
+
+        async def run() -> None:
+            try:
+                await self.envs.install(engine, device=device, version=version, progress=progress)
+            except TraylmError as exc:
+                progress("failed", exc.message)
+                self.notify_error(f"installing {engine} failed", exc)
+
+        self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
+        return {"engine": engine, "device": device, "version": version or "default"}
 
     def notify_error(self, title: str, exc: TraylmError) -> None:
         self.bus.publish(Notice(level="error", title=title, message=exc.message, source=exc.code))

@@ -124,6 +124,19 @@ class DaemonStopping(Event):
     reason: str = ""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvInstallProgress(Event):
+    """Progress of `traylm engines install` run by the daemon (phase: create, install, fix,
+    probe, done, failed)."""
+
+    kind: ClassVar[str] = "env.install"
+    engine: str
+    device: str
+    phase: str
+    line: str
+    elapsed_s: float = 0.0
+
+
 # --------------------------------------------------------------------------- gpu (issue 3)
 # GPU snapshots and telemetry/fan/power/thermal-guard events go here: they cross to the UI.
 

@@ -260,6 +260,20 @@ async def env_doctor(request: web.Request) -> web.Response:
     raise ConfigError(f"no engine environment named {name!r}")
 
 
+@routes.post("/api/envs")
+@_traylm_errors
+async def install_env(request: web.Request) -> web.Response:
+    """Body: {"engine": "vllm", "device": "cpu"|"cuda"|"auto", "version": null}. Starts the
+    install in the background; progress arrives as ``env.install`` events."""
+    d = _daemon(request)
+    body = await _json_body(request)
+    engine = str(body.get("engine", ""))
+    device = str(body.get("device") or "auto")
+    version = body.get("version")
+    job = d.install_env(engine, device=device, version=str(version) if version else None)
+    return ok(job, status=202)
+
+
 # --------------------------------------------------------------------------- events
 
 

@@ -325,3 +325,46 @@ async def test_settings_patch_applies_live_and_persists(daemon: RunningDaemon) -
         json.loads(json.dumps(await daemon.client.settings()))["settings"]["gateway"]["lan_sharing"]
         is False
     )
+
+
+async def test_unknown_engine_install_is_refused(daemon: RunningDaemon) -> None:
+    with pytest.raises(ControlAPIError, match="cannot install 'llamacpp'"):
+        await daemon.client.install_env("llamacpp", device="cpu")
+
+
+@pytest.mark.slow
+async def test_engine_install_through_the_api_reports_progress(
+    daemon: RunningDaemon, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engines.envs import RECIPES, EngineRecipe
+    from engines.events import EnvInstallProgress
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text("from setuptools import setup; setup(name='p', version='1')")
+    monkeypatch.setitem(
+        RECIPES,
+        ("vllm", "cpu"),
+        EngineRecipe(
+            "vllm",
+            "cpu",
+            "0.0.9",
+            str(pkg),
+            import_check="print('ok')",
+            probe_flags=False,
+            extra_index_urls=(),
+        ),
+    )
+    with daemon.daemon.bus.subscribe(frozenset({"env.install"})) as sub:
+        job = await daemon.client.install_env("vllm", device="cpu")
+        assert job["engine"] == "vllm"
+        with pytest.raises(ControlAPIError, match="already running"):
+            await daemon.client.install_env("vllm", device="cpu")
+        phases = []
+        while not phases or phases[-1] not in ("done", "failed"):
+            event = await asyncio.wait_for(sub.get(), 120)
+            assert isinstance(event, EnvInstallProgress)
+            phases.append(event.phase)
+    assert phases[-1] == "done" and "install" in phases
+    names = [e["name"] for e in await daemon.client.envs()]
+    assert "vllm-0.0.9-cpu" in names

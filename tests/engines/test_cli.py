@@ -1,0 +1,160 @@
+"""The `traylm` command as a user runs it (real subprocesses), with the FAKE vLLM env."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engines.config import Paths, write_toml_atomic
+from engines.procs import free_loopback_port
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {
+        **os.environ,
+        "TRAYLM_HOME": str(tmp_path / "home"),
+        "TRAYLM_ENVS_DIR": str(tmp_path / "envs"),
+    }
+    make_fake_vllm_env(tmp_path / "envs")
+    return e
+
+
+def traylm(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engines", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_loopback_port()
+    log = Path(env["TRAYLM_HOME"] + "-serve.log")
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engines", "serve", "--port", str(port)],
+            env=env,
+            text=True,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    paths = Paths.from_env(env)
+    deadline = time.monotonic() + 30
+    while not paths.daemon_json.exists():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_daemon_says_how_to_start_it(env: dict[str, str]) -> None:
+    out = traylm(env, "status")
+    assert out.returncode == 1
+    assert "daemon is not running; start it with `traylm serve`" in out.stderr
+
+
+def test_profiles_and_config(env: dict[str, str]) -> None:
+    out = traylm(env, "profiles")
+    assert out.returncode == 0 and "qwen2.5-32b-awq-tp2" in out.stdout
+    out = traylm(env, "profiles", "llama-3.3-70b-awq-tp2")
+    assert 'kv_cache_dtype = "fp8"' in out.stdout and "tensor_parallel_size = 2" in out.stdout
+    assert traylm(env, "config", "set", "gateway.port", "8123").returncode == 0
+    assert traylm(env, "config", "get", "gateway.port").stdout.strip() == "8123"
+    bad = traylm(env, "config", "set", "gateway.prot", "1")
+    assert bad.returncode == 1 and "did you mean 'port'" in bad.stderr
+
+
+def test_keys_add_list_remove(env: dict[str, str]) -> None:
+    out = traylm(env, "keys", "add")
+    assert out.returncode == 0
+    key = out.stdout.splitlines()[1]
+    assert key.startswith("tlm-") and len(key) > 40
+    fingerprint = traylm(env, "keys", "list").stdout.strip()
+    assert len(fingerprint) == 8
+    config = (Path(env["TRAYLM_HOME"]) / "config" / "config.toml").read_text()
+    assert key not in config  # only the digest is stored
+    assert traylm(env, "keys", "remove", fingerprint).returncode == 0
+    assert "no API keys" in traylm(env, "keys", "list").stdout
+
+
+def test_start_stop_status_logs(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    profiles = Path(env["TRAYLM_HOME"]) / "config" / "profiles"
+    write_toml_atomic(profiles / "f.toml", {"model": "org/f", "served_name": "f", "device": "cpu"})
+    out = traylm(env, "start", "f", "--wait", "--timeout", "30")
+    assert out.returncode == 0, out.stderr
+    assert "ready: point apps at" in out.stdout
+    status = traylm(env, "status").stdout
+    assert "f " in status and "ready" in status and "serves f" in status
+    logs = traylm(env, "logs", "f").stdout
+    assert "Starting fake server" in logs
+    bad = traylm(env, "start", "nosuch")
+    assert bad.returncode == 1 and "no profile named 'nosuch'" in bad.stderr
+    assert traylm(env, "stop").returncode == 0  # the only engine
+    assert "stopped" in traylm(env, "status").stdout
+
+
+def test_sigterm_stops_engines_and_cleans_up(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    proc, _ = served
+    profiles = Path(env["TRAYLM_HOME"]) / "config" / "profiles"
+    write_toml_atomic(
+        profiles / "s.toml",
+        {
+            "model": "org/s",
+            "served_name": "s",
+            "device": "cpu",
+            "env": {"FAKE_ENGINE_ARGS": "--spawn-child"},
+        },
+    )
+    assert traylm(env, "start", "s", "--wait", "--timeout", "30").returncode == 0
+    engines = json.loads(traylm(env, "status", "--json").stdout)["engines"]
+    engine_pid = engines[0]["pid"]
+    family = [engine_pid, *(c.pid for c in psutil.Process(engine_pid).children(recursive=True))]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    for pid in family:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    paths = Paths.from_env(env)
+    assert not paths.daemon_json.exists()
+    assert json.loads(paths.engine_pids_json.read_text()) == {}
+
+
+def test_serve_on_a_busy_port_names_the_holder(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    _, port = served
+    other = dict(env, TRAYLM_HOME=env["TRAYLM_HOME"] + "-2")
+    out = traylm(other, "serve", "--port", str(port))
+    assert out.returncode == 1
+    assert f"port {port} is held by pid {served[0].pid}" in out.stderr
+    assert "gateway.port" in out.stderr
+
+
+def test_second_daemon_same_user_is_refused(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    out = traylm(env, "serve", "--port", str(free_loopback_port()))
+    assert out.returncode == 1 and "already running" in out.stderr
