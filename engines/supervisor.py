@@ -18,11 +18,13 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import re
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import aiohttp
 
@@ -101,7 +103,7 @@ class ManagedEngine:
         self._task: asyncio.Task[None] | None = None
         self._want_running = False
         self._ready_event = asyncio.Event()
-        self._log_fh: object | None = None
+        self._log_fh: TextIO | None = None
 
     # ----------------------------------------------------------------- public API
 
@@ -248,8 +250,6 @@ class ManagedEngine:
         )
 
     async def _spawn(self, spec: LaunchSpec) -> None:
-        import os
-
         self._open_log(spec)
         env = {**os.environ, **spec.env}
         env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
@@ -406,7 +406,7 @@ class ManagedEngine:
     def _close_log(self) -> None:
         fh = self._log_fh
         if fh is not None:
-            fh.close()  # type: ignore[attr-defined]
+            fh.close()
             self._log_fh = None
 
     async def _read_logs(self, proc: asyncio.subprocess.Process) -> None:
@@ -430,8 +430,8 @@ class ManagedEngine:
         self.ring.append(line)
         fh = self._log_fh
         if fh is not None:
-            fh.write(line + "\n")  # type: ignore[attr-defined]
-            fh.flush()  # type: ignore[attr-defined]
+            fh.write(line + "\n")
+            fh.flush()
         self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
         found = self.adapter.diagnose(line)
         if found is not None:

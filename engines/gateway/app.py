@@ -6,6 +6,7 @@ Only an allow-list of OpenAI routes is forwarded (engine admin routes such as vL
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,13 @@ from engines.config import Settings
 from engines.events import EngineState
 from engines.gateway.admission import Admission, QueueFull
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import Upstream, openai_error, parse_json_body, relay
+from engines.gateway.proxy import (
+    REPLY_COMPLETE,
+    Upstream,
+    openai_error,
+    parse_json_body,
+    relay,
+)
 from engines.gateway.security import Guard
 from engines.supervisor import Supervisor
 
@@ -107,6 +114,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     ctx = request.app[CONTEXT]
     try:
         resp = await handler(request)
+    except asyncio.CancelledError:
+        # The client went away. A stream whose last byte was already sent still counts as a
+        # success; anything else is 499 (client closed request, as nginx names it).
+        status = "200" if request.get(REPLY_COMPLETE) else "499"
+        ctx.metrics.requests.inc(route=_route_label(request), status=status)
+        raise
     except web.HTTPException as exc:
         resp = _http_exception(request, exc, ctx)
     except Exception:  # boundary: never leak a traceback (or a path) to a client

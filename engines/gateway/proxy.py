@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 _PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+REPLY_COMPLETE = "traylm.reply_complete"
+"""Request key set once the last byte of a streamed reply was written (see error_middleware)."""
 HOP_HEADERS = frozenset(
     {
         "content-length",
@@ -168,6 +170,7 @@ async def _stream(
         )
     _count_usage(tail, model, metrics, chunks=chunks)
     await resp.write_eof()
+    request[REPLY_COMPLETE] = True
     return resp
 
 

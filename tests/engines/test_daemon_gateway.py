@@ -141,6 +141,10 @@ async def test_client_disconnect_cancels_upstream(daemon: RunningDaemon) -> None
             await asyncio.sleep(0.1)
     assert stats["aborted"] == 1
     assert stats["generated"] < 200  # it stopped generating for nobody
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + "/metrics") as r:
+        assert 'traylm_requests_total{route="/v1/chat/completions",status="499"} 1' in (
+            await r.text()
+        )
 
 
 async def test_queue_full_gives_429_with_retry_after(daemon_factory, fake_env) -> None:

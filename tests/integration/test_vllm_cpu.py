@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -38,8 +38,20 @@ def wait_for(fn: Callable[[], T | None], timeout_s: float, what: str, step_s: fl
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+_CLIENTS: list[openai.OpenAI] = []
+
+
 def sdk(d: DaemonProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    _CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    for client in _CLIENTS:
+        client.close()
 
 
 def engine_status(d: DaemonProcess) -> dict[str, Any]:
@@ -190,6 +202,7 @@ def test_sigkill_of_the_engine_mid_stream(vllm_daemon: DaemonProcess) -> None:
         model="tiny",
         messages=[{"role": "user", "content": "go"}],
         max_tokens=480,
+        n=16,  # about 16x the work, so the kill always lands in the middle of the reply
         stream=True,
         extra_body={"ignore_eos": True},
     )
