@@ -313,11 +313,10 @@ async def cmd_fans(args: argparse.Namespace) -> int:
                 mode = ctl.mode if ctl else ("manual (not traylm)" if r.manual else "auto")
                 if ctl and ctl.curve:
                     mode = f"curve {ctl.curve.name or 'custom'}"
-                curve = ""
                 kept = " (saved)" if ctl and ctl.persist else ""
                 print(
                     f"  fan {r.index}: {r.speed_pct} % (target {r.target_pct} %) "
-                    f"{mode}{curve}{kept}"
+                    f"{mode}{kept}"
                 )
         if not overview.helper.available:
             print(f"read-only: {overview.helper.detail}")

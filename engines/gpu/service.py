@@ -100,6 +100,11 @@ class GPUFeature:
         self._build(daemon.settings)
         daemon.registry.collector(lambda: gpu_exposition(self.sampler, self.energy))
 
+    def use_backend(self, backend: GPUBackend) -> None:
+        """Run on ``backend`` instead of the one the settings name (before ``start``; tests)."""
+        self._given_backend = backend
+        self._build(self.daemon.settings)
+
     def _build(self, settings: Settings) -> None:
         """Make the parts from ``settings`` (again at start: the daemon may have loaded
         config.toml after constructing its features)."""
