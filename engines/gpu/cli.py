@@ -314,10 +314,7 @@ async def cmd_fans(args: argparse.Namespace) -> int:
                 if ctl and ctl.curve:
                     mode = f"curve {ctl.curve.name or 'custom'}"
                 kept = " (saved)" if ctl and ctl.persist else ""
-                print(
-                    f"  fan {r.index}: {r.speed_pct} % (target {r.target_pct} %) "
-                    f"{mode}{kept}"
-                )
+                print(f"  fan {r.index}: {r.speed_pct} % (target {r.target_pct} %) {mode}{kept}")
         if not overview.helper.available:
             print(f"read-only: {overview.helper.detail}")
     return 0

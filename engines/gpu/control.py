@@ -158,6 +158,7 @@ class HelperCore:
                 self._auto(*key)
                 del self._fans[key]
             self._save_state()
+            self._resample()
             return uuids
 
     def apply_power(
@@ -225,6 +226,8 @@ class HelperCore:
                 info = self._info_or_none(uuid)
                 if names and info is not None:
                     self._apply_power_layers(info, pstate)
+            if released:
+                self._resample()
         if released:
             log.info("client %d went away: released %d setting(s)", owner, released)
         return released
@@ -360,6 +363,13 @@ class HelperCore:
             }
 
     # ----------------------------------------------------------------- internals
+
+    def _resample(self) -> None:
+        """Read again after handing fans back, so status does not show them as manual."""
+        try:
+            self._latest = {s.uuid: s for s in self.backend.sample()}
+        except GPUError as exc:
+            log.debug("resample failed: %s", exc.message)
 
     def _info(self, gpu: str) -> GPUInfo:
         if not self._infos:

@@ -332,7 +332,9 @@ class NVMLBackend:
         self.open()
         info = find_info(self._infos, uuid)
         if info.uuid in self._lost:
-            raise GPULost(f"GPU {info.uuid} is lost; traylm no longer controls it; reboot the machine")
+            raise GPULost(
+                f"GPU {info.uuid} is lost; traylm no longer controls it; reboot the machine"
+            )
         return self._handles[info.uuid]
 
     def _write(self, fn_name: str, *args: Any, uuid: str) -> None:
