@@ -32,8 +32,7 @@ from engines.gpu.sim import SimulatedBackend, sim_uuid
 from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
-from tests.engines.test_gpu_nvml import UUID as NVML_UUID
-from tests.engines.test_gpu_nvml import lib  # noqa: F401  (fixture)
+from tests.fakes.fake_pynvml import UUID as NVML_UUID
 
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 
@@ -260,13 +259,13 @@ async def test_no_gpu_here_keeps_everything_working_read_only(daemon: RunningDae
 
 
 async def test_gpus_without_the_helper_are_read_only(
-    daemon_factory,
-    fake_env,
-    lib,
-    monkeypatch,
+    daemon_factory,  # type: ignore[no-untyped-def]
+    fake_env,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
     tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
-    """Real NVMLBackend code (on the autospecced pynvml) and no traylm-gpud installed."""
+    """Real NVMLBackend code (on the FAKE autospecced pynvml) and no traylm-gpud installed."""
+    lib = fake_pynvml()
     monkeypatch.setattr("engines.gpu.service.build_backend", lambda s: NVMLBackend(lib))
     settings = dataclasses.replace(
         fast_settings(free_loopback_port()),
