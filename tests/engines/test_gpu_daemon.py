@@ -33,6 +33,7 @@ from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
 from tests.fakes.fake_pynvml import UUID as NVML_UUID
+from tests.fakes.fake_pynvml import fake_pynvml
 
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 
