@@ -270,3 +270,29 @@ def test_every_error_code_on_a_write(lib: Any, code: int) -> None:
     lib.nvmlDeviceSetPowerManagementLimit.side_effect = nvml_error(code)
     with pytest.raises(GPUError):  # every failure of a write is reported, never swallowed
         NVMLBackend(lib).set_power_limit(UUID, 300_000)
+
+
+def test_the_real_gpu_scripts_comparison_rules() -> None:
+    """tests/gpu/check_nvml.py compares NVML reads with nvidia-smi; its rules are checked here
+    so the script works when it finally meets a GPU."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "check_nvml.py"
+    spec = importlib.util.spec_from_file_location("check_nvml", path)
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.compare("temperature.gpu", 64, "65", 2, 0) is None
+    assert "tolerance" in check.compare("temperature.gpu", 60, "65", 2, 0)
+    assert check.compare("fan.speed", None, "[N/A]", 3, 0) is None
+    assert "N/A" in check.compare("fan.speed", 40, "[N/A]", 3, 0)
+    assert check.compare("power.draw", 312.5, "330.1", 25, 0.15) is None
+    assert check.compare("pci.bus_id", "00000000:01:00.0", "00000000:01:00.0", 0, 0) is None
+    assert check.compare("persistence_mode", "Enabled", "Enabled", 0, 0) is None
+    backend = NVMLBackend(fake_pynvml())
+    (info,) = backend.open()
+    (snap,) = backend.sample(slow=True)
+    reads = {field: read(info, snap) for field, (read, _, _) in check.FIELDS.items()}
+    assert reads["power.draw"] == 312.5 and reads["memory.total"] == 24 * 1024
+    assert reads["persistence_mode"] == "Enabled" and reads["fan.speed"] == 55
