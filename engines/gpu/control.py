@@ -79,6 +79,7 @@ class HelperCore:
         self._latest: dict[str, GPUSnapshot] = {}
         self._lost: set[str] = set()
         self._clock_gap_s: float | None = None
+        self._foreign: list[str] = []
         self.warnings: list[str] = []
 
     # ----------------------------------------------------------------- start
@@ -359,7 +360,7 @@ class HelperCore:
                 "simulated": self.backend.simulated,
                 "fans": fans,
                 "power": power,
-                "warnings": list(self.warnings),
+                "warnings": [*self.warnings, *self._foreign],
             }
 
     # ----------------------------------------------------------------- internals
@@ -478,13 +479,18 @@ class HelperCore:
             self._power.pop(info.uuid, None)
 
     def _note_foreign(self, snaps: tuple[GPUSnapshot, ...]) -> None:
+        """Fans in manual mode that this helper did not set: another program drives them."""
+        now = []
         for snap in snaps:
             for reading in snap.fans:
                 if reading.manual and (snap.uuid, reading.index) not in self._fans:
-                    self._warn(
+                    now.append(
                         f"fan {reading.index} of GPU {snap.index} is in manual mode but "
                         "traylm-gpud did not set it: another program controls it"
                     )
+        for text in set(now) - set(self._foreign):
+            log.warning("%s", text)
+        self._foreign = now
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:

@@ -166,8 +166,12 @@ class GPUFeature:
         if isinstance(self.backend, SimulatedBackend):
             socket_path = self._private_socket()
             core = HelperCore(self.backend, self.daemon.paths.state_dir / "gpud-sim")
-            self.local_helper = HelperServer(core, socket_path, interval_s=1.0)
-            await self.local_helper.start()
+            server = HelperServer(core, socket_path, interval_s=1.0)
+            try:
+                await server.start()
+                self.local_helper = server
+            except (OSError, TraylmError) as exc:  # the daemon still runs, read-only
+                log.error("the in-process traylm-gpud for the simulator did not start: %s", exc)
             self.helper = HelperClient(
                 socket_path, on_change=on_change, label="in-process, on the simulated GPUs"
             )

@@ -282,14 +282,7 @@ class SimulatedBackend:
             if g.faults.force_temperature_c is not None
             else g.temperature_c
         )
-        reasons: list[str] = []
-        demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
-        if g.load < 0.02:
-            reasons.append("idle")
-        if demand_w > g.power_limit_mw / 1000:
-            reasons.append("power cap")
-        if temperature >= SLOWDOWN_C:
-            reasons.append("software thermal slowdown")
+        reasons = _reasons(g, temperature)
         fans = tuple(
             FanReading(
                 index=i,
@@ -318,7 +311,7 @@ class SimulatedBackend:
             "memory_used_bytes": g.memory_used_bytes,
             "memory_free_bytes": MEMORY_TOTAL_BYTES - g.memory_used_bytes,
             "memory_total_bytes": MEMORY_TOTAL_BYTES,
-            "clock_event_reasons": tuple(reasons),
+            "clock_event_reasons": reasons,
             "pcie_generation": 4 if g.load > 0.02 else 1,
             "pcie_width": 16,
             "pcie_tx_kbps": round(g.load * 900_000) if slow else None,
@@ -367,6 +360,19 @@ class SimulatedBackend:
             tmp = self._state_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.control_state()))
             tmp.replace(self._state_path)
+
+
+def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
+    """Clock-event reasons the way NVML words them (see backend.CLOCK_EVENT_REASONS)."""
+    reasons = []
+    demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
+    if g.load < 0.02:
+        reasons.append("idle")
+    if demand_w > g.power_limit_mw / 1000:
+        reasons.append("power cap")
+    if temperature_c >= SLOWDOWN_C:
+        reasons.append("software thermal slowdown")
+    return tuple(reasons)
 
 
 def _sim_info(index: int) -> GPUInfo:

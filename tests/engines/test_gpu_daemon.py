@@ -205,6 +205,7 @@ async def test_guard_lowers_power_then_pauses_then_stops_the_engine(
     assert sim.control_state()[GPU0]["power_limit_mw"] == 450_000
 
 
+@pytest.mark.slow
 async def test_energy_per_token_of_a_running_engine(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
     d: RunningDaemon = await daemon_factory(sim_settings())
     f = feature(d)

@@ -240,9 +240,11 @@ def test_foreign_manual_fan_is_reported_and_taken_over_on_request(
     loop(core, clock, 1)
     fans = {(f["uuid"], f["fan"]): f["mode"] for f in core.status()["fans"]}
     assert fans[(GPU1, 1)] == "foreign" and fans[(GPU1, 0)] == "auto"
-    assert any("another program controls it" in w for w in core.warnings)
+    assert any("another program controls it" in w for w in core.status()["warnings"])
     result = core.apply_curve(GPU1, preset("quiet"), (1,), persist=True)
     assert any("taken it over" in w for w in result["warnings"])
+    loop(core, clock, 1)
+    assert not any("another program" in w for w in core.status()["warnings"])  # it is ours now
 
 
 def test_leases_are_released_and_persisted_settings_stay(
