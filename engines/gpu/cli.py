@@ -162,7 +162,7 @@ def render_overview(o: GPUOverview) -> str:
     width = max((len(e.info.name) for e in o.gpus), default=10) + 2
     lines.append(
         f"{'GPU':<4}{'name':<{width}}{'temp':>6}{'power/limit W':>16}{'util':>6}{'memory GiB':>14}"
-        f"{'fans %':>12}  clocks held by{tag}"
+        f"{'fans %':>12}  clock events{tag}"
     )
     for entry in o.gpus:
         lines.append(_gpu_line(entry.info, entry.snapshot, width))
