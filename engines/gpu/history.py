@@ -149,7 +149,7 @@ def build_history(
                 uuid=uuid,
                 index=index,
                 simulated=simulated,
-                resolution_s=step,
+                resolution_s=step or resolution_s,
                 ts_s=tuple(ts),
                 **{c: tuple(cols[c]) for c in COLUMNS},
             )
@@ -158,8 +158,9 @@ def build_history(
 
 
 def _step(data: Sequence[tuple[float, Any]], resolution_s: float, points: int) -> float:
-    if len(data) < 2:
-        return resolution_s
+    """Bucket width; 0 when every sample fits (each one is its own point)."""
+    if len(data) <= points:
+        return 0.0
     span = data[-1][0] - data[0][0]
     return max(resolution_s, span / max(1, points - 1))
 
@@ -182,8 +183,8 @@ def _bucketise(
             values = [v for v in (g.get(c) for g in group) if v is not None]
             cols[c].append(round(sum(values) / len(values), 3) if values else None)
 
-    for t, values in data:
-        key = int((t - origin) // step_s) if step_s > 0 else 0
+    for n, (t, values) in enumerate(data):
+        key = int((t - origin) // step_s) if step_s > 0 else n
         if current is not None and key != current:
             flush()
             group, group_ts = [], []
