@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _feature_parsers(sub: Any) -> None:
     """Each feature package adds its own subcommands (its module has add_parsers(sub))."""
     # gpu (issue 3): traylm gpus [watch|record], fans, power
+    from engines.gpu.cli import add_parsers as add_gpu_parsers
+
+    add_gpu_parsers(sub)
 
     # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
 

@@ -204,6 +204,38 @@ class GPUSettings:
     process_interval_s: float = setting(
         5.0, "Period of the (slow) per-GPU process list read.", min=1
     )
+    replay_file: str = setting(
+        "",
+        "Replay this JSONL trace instead of reading GPUs (demos; `traylm gpus record` makes one).",
+    )
+    helper_socket: str = setting(
+        "/run/traylm-gpud/traylm-gpud.sock",
+        "Unix socket of traylm-gpud, the privileged helper for fan curves and power limits.",
+    )
+    guard_enabled: bool = setting(
+        True, "Thermal guard: act when a GPU nears its slowdown temperature."
+    )
+    guard_notice_margin_c: float = setting(
+        10.0, "Guard step 1: notify this many °C below the card's slowdown temperature.", min=0
+    )
+    guard_power_margin_c: float = setting(
+        7.0, "Guard step 2: lower the power limit this many °C below slowdown.", min=0
+    )
+    guard_pause_margin_c: float = setting(
+        4.0, "Guard step 3: pause new requests at the gateway this many °C below slowdown.", min=0
+    )
+    guard_stop_margin_c: float = setting(
+        2.0, "Guard step 4: stop the engines on that GPU this many °C below slowdown.", min=0
+    )
+    guard_power_pct: float = setting(
+        70.0, "Power limit the guard sets, in % of the card's default limit.", min=10, max=100
+    )
+    guard_step_s: float = setting(
+        10.0, "Shortest time at one guard step before the next one is taken.", min=0, max=3600
+    )
+    guard_hysteresis_c: float = setting(
+        3.0, "The guard stands down once the GPU is this far below the notice threshold.", min=0
+    )
 
 
 @dataclass(frozen=True)
@@ -214,6 +246,17 @@ class EnergySettings:
     currency: str = setting("EUR", "Currency shown next to costs.")
     psu_watts: float = setting(
         1600.0, "Power supply rating; traylm warns when the GPUs draw close to it.", min=100
+    )
+    other_watts: float = setting(
+        250.0,
+        "Power drawn by everything but the GPUs (CPU, board, drives), for the PSU check.",
+        min=0,
+    )
+    psu_warn_fraction: float = setting(
+        0.85, "Warn when GPUs plus other_watts exceed this fraction of psu_watts.", min=0.1, max=1
+    )
+    window_s: float = setting(
+        10.0, "Window for energy per token (NVML energy counter and token counter deltas).", min=5
     )
 
 

@@ -105,6 +105,9 @@ class Daemon:
     def _build_features(self) -> list[Feature]:
         features: list[Feature] = []
         # gpu (issue 3): telemetry sampler, fan curves and power limits via traylm-gpud, guard
+        from engines.gpu.service import GPUFeature
+
+        features.append(GPUFeature(self))
 
         # hub (issue 4): search, fit estimate, downloads, library
 

@@ -91,5 +91,50 @@ class GPUError(TraylmError):
     code = "gpu_error"
 
 
+class GPUUnavailable(GPUError):
+    """No NVIDIA driver, library or GPU: telemetry retries with backoff; the rest works."""
+
+    code = "gpu_unavailable"
+    http_status = 503
+
+
+class GPULost(GPUError):
+    """A GPU fell off the bus (NVML GpuIsLost): traylm stops controlling it; reboot needed."""
+
+    code = "gpu_lost"
+    http_status = 503
+
+
+class GPUPermissionDenied(GPUError):
+    """A write NVML refused (no root): fan and power control go through traylm-gpud."""
+
+    code = "gpu_no_permission"
+    http_status = 403
+
+
+class GPUNotSupported(GPUError):
+    code = "gpu_not_supported"
+    http_status = 409
+
+
+class GPUNotFound(GPUError):
+    code = "gpu_not_found"
+    http_status = 404
+
+
+class HelperUnavailable(GPUError):
+    """traylm-gpud does not answer: fan curves and power limits are read-only."""
+
+    code = "helper_unavailable"
+    http_status = 409
+
+
+class HelperRefused(GPUError):
+    """traylm-gpud refused a request (bad value, rate limit); the message says why."""
+
+    code = "helper_refused"
+    http_status = 400
+
+
 class HubError(TraylmError):
     code = "hub_error"

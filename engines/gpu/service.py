@@ -1,0 +1,376 @@
+"""``GPUFeature``: the daemon's GPU part. It builds the backend (NVML, the simulator with
+``--simulate-gpus N``, or a replayed trace), runs the sampler thread, talks to traylm-gpud, runs
+the thermal guard and the energy meter, and serves the /api/gpus routes (engines/gpu/api.py).
+
+With the simulator the feature also runs an in-process traylm-gpud on the same simulated GPUs
+(a private socket in the state dir), so fan curves, power limits and the guard work end to end
+without root; its status says "simulated". With real GPUs and no helper installed, everything is
+read-only and the helper status says how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from engines.config import Settings
+from engines.errors import GPUUnavailable, HelperUnavailable, TraylmError
+from engines.events import (
+    EngineEnergy,
+    EngineState,
+    GPUEnergyUpdated,
+    GPUHelperChanged,
+    GPUInfo,
+    GPUProcess,
+    GPUSnapshot,
+    HelperStatus,
+    Notice,
+    PSUStatus,
+)
+from engines.gpu.backend import GPUBackend, cuda_order
+from engines.gpu.control import HelperCore
+from engines.gpu.energy import (
+    EnergyPoint,
+    EnergyWindow,
+    energy_now_mj,
+    energy_per_token,
+    parse_generation_tokens,
+    psu_status,
+)
+from engines.gpu.guard import GuardThresholds, Step, ThermalGuard
+from engines.gpu.helper_client import HelperClient
+from engines.gpu.helperd import HelperServer
+from engines.gpu.history import TelemetryHistory
+from engines.gpu.prometheus import gpu_exposition
+from engines.gpu.sampler import Sampler
+from engines.gpu.sim import SimulatedBackend
+from engines.procs import descendants
+
+if TYPE_CHECKING:
+    from engines.daemon import Daemon
+    from engines.supervisor import ManagedEngine
+
+log = logging.getLogger(__name__)
+
+ENERGY_PERIOD_S = 2.0
+PSU_NOTICE_EVERY_S = 900.0
+
+
+def build_backend(settings: Settings) -> GPUBackend:
+    g = settings.gpu
+    if g.replay_file:
+        from engines.gpu.replay import ReplayBackend
+
+        return ReplayBackend(Path(g.replay_file).expanduser(), retime=True, loop=True)
+    if g.simulate_gpus > 0:
+        return SimulatedBackend(g.simulate_gpus)
+    from engines.gpu.nvml import NVMLBackend
+
+    return NVMLBackend()
+
+
+class GPUFeature:
+    name = "gpu"
+
+    def __init__(self, daemon: Daemon, backend: GPUBackend | None = None) -> None:
+        """No I/O. ``backend``: use this one instead of the one the settings name (tests)."""
+        self.daemon = daemon
+        self._given_backend = backend
+        self.local_helper: HelperServer | None = None
+        self.helper: HelperClient | None = None
+        self.energy: dict[str, EngineEnergy] = {}
+        self._windows: dict[str, EnergyWindow] = {}
+        self._energy_published_s: dict[str, float] = {}
+        self._paused_by: set[str] = set()
+        self._guard_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._energy_task: asyncio.Task[None] | None = None
+        self._psu_notice_s = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self._build(daemon.settings)
+        daemon.registry.collector(lambda: gpu_exposition(self.sampler, self.energy))
+
+    def use_backend(self, backend: GPUBackend) -> None:
+        """Run on ``backend`` instead of the one the settings name (before ``start``; tests)."""
+        self._given_backend = backend
+        self._build(self.daemon.settings)
+
+    def _build(self, settings: Settings) -> None:
+        """Make the parts from ``settings`` (again at start: the daemon may have loaded
+        config.toml after constructing its features)."""
+        self._built_for = settings
+        self.backend = self._given_backend or build_backend(settings)
+        self.guard = ThermalGuard(
+            GuardThresholds.from_settings(settings.gpu), simulated=self.backend.simulated
+        )
+        self.history = TelemetryHistory(
+            self.daemon.store,
+            resolution_s=settings.gpu.history_resolution_s,
+            keep_days=settings.gpu.history_days,
+        )
+        self.sampler = Sampler(
+            self.backend,
+            interval_s=settings.gpu.sample_interval_s,
+            process_interval_s=settings.gpu.process_interval_s,
+            publish=self.daemon.bus.publish_threadsafe,
+            on_sample=self._on_sample_threadsafe,
+            history=self.history,
+            engine_pids=self._engine_pids,
+        )
+
+    # ----------------------------------------------------------------- Feature protocol
+
+    def routes(self) -> list[web.RouteDef]:
+        from engines.gpu.api import gpu_routes
+
+        return gpu_routes()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.daemon.settings is not self._built_for:
+            self._build(self.daemon.settings)
+        await self._start_helper()
+        self.sampler.start()
+        self._energy_task = asyncio.create_task(self._energy_loop(), name="gpu energy")
+
+    async def stop(self) -> None:
+        if self._energy_task is not None:
+            self._energy_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._energy_task
+        await asyncio.to_thread(self.sampler.stop)
+        for task in list(self._tasks):
+            task.cancel()
+        if self.helper is not None:
+            await self.helper.stop()
+        if self.local_helper is not None:
+            await self.local_helper.stop()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+        await asyncio.to_thread(self.backend.close)
+
+    # ----------------------------------------------------------------- helper
+
+    async def _start_helper(self) -> None:
+        on_change = self._on_helper_change
+        if isinstance(self.backend, SimulatedBackend):
+            socket_path = self._private_socket()
+            core = HelperCore(self.backend, self.daemon.paths.state_dir / "gpud-sim")
+            server = HelperServer(core, socket_path, interval_s=1.0)
+            try:
+                await server.start()
+                self.local_helper = server
+            except (OSError, TraylmError) as exc:  # the daemon still runs, read-only
+                log.error("the in-process traylm-gpud for the simulator did not start: %s", exc)
+            self.helper = HelperClient(
+                socket_path, on_change=on_change, label="in-process, on the simulated GPUs"
+            )
+        elif self.backend.name == "replay":
+            self.helper = None
+            return
+        else:
+            path = Path(self.daemon.settings.gpu.helper_socket)
+            self.helper = HelperClient(path, on_change=on_change)
+        await self.helper.start()
+
+    def _private_socket(self) -> Path:
+        path = self.daemon.paths.state_dir / "gpud-sim.sock"
+        if len(str(path)) < 100:  # AF_UNIX paths are limited to 107 bytes
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return path
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="traylm-gpud-")
+        return Path(self._tmpdir.name) / "gpud.sock"
+
+    def _on_helper_change(self, status: HelperStatus) -> None:
+        log.info(
+            "traylm-gpud: %s", status.detail if status.available else "unavailable (read-only)"
+        )
+        self.daemon.bus.publish(GPUHelperChanged(status=status))
+
+    def helper_status(self) -> HelperStatus:
+        if self.helper is not None:
+            return self.helper.status
+        return HelperStatus(
+            available=False,
+            detail="the GPUs are a replayed trace: nothing can be controlled",
+            backend=self.backend.name,
+            simulated=True,
+        )
+
+    def require_helper(self) -> HelperClient:
+        if self.helper is None:
+            raise HelperUnavailable(self.helper_status().detail)
+        return self.helper
+
+    # ----------------------------------------------------------------- GPUs
+
+    def infos(self) -> tuple[GPUInfo, ...]:
+        if not self.sampler.infos:
+            raise GPUUnavailable(self.sampler.message)
+        return self.sampler.infos
+
+    def engine_gpus(self, engine: ManagedEngine) -> tuple[str, ...]:
+        """UUIDs of the GPUs an engine uses (profile.gpus are CUDA indices in PCI order). With
+        the simulator every engine counts as running on its profile's GPUs."""
+        if engine.runtime.device != "cuda" and not self.backend.simulated:
+            return ()
+        order = cuda_order(self.sampler.infos)
+        return tuple(order[i].uuid for i in engine.profile.gpus if 0 <= i < len(order))
+
+    def _engine_pids(self) -> Mapping[int, str]:
+        """pid → engine id for every engine process and its children (sampler thread)."""
+        out: dict[int, str] = {}
+        for engine in list(self.daemon.supervisor.engines.values()):
+            pid = engine.pid
+            if not pid or engine.state == EngineState.STOPPED:
+                continue
+            out[pid] = engine.engine_id
+            for child in descendants(pid):
+                out[child.pid] = engine.engine_id
+        return out
+
+    # ----------------------------------------------------------------- per sample (loop)
+
+    def _on_sample_threadsafe(self, snaps: tuple[GPUSnapshot, ...]) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_sample, snaps)
+
+    def _on_sample(self, snaps: tuple[GPUSnapshot, ...]) -> None:
+        self.guard.thresholds = GuardThresholds.from_settings(self.daemon.settings.gpu)
+        if self._guard_lock.locked():
+            return  # the previous step is still acting (stopping an engine takes seconds)
+        infos = {i.uuid: i for i in self.sampler.infos}
+        steps = self.guard.evaluate(snaps, infos, time.time())
+        if steps:
+            self._spawn(self._act(steps))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _act(self, steps: list[Step]) -> None:
+        from engines.gpu.guard_actions import DaemonGuardActions
+
+        async with self._guard_lock:
+            events = await self.guard.act(steps, DaemonGuardActions(self))
+        for event in events:
+            self.daemon.bus.publish(event)
+            self.daemon.bus.publish(
+                Notice(
+                    level="warning" if event.ok else "error",
+                    title=f"Thermal guard: GPU {event.gpu_index}",
+                    message=event.detail,
+                    source="gpu.guard",
+                )
+            )
+
+    # ----------------------------------------------------------------- energy
+
+    async def _energy_loop(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                await asyncio.sleep(ENERGY_PERIOD_S)
+                try:
+                    await self._energy_tick(http)
+                    self._check_psu()
+                except TraylmError as exc:
+                    log.debug("energy update skipped: %s", exc.message)
+
+    async def _energy_tick(self, http: aiohttp.ClientSession) -> None:
+        settings = self.daemon.settings.energy
+        live = {}
+        for engine in list(self.daemon.supervisor.engines.values()):
+            gpus = self.engine_gpus(engine)
+            if engine.state != EngineState.READY or not engine.base_url or not gpus:
+                continue
+            live[engine.engine_id] = (engine, gpus)
+        for engine_id in set(self._windows) - set(live):
+            self._windows.pop(engine_id, None)
+            self.energy.pop(engine_id, None)
+        if isinstance(self.backend, SimulatedBackend):
+            self._sim_processes(live)
+        for engine_id, (engine, gpus) in live.items():
+            tokens = await _scrape_tokens(http, f"{engine.base_url}/metrics")
+            at_s = time.time()
+            energy = energy_now_mj(self.sampler.latest, gpus, at_s)
+            if tokens is None or energy is None:
+                continue
+            window = self._windows.setdefault(engine_id, EnergyWindow(settings.window_s))
+            window.window_s = max(5.0, settings.window_s)
+            window.add(EnergyPoint(at_s, energy, tokens))
+            span = window.span()
+            if span is None:
+                continue
+            result = energy_per_token(
+                engine_id,
+                *span,
+                gpus=gpus,
+                price_per_kwh=settings.electricity_price_per_kwh,
+                currency=settings.currency,
+                simulated=self.backend.simulated,
+            )
+            self.energy[engine_id] = result
+            if at_s - self._energy_published_s.get(engine_id, 0.0) >= window.window_s:
+                self._energy_published_s[engine_id] = at_s
+                self.daemon.bus.publish(GPUEnergyUpdated(energy=result, psu=self.psu()))
+
+    def _sim_processes(self, live: Mapping[str, tuple[ManagedEngine, tuple[str, ...]]]) -> None:
+        assert isinstance(self.backend, SimulatedBackend)
+        per_gpu: dict[str, list[GPUProcess]] = {i.uuid: [] for i in self.sampler.infos}
+        for engine, gpus in live.values():
+            if engine.pid:
+                for uuid in gpus:
+                    per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=20 << 30))
+        for uuid, procs in per_gpu.items():
+            self.backend.set_processes(uuid, procs)
+
+    def psu(self) -> PSUStatus | None:
+        latest = [s for s in self.sampler.latest if s.power_draw_mw is not None]
+        if not latest:
+            return None
+        e = self.daemon.settings.energy
+        return psu_status(
+            latest,
+            psu_watts=e.psu_watts,
+            other_watts=e.other_watts,
+            warn_fraction=e.psu_warn_fraction,
+        )
+
+    def _check_psu(self) -> None:
+        status = self.psu()
+        now = time.monotonic()
+        if status is None or not status.warning or now - self._psu_notice_s < PSU_NOTICE_EVERY_S:
+            return
+        self._psu_notice_s = now
+        log.warning("PSU headroom: %s", status.warning)
+        self.daemon.bus.publish(
+            Notice(
+                level="warning",
+                title="Power supply headroom",
+                message=status.warning,
+                source="gpu.psu",
+            )
+        )
+
+
+async def _scrape_tokens(http: aiohttp.ClientSession, url: str) -> float | None:
+    try:
+        async with http.get(url) as resp:
+            if resp.status != 200:
+                return None
+            return parse_generation_tokens(await resp.text())
+    except (aiohttp.ClientError, TimeoutError):
+        return None

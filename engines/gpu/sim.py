@@ -1,0 +1,398 @@
+"""``SimulatedBackend``: N simulated RTX 4090s with a simple thermal model and injectable faults.
+
+Not a test double: it is the backend ``traylm serve --simulate-gpus N`` runs on machines without
+an NVIDIA GPU, and every snapshot it makes says ``simulated=True``. The model:
+
+- power follows load: ``idle + load × (450 W - idle)``, capped by the power limit ("power cap"
+  in the clock-event reasons when the cap bites), cut by 20 % in thermal slowdown;
+- temperature approaches ``ambient + power × R(fan)`` with a first-order time constant, where the
+  thermal resistance R falls as the fans speed up;
+- fans follow the firmware's curve (0 RPM below 50 °C) unless a program set a speed (manual), and
+  spin up or down at a finite rate;
+- the energy counter integrates power (mJ), like NVML's.
+
+The card's figures are a stock RTX 4090's: 450 W default limit (150-600 W), 24 GB, slowdown at
+90 °C, two fan controllers with a 30 % floor. Faults (``inject``): unsupported fields, writes
+refused (NoPermission), a lost GPU, a stuck fan, a forced temperature reading, a fan held in manual
+mode by another program, and the whole driver missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
+from engines.events import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
+from engines.gpu.backend import find_info
+
+MIB = 1024 * 1024
+NAME = "NVIDIA GeForce RTX 4090 (simulated)"
+MEMORY_TOTAL_BYTES = 24564 * MIB
+DEFAULT_LIMIT_MW = 450_000
+MIN_LIMIT_MW = 150_000
+MAX_LIMIT_MW = 600_000
+IDLE_W = 22.0
+SLOWDOWN_C = 90
+SHUTDOWN_C = 92
+FAN_MIN_PCT = 30
+FAN_MAX_PCT = 100
+FAN_SLEW_PCT_PER_S = 25.0
+AMBIENT_C = 25.0
+TIME_CONSTANT_S = 20.0
+SIM_FIELDS = frozenset(f.name for f in dataclasses.fields(GPUSnapshot)) - {
+    "uuid",
+    "index",
+    "ts_s",
+    "state",
+    "simulated",
+}
+
+
+class ManualClock:
+    """A clock that moves only when told (deterministic closed-loop tests and replays)."""
+
+    def __init__(self, start_s: float = 1_000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass
+class SimFaults:
+    not_supported: frozenset[str] = frozenset()
+    """Snapshot fields that read as N/A (None), e.g. {"temperature_c", "fans"}."""
+    no_permission_writes: bool = False
+    lost: bool = False
+    stuck_fans: dict[int, int] = field(default_factory=dict)
+    """Fan index → the % it is stuck at whatever it is told."""
+    force_temperature_c: float | None = None
+    foreign_manual: frozenset[int] = frozenset()
+    """Fans another program holds in manual mode (they read as manual)."""
+
+
+@dataclass
+class _Fan:
+    manual: bool = False
+    commanded_pct: int = 0
+    actual_pct: float = 0.0
+
+
+@dataclass
+class _GPU:
+    info: GPUInfo
+    temperature_c: float = AMBIENT_C + 6
+    energy_mj: float = 0.0
+    load: float = 0.0
+    memory_used_bytes: int = 420 * MIB
+    power_limit_mw: int = DEFAULT_LIMIT_MW
+    power_w: float = IDLE_W
+    fans: list[_Fan] = field(default_factory=lambda: [_Fan(), _Fan()])
+    faults: SimFaults = field(default_factory=SimFaults)
+    processes: tuple[GPUProcess, ...] = ()
+
+
+def sim_uuid(index: int) -> str:
+    return f"GPU-00000000-5151-4090-8000-{index:012d}"
+
+
+class SimulatedBackend:
+    name = "simulated"
+    simulated = True
+
+    def __init__(
+        self,
+        count: int = 2,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        time_scale: float = 1.0,
+        time_constant_s: float = TIME_CONSTANT_S,
+        ambient_c: float = AMBIENT_C,
+        state_path: Path | None = None,
+    ) -> None:
+        """``state_path``: write the control state (fan modes, power limits) there after every
+        write, so that another process can check what this one left behind."""
+        self._clock = clock
+        self._wall = wall
+        self.time_scale = time_scale
+        self.time_constant_s = time_constant_s
+        self.ambient_c = ambient_c
+        self.unavailable = False
+        self._state_path = state_path
+        self._lock = threading.RLock()
+        self._last_s = clock()
+        self._gpus = {g.info.uuid: g for g in (_GPU(_sim_info(i)) for i in range(count))}
+        self.writes: list[tuple[str, str, int, int | None]] = []
+        """Every accepted write: (op, uuid, fan or -1, value): tests read the control history."""
+
+    # ----------------------------------------------------------------- control of the model
+
+    def set_load(self, gpu: str, load: float, memory_used_bytes: int | None = None) -> None:
+        with self._lock:
+            self._advance()
+            g = self._gpu(gpu)
+            g.load = min(1.0, max(0.0, load))
+            if memory_used_bytes is not None:
+                g.memory_used_bytes = memory_used_bytes
+
+    def set_processes(self, gpu: str, processes: Iterable[GPUProcess]) -> None:
+        with self._lock:
+            self._gpu(gpu).processes = tuple(processes)
+
+    def inject(self, gpu: str, **faults: Any) -> None:
+        """Set fault fields of ``SimFaults`` on one GPU (e.g. ``lost=True``)."""
+        with self._lock:
+            self._advance()
+            g = self._gpu(gpu)
+            g.faults = dataclasses.replace(g.faults, **faults)
+
+    def temperature_c(self, gpu: str) -> float:
+        with self._lock:
+            self._advance()
+            return self._gpu(gpu).temperature_c
+
+    # ----------------------------------------------------------------- protocol
+
+    def open(self) -> tuple[GPUInfo, ...]:
+        if self.unavailable:
+            raise GPUUnavailable(
+                "no NVIDIA GPU found: the simulated driver is switched off (fault injection)"
+            )
+        return tuple(g.info for g in self._gpus.values())
+
+    def infos(self) -> tuple[GPUInfo, ...]:
+        return self.open()
+
+    def sample(self, *, slow: bool = False) -> tuple[GPUSnapshot, ...]:
+        infos = self.open()
+        with self._lock:
+            self._advance()
+            now = self._wall()
+            return tuple(self._snapshot(self._gpus[i.uuid], now, slow) for i in infos)
+
+    def set_fan_speed(self, uuid: str, fan: int, speed_pct: int) -> None:
+        with self._lock:
+            self._advance()
+            g = self._writable(uuid)
+            f = self._fan(g, fan)
+            if not FAN_MIN_PCT <= speed_pct <= FAN_MAX_PCT:
+                raise GPUError(
+                    f"NVML nvmlDeviceSetFanSpeed_v2 on GPU {uuid} failed: Invalid Argument "
+                    f"({speed_pct} % is outside {FAN_MIN_PCT}-{FAN_MAX_PCT} %)"
+                )
+            f.manual, f.commanded_pct = True, int(speed_pct)
+            self._record("fan_speed", uuid, fan, int(speed_pct))
+
+    def set_fan_auto(self, uuid: str, fan: int) -> None:
+        with self._lock:
+            self._advance()
+            g = self._writable(uuid)
+            f = self._fan(g, fan)
+            f.manual = False
+            self._record("fan_auto", uuid, fan, None)
+
+    def set_power_limit(self, uuid: str, limit_mw: int) -> None:
+        with self._lock:
+            self._advance()
+            g = self._writable(uuid)
+            if not MIN_LIMIT_MW <= limit_mw <= MAX_LIMIT_MW:
+                raise GPUError(
+                    f"NVML nvmlDeviceSetPowerManagementLimit on GPU {uuid} failed: Invalid "
+                    f"Argument ({limit_mw} mW is outside {MIN_LIMIT_MW}-{MAX_LIMIT_MW} mW)"
+                )
+            g.power_limit_mw = int(limit_mw)
+            self._record("power_limit", uuid, -1, int(limit_mw))
+
+    def close(self) -> None:
+        pass
+
+    def control_state(self) -> dict[str, Any]:
+        """What a driver would report about control: fan modes and power limits, by UUID."""
+        with self._lock:
+            return {
+                uuid: {
+                    "fans": [
+                        {"manual": f.manual or i in g.faults.foreign_manual, "pct": f.commanded_pct}
+                        for i, f in enumerate(g.fans)
+                    ],
+                    "power_limit_mw": g.power_limit_mw,
+                }
+                for uuid, g in self._gpus.items()
+            }
+
+    # ----------------------------------------------------------------- the model
+
+    def _advance(self) -> None:
+        now = self._clock()
+        elapsed = max(0.0, now - self._last_s) * self.time_scale
+        self._last_s = now
+        while elapsed > 1e-9:
+            dt = min(elapsed, 0.5)
+            elapsed -= dt
+            for g in self._gpus.values():
+                self._step(g, dt)
+
+    def _step(self, g: _GPU, dt: float) -> None:
+        demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
+        power_w = min(demand_w, g.power_limit_mw / 1000)
+        if g.temperature_c >= SLOWDOWN_C:
+            power_w *= 0.8
+        g.power_w = power_w
+        g.energy_mj += power_w * dt * 1000
+        for i, f in enumerate(g.fans):
+            target = self._fan_target(g, i, f)
+            step = FAN_SLEW_PCT_PER_S * dt
+            f.actual_pct += max(-step, min(step, target - f.actual_pct))
+        duty = sum(f.actual_pct for f in g.fans) / max(1, len(g.fans))
+        resistance = 0.19 - 0.085 * duty / 100  # °C per W: 0.19 fans off, 0.105 at 100 %
+        steady_c = self.ambient_c + power_w * resistance
+        decay = math.exp(-dt / max(0.01, self.time_constant_s))
+        g.temperature_c = steady_c + (g.temperature_c - steady_c) * decay
+
+    def _fan_target(self, g: _GPU, index: int, f: _Fan) -> float:
+        if index in g.faults.stuck_fans:
+            return float(g.faults.stuck_fans[index])
+        if f.manual:
+            return float(f.commanded_pct)
+        t = g.temperature_c
+        if t < 50:
+            return 0.0  # firmware: 0 RPM at idle
+        return float(min(FAN_MAX_PCT, max(FAN_MIN_PCT, 30 + (t - 50) * 1.75)))
+
+    def _snapshot(self, g: _GPU, now: float, slow: bool) -> GPUSnapshot:
+        info = g.info
+        if g.faults.lost:
+            return GPUSnapshot(
+                uuid=info.uuid, index=info.index, ts_s=now, state=GPUState.LOST, simulated=True
+            )
+        temperature = (
+            g.faults.force_temperature_c
+            if g.faults.force_temperature_c is not None
+            else g.temperature_c
+        )
+        reasons = _reasons(g, temperature)
+        fans = tuple(
+            FanReading(
+                index=i,
+                speed_pct=round(f.actual_pct),
+                target_pct=round(self._fan_target(g, i, f)),
+                manual=f.manual or i in g.faults.foreign_manual,
+                min_pct=FAN_MIN_PCT,
+                max_pct=FAN_MAX_PCT,
+            )
+            for i, f in enumerate(g.fans)
+        )
+        sm_clock = 210 + round(
+            g.load * 2310 * (0.85 if "software thermal slowdown" in reasons else 1)
+        )
+        values: dict[str, Any] = {
+            "temperature_c": round(temperature),
+            "temperature_margin_c": SLOWDOWN_C - round(temperature),
+            "power_draw_mw": round(g.power_w * 1000),
+            "power_limit_mw": g.power_limit_mw,
+            "energy_mj": round(g.energy_mj),
+            "fans": fans,
+            "sm_clock_mhz": sm_clock,
+            "memory_clock_mhz": 10501 if g.load > 0.02 else 405,
+            "utilization_gpu_pct": round(g.load * 100),
+            "utilization_memory_pct": round(g.load * 60),
+            "memory_used_bytes": g.memory_used_bytes,
+            "memory_free_bytes": MEMORY_TOTAL_BYTES - g.memory_used_bytes,
+            "memory_total_bytes": MEMORY_TOTAL_BYTES,
+            "clock_event_reasons": reasons,
+            "pcie_generation": 4 if g.load > 0.02 else 1,
+            "pcie_width": 16,
+            "pcie_tx_kbps": round(g.load * 900_000) if slow else None,
+            "pcie_rx_kbps": round(g.load * 1_200_000) if slow else None,
+            "persistence_mode": True,
+            "processes": g.processes if slow else None,
+        }
+        for name in g.faults.not_supported & SIM_FIELDS:
+            values[name] = () if name in ("fans", "clock_event_reasons") else None
+        return GPUSnapshot(
+            uuid=info.uuid,
+            index=info.index,
+            ts_s=now,
+            state=GPUState.OK,
+            simulated=True,
+            **values,
+        )
+
+    # ----------------------------------------------------------------- helpers
+
+    def _gpu(self, gpu: str) -> _GPU:
+        return self._gpus[find_info([g.info for g in self._gpus.values()], gpu).uuid]
+
+    def _writable(self, uuid: str) -> _GPU:
+        if self.unavailable:
+            raise GPUUnavailable("no NVIDIA GPU found: the simulated driver is switched off")
+        g = self._gpu(uuid)
+        if g.faults.lost:
+            raise GPULost(f"GPU {uuid} is lost (simulated); traylm no longer controls it. Reboot")
+        if g.faults.no_permission_writes:
+            raise GPUPermissionDenied(
+                f"writes on GPU {uuid} need root (simulated NoPermission): fan and power changes "
+                "go through traylm-gpud"
+            )
+        return g
+
+    @staticmethod
+    def _fan(g: _GPU, fan: int) -> _Fan:
+        if not 0 <= fan < len(g.fans):
+            raise GPUError(f"GPU {g.info.uuid} has fans 0-{len(g.fans) - 1}, not {fan}")
+        return g.fans[fan]
+
+    def _record(self, op: str, uuid: str, fan: int, value: int | None) -> None:
+        self.writes.append((op, uuid, fan, value))
+        if self._state_path is not None:
+            tmp = self._state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.control_state()))
+            tmp.replace(self._state_path)
+
+
+def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
+    """Clock-event reasons the way NVML words them (see backend.CLOCK_EVENT_REASONS)."""
+    reasons = []
+    demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
+    if g.load < 0.02:
+        reasons.append("idle")
+    if demand_w > g.power_limit_mw / 1000:
+        reasons.append("power cap")
+    if temperature_c >= SLOWDOWN_C:
+        reasons.append("software thermal slowdown")
+    return tuple(reasons)
+
+
+def _sim_info(index: int) -> GPUInfo:
+    return GPUInfo(
+        uuid=sim_uuid(index),
+        index=index,
+        name=NAME,
+        simulated=True,
+        pci_bus_id=f"00000000:{index + 1:02X}:00.0",
+        driver_version="570.133.07 (simulated)",
+        cuda_version="12.8",
+        memory_total_bytes=MEMORY_TOTAL_BYTES,
+        slowdown_temperature_c=SLOWDOWN_C,
+        shutdown_temperature_c=SHUTDOWN_C,
+        power_default_mw=DEFAULT_LIMIT_MW,
+        power_min_mw=MIN_LIMIT_MW,
+        power_max_mw=MAX_LIMIT_MW,
+        fan_count=2,
+        fan_min_pct=FAN_MIN_PCT,
+        fan_max_pct=FAN_MAX_PCT,
+        pcie_generation_max=4,
+        pcie_width_max=16,
+    )
