@@ -19,8 +19,9 @@ from engines.config import Settings
 from engines.events import EngineState
 from engines.gateway.admission import Admission, QueueFull
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import Upstream, openai_error, parse_json_body, relay
+from engines.gateway.proxy import Upstream, UsageSink, openai_error, parse_json_body, relay
 from engines.gateway.security import Guard
+from engines.gateway.usage import UsageRecord
 from engines.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class GatewayContext:
     started_at_s: float = field(default_factory=time.time)
     fallback: Callable[[str, str], Upstream | None] | None = None
     """Remote fallback hook: (model, why) → an upstream, or None. Installed by the daemon."""
+    usage: Callable[[UsageRecord], None] | None = None
+    """Usage-log hook: one record per relayed request (engines/gateway/usage.py)."""
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(self.registry)
@@ -275,6 +278,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 model=model,
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
+                usage=_usage_sink(ctx, request, model, upstream),
             )
     except QueueFull as exc:
         fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
@@ -287,6 +291,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 model=model,
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
+                usage=_usage_sink(ctx, request, model, fallback),
             )
         return openai_error(
             429,
@@ -294,6 +299,30 @@ async def forward(request: web.Request) -> web.StreamResponse:
             type_="rate_limit_exceeded",
             headers={"Retry-After": str(g.retry_after_s)},
         )
+
+
+def _usage_sink(
+    ctx: GatewayContext, request: web.Request, model: str, upstream: Upstream
+) -> UsageSink | None:
+    record = ctx.usage
+    if record is None:
+        return None
+
+    def sink(status: int, prompt: int | None, completion: int | None, duration_s: float) -> None:
+        record(
+            UsageRecord(
+                model,
+                upstream.name,
+                request.path,
+                upstream.remote,
+                status,
+                prompt,
+                completion,
+                duration_s,
+            )
+        )
+
+    return sink
 
 
 def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:
