@@ -66,7 +66,7 @@ RULES: tuple[LogRule, ...] = (
         "out_of_memory",
         re.compile(
             r"Error Code 2: OutOfMemory|CUDA out of memory|torch\.OutOfMemoryError|"
-            r"CUDA runtime error in [^:]*cudaMalloc\w*\([^)]*\): out of memory|"
+            r"CUDA runtime error in .*cudaMalloc\w*\(.*\): out of memory|"
             r"Requested amount of GPU memory \(\d+ bytes\) could not be allocated"
         ),
         "Ran out of GPU memory",
@@ -159,6 +159,7 @@ RULES: tuple[LogRule, ...] = (
         "trtllm-build failed",
         "The lines above in the engine log show why; common causes have their own advice "
         "(memory, FP8 support, architecture).",
+        severity="warning",  # the summary line after the cause: it must not replace it
     ),
 )
 
