@@ -9,9 +9,9 @@ proportion to the model size (scaled down). Their "hardware" comes from the envi
 env's wrappers set: FAKE_GPU_CC ("8.9"), FAKE_GPU_COUNT, FAKE_GPU_P2P ("0"/"1"), FAKE_TRT_VERSION,
 FAKE_TENSORRT_VERSION.
 
-Per-run knobs come from FAKE_TRT_ARGS and FAKE_TRT_<TOOL>_ARGS (shlex): --seconds S (how long the step takes), --print
-LINE (repeatable, printed at start), --exit CODE (exit after printing), --oom (run out of memory
-half way, with TensorRT's real error lines).
+Per-run knobs come from FAKE_TRT_ARGS and FAKE_TRT_<TOOL>_ARGS (shlex): --seconds S (how long
+the step takes), --print LINE (repeatable, printed at start), --exit CODE (exit after printing),
+--oom (run out of memory half way, with TensorRT's real error lines).
 """
 
 from __future__ import annotations
