@@ -257,6 +257,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return openai_error(400, invalid[1], param=invalid[0])
     model = payload["model"]
     if ctx.pause is not None:
+        _log_refused(ctx, request, model, 503)
         return openai_error(
             503,
             f"traylm paused new requests: {ctx.pause.reason}",
@@ -265,6 +266,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         )
     target = _resolve(ctx, model)
     if isinstance(target, web.Response):
+        _log_refused(ctx, request, model, target.status)
         return target
     upstream, admission = target
     assert ctx.session is not None
@@ -293,6 +295,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 metrics=ctx.metrics,
                 usage=_usage_sink(ctx, request, model, fallback),
             )
+        _log_refused(ctx, request, model, 429, upstream.name)
         return openai_error(
             429,
             f"too many requests for {model}: {exc.reason}; retry later",
@@ -323,6 +326,14 @@ def _usage_sink(
         )
 
     return sink
+
+
+def _log_refused(
+    ctx: GatewayContext, request: web.Request, model: str, status: int, engine_id: str = ""
+) -> None:
+    """Requests the gateway answered itself (not served, starting, paused, queue full)."""
+    if ctx.usage is not None:
+        ctx.usage(UsageRecord(model, engine_id, request.path, False, status, None, None, 0.0))
 
 
 def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:
