@@ -109,14 +109,16 @@ async def cmd_cache_ls(args: argparse.Namespace) -> int:
 
 async def cmd_cache_rm(args: argparse.Namespace) -> int:
     client = await _client()
-    for entry_id in args.ids:
+    try:
+        for entry_id in args.ids:
+            if client is not None:
+                removed = await client.trt_cache_remove(entry_id)
+            else:
+                removed = await asyncio.to_thread(_local_cache().remove, entry_id, {})
+            print(f"removed {removed.id} ({removed.size_bytes / GIB:.2f} GiB)")
+    finally:
         if client is not None:
-            removed = await client.trt_cache_remove(entry_id)
-        else:
-            removed = await asyncio.to_thread(_local_cache().remove, entry_id, {})
-        print(f"removed {removed.id} ({removed.size_bytes / GIB:.2f} GiB)")
-    if client is not None:
-        await client.close()
+            await client.close()
     return 0
 
 
