@@ -12,7 +12,8 @@ import asyncio
 import collections
 import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from engines.store import Store
 
@@ -29,6 +30,7 @@ class UsageRecord:
     prompt_tokens: int | None
     completion_tokens: int | None
     duration_s: float
+    ts_s: float = field(default_factory=time.time)
 
 
 class UsageRecorder:
@@ -71,15 +73,25 @@ class UsageRecorder:
                 log.exception("writing the usage log failed")
 
     def _write(self, rows: list[UsageRecord]) -> None:
-        for r in rows:
-            self._store.log_usage(
-                model=r.model,
-                engine_id=r.engine_id,
-                route=r.route,
-                remote=r.remote,
-                status=r.status,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=r.completion_tokens,
-                duration_s=r.duration_s,
+        """One transaction per batch (Store.log_usage commits each row; a batch of them would
+        cost a commit each)."""
+        with self._store.transaction() as db:
+            db.executemany(
+                "INSERT INTO usage (ts_s, model, engine_id, route, remote, status, prompt_tokens,"
+                " completion_tokens, duration_s) VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        r.ts_s,
+                        r.model,
+                        r.engine_id,
+                        r.route,
+                        int(r.remote),
+                        r.status,
+                        r.prompt_tokens,
+                        r.completion_tokens,
+                        r.duration_s,
+                    )
+                    for r in rows
+                ],
             )
         self.written += len(rows)
