@@ -170,6 +170,9 @@ def _engines_parser(sub: Any) -> None:
     s.add_argument("engine")
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--version", dest="engine_version")
+    s.add_argument(
+        "--tool", default="", help="TensorRT-LLM build tools: build, quantize, convert-llama"
+    )
     s.set_defaults(func=cmd_engines_flags)
     trt_cli.add_engine_parsers(esub)  # engines (issue 5): traylm engines cache ls|rm|prune
 
@@ -411,8 +414,10 @@ async def cmd_engines_remove(args: argparse.Namespace) -> int:
 
 async def cmd_engines_flags(args: argparse.Namespace) -> int:
     device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
+    if args.engine != "vllm":
+        device = "cuda"  # TensorRT-LLM and SGLang have CUDA builds only
     env = _env_manager().find(args.engine, device=device, version=args.engine_version)
-    flags = load_flags(env.engine, env.version, env.path)
+    flags = load_flags(env.engine, env.version, env.path, tool=args.tool)
     for name, spec in sorted(flags.flags.items()):
         choices = f"  {{{','.join(spec.choices)}}}" if spec.choices else ""
         print(f"{name}{' VALUE' if spec.takes_value else ''}{choices}")
