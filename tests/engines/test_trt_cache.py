@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,57 @@ def test_click_probe_describes_trtllm_serve_options() -> None:
     assert set(flags) == set(shipped)
     assert flags["--tp_size"]["dest"] == "tensor_parallel_size"
     assert flags["--trust_remote_code"]["takes_value"] is False
+
+
+def test_build_mode_finds_a_repo_in_the_hugging_face_cache(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import huggingface_hub.constants
+
+    from engines.trt.model import local_model_dir, read_model_facts
+    from tests.fakes.fake_trt_env import make_tiny_hf_model
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    make_tiny_hf_model(repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder, source = local_model_dir("org/tiny", None)
+    assert folder == repo / "snapshots" / commit
+    assert source == f"org/tiny@{commit}"
+    assert read_model_facts(folder, source).source_id == f"org/tiny@{commit}"
+    with pytest.raises(ConfigError, match="traylm models pull org/absent"):
+        local_model_dir("org/absent", None)
+
+
+def test_build_events_and_cache_entries_cross_the_wire() -> None:
+    from engines.events import TRTBuildProgress, TRTCacheEntry, from_plain, from_wire, to_plain
+
+    event = TRTBuildProgress(
+        engine_id="e",
+        cache_id="c",
+        state="running",
+        step="build",
+        step_index=2,
+        steps_total=2,
+        elapsed_s=3.5,
+        eta_s=None,
+    )
+    assert from_wire(event.to_wire()) == event
+    entry = TRTCacheEntry(
+        id="c",
+        model="m",
+        quant_recipe="fp8",
+        tensor_parallel_size=2,
+        pipeline_parallel_size=1,
+        arguments={"build.workers": "2"},
+        environment=ENV,
+        size_bytes=1,
+        created_s=1.0,
+        last_used_s=2.0,
+        build_s=3.0,
+        path="/x",
+        in_use_by=("e",),
+    )
+    assert from_plain(TRTCacheEntry, to_plain(entry)) == entry
