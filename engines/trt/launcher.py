@@ -109,6 +109,10 @@ class TRTLauncher:
             if self._build_lock.locked():
                 emit("traylm: waiting for another TensorRT engine build to finish")
             async with self._build_lock:
+                # built meanwhile (a restart of this engine, or another start of the same key)?
+                lookup = await asyncio.to_thread(self.cache.lookup, key)
+                if lookup.hit is not None:
+                    return await self._serve_cached(profile, lookup.hit)(emit)
                 entry = await self._build(profile, facts, key, arguments, tools, emit)
             return profile, str(self.cache.engine_dir(entry.id))
 

@@ -225,7 +225,12 @@ async def test_build_miss_then_cache_hit_then_eta_for_the_next_build(
     assert pairs["--backend"] == "tensorrt" and pairs["--tokenizer"] == str(model_dir)
     assert (await chat(trt, "built"))[0] == 200
 
-    # a second start serves the cached engine: no build events, the log says so
+    # a restart, then a second start, serve the cached engine: no build events
+    events.clear()
+    await trt.client.restart("built")
+    status = await trt.client.wait_for_engine("built", READY_OR_FAILED, 60)
+    assert status.state == EngineState.READY, status.detail
+    assert not [e for e in events if isinstance(e, TRTBuildProgress)]
     await trt.client.stop("built")
     events.clear()
     status = await start(trt, "built", **fields)
