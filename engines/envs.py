@@ -51,6 +51,22 @@ class EngineRecipe:
     python: str = ""  # interpreter to create the venv with ("" = the one running traylm)
     extra_index_urls: tuple[str, ...] = ()
     probe_flags: bool = True
+    pythons: tuple[str, ...] = ()
+    """Interpreters the engine has wheels for, tried in order (overrides ``python``)."""
+    extras: str = ""
+    """Engine-specific install and doctor steps ("trtllm": engines/trt/env.py)."""
+
+
+TRTLLM_IMPORT_CHECK = (
+    "import json, tensorrt, tensorrt_llm, torch; print('TRAYLM ' + json.dumps({"
+    "'tensorrt_llm': tensorrt_llm.__version__, 'tensorrt': tensorrt.__version__, "
+    "'torch': torch.__version__, 'torch_cuda': torch.version.cuda}))"
+)
+SGLANG_IMPORT_CHECK = (
+    "import json, sglang, torch; print('TRAYLM ' + json.dumps({"
+    "'sglang': sglang.__version__, 'torch': torch.__version__, "
+    "'torch_cuda': torch.version.cuda}))"
+)
 
 
 RECIPES: dict[tuple[str, str], EngineRecipe] = {
@@ -71,6 +87,28 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         remove_after=("torchvision", "torchaudio", "torchcodec"),
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
+    ),
+    # notes/engines.md: real wheels come from NVIDIA's index (the PyPI project is a stub); only
+    # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
+    # allow-lists ship in resources/flags (trtllm-serve is a click command) and are re-probed.
+    ("trtllm", "cuda"): EngineRecipe(
+        "trtllm",
+        "cuda",
+        "1.2.1",
+        "tensorrt_llm=={version}",
+        import_check=TRTLLM_IMPORT_CHECK,
+        extra_index_urls=("https://pypi.nvidia.com",),
+        probe_flags=False,
+        pythons=("python3.12", "python3.10"),
+        extras="trtllm",
+    ),
+    ("sglang", "cuda"): EngineRecipe(
+        "sglang",
+        "cuda",
+        "0.5.23",
+        "sglang=={version}",
+        import_check=SGLANG_IMPORT_CHECK,
+        extras="sglang",
     ),
 }
 
@@ -215,7 +253,7 @@ class EnvManager:
         extra_index_urls: Sequence[str] | None,
     ) -> EnvInfo:
         target.parent.mkdir(parents=True, exist_ok=True)
-        python = recipe.python or sys.executable
+        python = _python_for(recipe)
         await _report(progress, "create", f"creating a venv at {target}")
         await _run([python, "-m", "venv", str(target)], progress, "create")
         pip = [str(target / "bin" / "python"), "-m", "pip"]
@@ -244,6 +282,10 @@ class EnvManager:
             flags = await _capture([str(target / "bin" / "python"), str(probe), recipe.engine])
             json.loads(flags)  # must be valid before it is saved
             write_bytes_atomic(target / FLAGS_FILE, flags.encode())
+        if recipe.extras == "trtllm":
+            from engines.trt import env as trt_env  # lazily: engines.trt imports this module
+
+            await trt_env.after_install(target, version, progress)
         packages = await self._packages(target)
         meta = {
             "engine": recipe.engine,
@@ -270,6 +312,7 @@ class EnvManager:
             "transformers",
             "tokenizers",
             "tensorrt-llm",
+            "tensorrt_llm",
             "tensorrt",
             "sglang",
             "huggingface-hub",
@@ -332,6 +375,10 @@ class EnvManager:
                 "" if flags_ok else "reinstall the environment to probe its flags",
             )
         )
+        if recipe is not None and recipe.extras:
+            from engines.trt import env as trt_env
+
+            checks.extend(await trt_env.doctor_checks(env, recipe.extras))
         if env.device == "cuda":
             gpu = has_nvidia_gpu()
             checks.append(
@@ -367,26 +414,53 @@ class EnvManager:
         return None
 
 
-def load_flags(engine: str, version: str, env_path: Path | None = None) -> FlagSet:
-    """The flag allow-list for an engine version: the one probed at install time, else the one
-    shipped in resources/flags/."""
-    candidates = [env_path / FLAGS_FILE] if env_path else []
-    shipped = _shipped_flags(engine, version)
+def load_flags(
+    engine: str, version: str, env_path: Path | None = None, *, tool: str = ""
+) -> FlagSet:
+    """The flag allow-list for an engine version (or one of its tools, e.g. TensorRT-LLM's
+    "build"): the one probed at install time, else the one shipped in resources/flags/ for the
+    version or its major.minor line."""
+    name = f"flags-{tool}.json" if tool else FLAGS_FILE
+    candidates = [env_path / name] if env_path else []
+    shipped = _shipped_flags(f"{engine}-{tool}" if tool else engine, version)
     if shipped:
         candidates.append(shipped)
     for path in candidates:
         if path.exists():
             data = json.loads(path.read_text())
             return FlagSet.from_json(data, underscores=engine == "vllm")
+    what = f"{engine} {tool}" if tool else engine
     raise EngineEnvError(
-        f"no flag allow-list for {engine} {version}; reinstall the environment so traylm can "
+        f"no flag allow-list for {what} {version}; reinstall the environment so traylm can "
         "probe which flags it accepts"
     )
 
 
 def _shipped_flags(engine: str, version: str) -> Path | None:
-    path = resources_dir() / "flags" / f"{engine}-{version}.json"
-    return path if path.exists() else None
+    folder = resources_dir() / "flags"
+    names = [version]
+    with contextlib.suppress(InvalidVersion):
+        v = Version(version)
+        names.append(f"{v.major}.{v.minor}")
+    for name in names:
+        path = folder / f"{engine}-{name}.json"
+        if path.exists():
+            return path
+    return None
+
+
+def _python_for(recipe: EngineRecipe) -> str:
+    if not recipe.pythons:
+        return recipe.python or sys.executable
+    for name in recipe.pythons:
+        found = shutil.which(name)
+        if found:
+            return found
+    wanted = " or ".join(n.removeprefix("python") for n in recipe.pythons)
+    raise EngineEnvError(
+        f"{recipe.engine} has wheels for Python {wanted} only and none is installed; install one "
+        f"(Debian/Ubuntu: `sudo apt install {recipe.pythons[0]}-venv`), then run the install again"
+    )
 
 
 def _version_key(v: str) -> Version:

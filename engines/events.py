@@ -495,6 +495,69 @@ class GPUEnergyUpdated(Event):
 # TensorRT-LLM build progress, engine-cache and remote-fallback events go here.
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TRTBuildProgress(Event):
+    """A TensorRT engine build for a starting engine: one per step change and about once a
+    second while a step runs. ``eta_s`` comes from past builds of similar size (None before the
+    first one)."""
+
+    kind: ClassVar[str] = "trt.build"
+    engine_id: str
+    cache_id: str
+    state: str  # "running" | "done" | "failed" | "cancelled"
+    step: str  # "quantize" | "convert" | "build" | ""
+    step_index: int  # 1-based
+    steps_total: int
+    elapsed_s: float
+    eta_s: float | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TRTCacheEntry:
+    """One built TensorRT engine in the cache, for `traylm engines cache ls` and the UI."""
+
+    id: str
+    model: str
+    quant_recipe: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    arguments: Mapping[str, str]
+    environment: Mapping[str, str]
+    """tensorrt_llm and tensorrt versions, GPU name, compute capability, driver/CUDA major."""
+    size_bytes: int
+    created_s: float
+    last_used_s: float
+    build_s: float
+    path: str
+    in_use_by: tuple[str, ...] = ()
+    compatible: bool = True
+    problem: str = ""
+    """Why this engine cannot run here (another TensorRT-LLM version, another GPU)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteStatus:
+    """The optional remote OpenAI-compatible fallback, for the tray and /api/status."""
+
+    enabled: bool
+    base_url: str
+    aliases: tuple[str, ...]
+    key_source: str  # "keyring" | "env" | "none"
+    ready: bool
+    detail: str
+    routed_requests: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RemoteRouted(Event):
+    """A request went to the remote API instead of a local engine."""
+
+    kind: ClassVar[str] = "remote.routed"
+    model: str
+    why: str  # "not_served" | an engine state | "queue_full"
+
+
 # --------------------------------------------------------------------------- desktop (issue 6)
 # Chat/conversation data crossing to the UI goes here.
 

@@ -17,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TextIO
 
 import aiohttp
 
-from engines.adapters.base import EngineAdapter, EngineRuntime, LaunchSpec
-from engines.config import EngineSettings, Profile
-from engines.errors import EngineError
+from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
+from engines.config import EngineSettings, Profile, write_bytes_atomic
+from engines.errors import EngineError, TraylmError
 from engines.events import (
     Diagnosis,
     EngineDiagnosed,
@@ -58,6 +59,11 @@ HEALTH_PERIOD_S = 0.5
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
 
 Publish = Callable[[Event], None]
+LogSink = Callable[[str], None]
+Prepare = Callable[[LogSink], Awaitable[tuple[Profile, str]]]
+"""Work before the first spawn of a start (a TensorRT engine build): gets a sink for its log
+lines (they are diagnosed like engine output) and returns the profile and model to launch with.
+It runs in state ``starting`` and is cancelled by ``stop()``; a TraylmError fails the start."""
 
 
 def strip_ansi(text: str) -> str:
@@ -79,8 +85,11 @@ class ManagedEngine:
         log_path: Path,
         pids: PidRegistry,
         publish: Publish,
+        prepare: Prepare | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self._prepare = prepare
+        self.run_dir = log_path.with_suffix(".run")
         self.profile = profile
         self.adapter = adapter
         self.runtime = runtime
@@ -175,6 +184,8 @@ class ManagedEngine:
 
     async def _run(self) -> None:
         try:
+            if not await self._prepare_launch():
+                return
             while self._want_running:
                 outcome = await self._one_life()
                 if outcome == "stopped" or not self._want_running:
@@ -206,6 +217,20 @@ class ManagedEngine:
             log.exception("engine %s supervisor task failed", self.engine_id)
             await self._terminate()
             self._set_state(EngineState.FAILED, f"internal error: {exc}")
+
+    async def _prepare_launch(self) -> bool:
+        if self._prepare is None:
+            return True
+        self._set_state(EngineState.STARTING, "preparing the engine (see its log)")
+        self._open_log(["===== traylm: preparing (before the first launch)"])
+        try:
+            self.profile, self.model = await self._prepare(self._log_line)
+        except TraylmError as exc:
+            self._set_state(EngineState.FAILED, self._failure_text(exc.message))
+            return False
+        finally:
+            self._close_log()
+        return True
 
     async def _one_life(self) -> str:
         """Spawn, wait for ready, watch until exit. Returns stopped|start_failed|crashed."""
@@ -250,7 +275,9 @@ class ManagedEngine:
         )
 
     async def _spawn(self, spec: LaunchSpec) -> None:
-        self._open_log(spec)
+        spec = self._write_files(spec)
+        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
+        self._open_log([f"===== argv: {argv}"])
         env = {**os.environ, **spec.env}
         env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
         self._proc = await asyncio.create_subprocess_exec(
@@ -268,6 +295,15 @@ class ManagedEngine:
         if leader is not None:
             self._pids.put(EngineRecord(self.engine_id, self._proc.pid, leader))
         log.info("engine %s started: pid %d port %s", self.engine_id, self._proc.pid, self.port)
+
+    def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
+        """Write the adapter's files into the run folder; put its path into argv."""
+        if not spec.files:
+            return spec
+        for name, text in spec.files.items():
+            write_bytes_atomic(self.run_dir / name, text.encode(), mode=0o600)
+        argv = tuple(a.replace(RUN_DIR, str(self.run_dir)) for a in spec.argv)
+        return dataclasses.replace(spec, argv=argv)
 
     async def _wait_until_ready(self, spec: LaunchSpec) -> bool:
         assert self._proc is not None
@@ -392,14 +428,13 @@ class ManagedEngine:
 
     # ----------------------------------------------------------------- logs
 
-    def _open_log(self, spec: LaunchSpec) -> None:
+    def _open_log(self, header: list[str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.exists() and self.log_path.stat().st_size > LOG_FILE_MAX_BYTES:
             self.log_path.replace(self.log_path.with_suffix(".log.1"))
         fh = self.log_path.open("a", encoding="utf-8")
         fh.write(f"\n===== traylm: starting {self.engine_id} at {time.ctime()}\n")
-        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
-        fh.write(f"===== argv: {argv}\n")
+        fh.writelines(line + "\n" for line in header)
         fh.flush()
         self._log_fh = fh
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from engines.adapters.base import EngineAdapter
+from engines.adapters.sglang import SGLangAdapter
+from engines.adapters.trtllm import TRTLLMAdapter
 from engines.adapters.vllm import VLLMAdapter
 
 ADAPTERS: dict[str, EngineAdapter] = {
     "vllm": VLLMAdapter(),
+    "trtllm": TRTLLMAdapter(),
+    "sglang": SGLangAdapter(),
 }
 
 

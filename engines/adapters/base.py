@@ -37,6 +37,8 @@ class FlagSet:
     flags: Mapping[str, FlagSpec]
     underscores_equal_hyphens: bool = False
     """vLLM's FlexibleArgumentParser accepts --max_model_len for --max-model-len."""
+    complete: bool = True
+    """False for a shipped subset (the install-time probe writes the full list)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, object], *, underscores: bool = False) -> FlagSet:
@@ -50,7 +52,8 @@ class FlagSet:
             )
             for name, spec in raw.items()
         }
-        return cls(str(data["engine"]), str(data["version"]), flags, underscores)
+        complete = bool(data.get("complete", True))
+        return cls(str(data["engine"]), str(data["version"]), flags, underscores, complete)
 
     def normalise(self, flag: str) -> str:
         name = flag.split("=", 1)[0]
@@ -71,6 +74,12 @@ class FlagSet:
                 )
             name = self.normalise(token)
             spec = self.flags.get(name)
+            if spec is None and not self.complete:
+                raise UnknownFlagError(
+                    f"{name} is not in traylm's partial flag list for {self.engine} "
+                    f"{self.version}; reinstall the environment (`traylm engines install "
+                    f"{self.engine}`) so traylm can probe every flag the engine accepts"
+                )
             if spec is None:
                 close = difflib.get_close_matches(name, list(self.flags), n=1, cutoff=0.5)
                 hint = f"; did you mean {close[0]}?" if close else ""
@@ -113,6 +122,11 @@ class EngineRuntime:
     flags: FlagSet
 
 
+RUN_DIR = "{run_dir}"
+"""Placeholder in LaunchSpec.argv for the engine's run folder, where the supervisor writes
+LaunchSpec.files before it spawns the engine (adapters are pure and never touch the disk)."""
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything the supervisor needs to start and probe one engine process."""
@@ -124,6 +138,9 @@ class LaunchSpec:
     models_path: str = "/v1/models"
     metrics_path: str | None = "/metrics"
     metrics_format: str = "prometheus"
+    files: Mapping[str, str] = field(default_factory=dict)
+    """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
+    e.g. TensorRT-LLM's --config YAML."""
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,13 @@ from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
 from engines.gateway.proxy import (
     REPLY_COMPLETE,
     Upstream,
+    UsageSink,
     openai_error,
     parse_json_body,
     relay,
 )
 from engines.gateway.security import Guard
+from engines.gateway.usage import UsageRecord
 from engines.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class GatewayContext:
     started_at_s: float = field(default_factory=time.time)
     fallback: Callable[[str, str], Upstream | None] | None = None
     """Remote fallback hook: (model, why) → an upstream, or None. Installed by the daemon."""
+    usage: Callable[[UsageRecord], None] | None = None
+    """Usage-log hook: one record per relayed request (engines/gateway/usage.py)."""
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(self.registry)
@@ -267,6 +271,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return openai_error(400, invalid[1], param=invalid[0])
     model = payload["model"]
     if ctx.pause is not None:
+        _log_refused(ctx, request, model, 503)
         return openai_error(
             503,
             f"traylm paused new requests: {ctx.pause.reason}",
@@ -275,6 +280,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         )
     target = _resolve(ctx, model)
     if isinstance(target, web.Response):
+        _log_refused(ctx, request, model, target.status)
         return target
     upstream, admission = target
     assert ctx.session is not None
@@ -288,6 +294,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 model=model,
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
+                usage=_usage_sink(ctx, request, model, upstream),
             )
     except QueueFull as exc:
         fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
@@ -300,13 +307,47 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 model=model,
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
+                usage=_usage_sink(ctx, request, model, fallback),
             )
+        _log_refused(ctx, request, model, 429, upstream.name)
         return openai_error(
             429,
             f"too many requests for {model}: {exc.reason}; retry later",
             type_="rate_limit_exceeded",
             headers={"Retry-After": str(g.retry_after_s)},
         )
+
+
+def _usage_sink(
+    ctx: GatewayContext, request: web.Request, model: str, upstream: Upstream
+) -> UsageSink | None:
+    record = ctx.usage
+    if record is None:
+        return None
+
+    def sink(status: int, prompt: int | None, completion: int | None, duration_s: float) -> None:
+        record(
+            UsageRecord(
+                model,
+                upstream.name,
+                request.path,
+                upstream.remote,
+                status,
+                prompt,
+                completion,
+                duration_s,
+            )
+        )
+
+    return sink
+
+
+def _log_refused(
+    ctx: GatewayContext, request: web.Request, model: str, status: int, engine_id: str = ""
+) -> None:
+    """Requests the gateway answered itself (not served, starting, paused, queue full)."""
+    if ctx.usage is not None:
+        ctx.usage(UsageRecord(model, engine_id, request.path, False, status, None, None, 0.0))
 
 
 def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:

@@ -94,6 +94,7 @@ async def status(request: web.Request) -> web.Response:
             "engines": [e.status() for e in d.supervisor.engines.values()],
             "paused": ctx.pause.reason if ctx and ctx.pause else None,
             "reaped_orphans": d.reaped,
+            **{key: provide() for key, provide in d.status_providers.items()},
         }
     )
 

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,10 @@ def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> 
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
 
+UsageSink = Callable[[int, int | None, int | None, float], None]
+"""Called once per relayed request: (status, prompt tokens, completion tokens, seconds)."""
+
+
 @dataclass(frozen=True)
 class Upstream:
     """Where a request goes: an engine's loopback URL (or a remote base URL)."""
@@ -85,6 +89,7 @@ async def relay(
     model: str,
     connect_timeout_s: float,
     metrics: GatewayMetrics,
+    usage: UsageSink | None = None,
 ) -> web.StreamResponse:
     started = time.perf_counter()
     headers = {
@@ -101,6 +106,8 @@ async def relay(
         upstream_resp = await resp_cm
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
         log.warning("upstream %s unreachable: %s", upstream.name, exc)
+        if usage is not None:
+            usage(502, None, None, time.perf_counter() - started)
         return openai_error(
             502,
             f"engine {upstream.name} did not answer ({type(exc).__name__}); "
@@ -111,9 +118,11 @@ async def relay(
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(request, upstream_resp, upstream, model, started, metrics)
+            return await _stream(request, upstream_resp, upstream, model, started, metrics, usage)
         data = await upstream_resp.read()
-        _count_usage(data, model, metrics, chunks=0)
+        prompt, completion = _count_usage(data, model, metrics, chunks=0)
+        if usage is not None:
+            usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
         out_headers = {
             k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS
         }
@@ -122,6 +131,8 @@ async def relay(
             out_headers["X-Traylm-Route"] = "remote"
         return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        if usage is not None:
+            usage(502, None, None, time.perf_counter() - started)
         return openai_error(
             502, f"engine {upstream.name} failed mid-request: {exc}", type_="engine_error"
         )
@@ -137,6 +148,7 @@ async def _stream(
     model: str,
     started: float,
     metrics: GatewayMetrics,
+    usage: UsageSink | None = None,
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
@@ -168,21 +180,29 @@ async def _stream(
                 f"({type(exc).__name__}); traylm is restarting it: retry shortly"
             )
         )
-    _count_usage(tail, model, metrics, chunks=chunks)
+    prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)
+    if usage is not None:
+        usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
     request[REPLY_COMPLETE] = True
     return resp
 
 
-def _count_usage(data: bytes, model: str, metrics: GatewayMetrics, *, chunks: int) -> None:
+def _count_usage(
+    data: bytes, model: str, metrics: GatewayMetrics, *, chunks: int
+) -> tuple[int | None, int | None]:
     prompt = _PROMPT_RE.findall(data)
     completion = _COMPLETION_RE.findall(data)
-    if prompt:
-        metrics.tokens_in.inc(float(prompt[-1]), model=model)
-    if completion:
-        metrics.tokens_out.inc(float(completion[-1]), model=model)
+    prompt_tokens = int(prompt[-1]) if prompt else None
+    completion_tokens = int(completion[-1]) if completion else None
+    if prompt_tokens is not None:
+        metrics.tokens_in.inc(float(prompt_tokens), model=model)
+    if completion_tokens is not None:
+        metrics.tokens_out.inc(float(completion_tokens), model=model)
     elif chunks > 1:
-        metrics.tokens_out.inc(float(chunks - 1), model=model)  # first chunk carries the role
+        completion_tokens = chunks - 1  # first chunk carries the role
+        metrics.tokens_out.inc(float(completion_tokens), model=model)
+    return prompt_tokens, completion_tokens
 
 
 def parse_json_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:

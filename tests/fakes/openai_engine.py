@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
+    p.add_argument(
+        "--accept-any-model",
+        action="store_true",
+        help="serve whatever `model` a request names (TensorRT-LLM does not check it)",
+    )
     # The vLLM flags traylm's adapter emits (accepted and ignored, so the fake keeps vLLM's CLI
     # contract); anything else is refused by argparse with exit code 2, as vLLM would.
     for flag in (
@@ -142,7 +147,7 @@ class FakeEngine:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        if body.get("model") not in self.args.served_model_name:
+        if not self.args.accept_any_model and body.get("model") not in self.args.served_model_name:
             return web.json_response(
                 {
                     "error": {
@@ -260,7 +265,11 @@ class FakeEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    serve(parse_args(argv))
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Start-up behaviour and the HTTP server for parsed options (the other fakes reuse it)."""
     for line in args.lines:
         print(line, flush=True)
     if args.exit_after_print is not None:

@@ -1,0 +1,97 @@
+"""The usage log: one row per forwarded request (model, engine or remote, status, tokens, time)
+in the store's ``usage`` table.
+
+Recording is a deque append on the event loop; a background task writes the rows in batches
+from a thread, so SQLite never blocks a request. If the writer falls far behind, the oldest
+unwritten rows are dropped (and counted) rather than growing memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from engines.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    model: str
+    engine_id: str
+    route: str
+    remote: bool
+    status: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    duration_s: float
+    ts_s: float = field(default_factory=time.time)
+
+
+class UsageRecorder:
+    def __init__(self, store: Store, *, period_s: float = 1.0, max_pending: int = 50_000) -> None:
+        self._store = store
+        self._period_s = period_s
+        self._pending: collections.deque[UsageRecord] = collections.deque(maxlen=max_pending)
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+        self.dropped = 0
+
+    def record(self, record: UsageRecord) -> None:
+        if len(self._pending) == self._pending.maxlen:
+            self.dropped += 1
+        self._pending.append(record)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="usage-log")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        rows = list(self._pending)
+        self._pending.clear()
+        if rows:
+            await asyncio.to_thread(self._write, rows)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period_s)
+            try:
+                await self.flush()
+            except Exception:  # boundary: a failing write must not stop the usage log
+                log.exception("writing the usage log failed")
+
+    def _write(self, rows: list[UsageRecord]) -> None:
+        """One transaction per batch (Store.log_usage commits each row; a batch of them would
+        cost a commit each)."""
+        with self._store.transaction() as db:
+            db.executemany(
+                "INSERT INTO usage (ts_s, model, engine_id, route, remote, status, prompt_tokens,"
+                " completion_tokens, duration_s) VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        r.ts_s,
+                        r.model,
+                        r.engine_id,
+                        r.route,
+                        int(r.remote),
+                        r.status,
+                        r.prompt_tokens,
+                        r.completion_tokens,
+                        r.duration_s,
+                    )
+                    for r in rows
+                ],
+            )
+        self.written += len(rows)

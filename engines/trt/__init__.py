@@ -1,0 +1,1 @@
+"""TensorRT-LLM engine builds, the engine cache, GPU facts, and the engines feature."""

@@ -1,0 +1,192 @@
+"""`traylm engines cache ls|rm|prune` and `traylm remote status|set-key|clear-key`.
+
+The cache commands go through the daemon when it runs (it knows which engines serve from which
+cache entry and refuses to remove those); without a daemon they work on the files directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import sys
+import time
+from typing import Any
+
+from engines.client import DaemonClient
+from engines.config import Paths, load_settings
+from engines.errors import ConfigError, DaemonUnavailable
+from engines.events import TRTCacheEntry, to_plain
+from engines.gateway.remote import store_keyring
+from engines.trt.cache import EngineCache
+
+GIB = 1024**3
+
+
+def add_engine_parsers(esub: Any) -> None:
+    """Under `traylm engines`."""
+    c = esub.add_parser("cache", help="built TensorRT-LLM engines (the engine cache)")
+    csub = c.add_subparsers(title="cache commands", metavar="ACTION", required=True)
+    s = csub.add_parser("ls", help="list cached engines (least recently used first)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_cache_ls)
+    s = csub.add_parser("rm", help="remove cached engines")
+    s.add_argument("ids", nargs="+", metavar="ID")
+    s.set_defaults(func=cmd_cache_rm)
+    s = csub.add_parser("prune", help="remove stale engines and shrink the cache to its budget")
+    s.add_argument(
+        "--stale", action="store_true", help="also engines built for another TensorRT-LLM/GPU"
+    )
+    s.add_argument("--budget-gib", type=float, help="default: trt.cache_budget_gib")
+    s.set_defaults(func=cmd_cache_prune)
+
+
+def add_parsers(sub: Any) -> None:
+    """Top-level commands."""
+    r = sub.add_parser("remote", help="the optional remote OpenAI-compatible fallback")
+    rsub = r.add_subparsers(title="remote commands", metavar="ACTION", required=True)
+    s = rsub.add_parser("status", help="whether the fallback is on, for which models, the key")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_remote_status)
+    s = rsub.add_parser(
+        "set-key", help="store the remote API key in the OS keyring (prompted, or from stdin)"
+    )
+    s.set_defaults(func=cmd_remote_set_key)
+    s = rsub.add_parser("clear-key", help="delete the remote API key from the OS keyring")
+    s.set_defaults(func=cmd_remote_clear_key)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+async def _client() -> DaemonClient | None:
+    try:
+        return await DaemonClient.connect()
+    except DaemonUnavailable:
+        return None
+
+
+def _local_cache() -> EngineCache:
+    paths = Paths.from_env()
+    budget = load_settings(paths.config_file).trt.cache_budget_gib
+    return EngineCache(paths.trt_engines_dir, int(budget * GIB))
+
+
+def _line(e: TRTCacheEntry) -> str:
+    env = e.environment
+    state = "in use by " + ", ".join(e.in_use_by) if e.in_use_by else ""
+    if not e.compatible:
+        state = f"STALE: {e.problem}"
+    return (
+        f"{e.id}  {e.size_bytes / GIB:7.2f} GiB  {e.model}  {e.quant_recipe} "
+        f"tp{e.tensor_parallel_size}"
+        f"  trtllm {env.get('tensorrt_llm', '?')} {env.get('gpu', '?')} "
+        f"sm{env.get('compute_capability', '?').replace('.', '')}  used "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(e.last_used_s))}  {state}"
+    ).rstrip()
+
+
+async def cmd_cache_ls(args: argparse.Namespace) -> int:
+    client = await _client()
+    if client is not None:
+        async with client:
+            entries = await client.trt_cache()
+    else:
+        entries = await asyncio.to_thread(_local_cache().entries)
+    if args.json:
+        print(json.dumps(to_plain(entries), indent=1))
+        return 0
+    if not entries:
+        print("no cached TensorRT engines (build-mode profiles add them when they start)")
+    for e in entries:
+        print(_line(e))
+    if entries:
+        total = sum(e.size_bytes for e in entries)
+        print(f"{len(entries)} engine(s), {total / GIB:.2f} GiB")
+    return 0
+
+
+async def cmd_cache_rm(args: argparse.Namespace) -> int:
+    client = await _client()
+    try:
+        for entry_id in args.ids:
+            if client is not None:
+                removed = await client.trt_cache_remove(entry_id)
+            else:
+                removed = await asyncio.to_thread(_local_cache().remove, entry_id, {})
+            print(f"removed {removed.id} ({removed.size_bytes / GIB:.2f} GiB)")
+    finally:
+        if client is not None:
+            await client.close()
+    return 0
+
+
+async def cmd_cache_prune(args: argparse.Namespace) -> int:
+    client = await _client()
+    if client is not None:
+        async with client:
+            removed = await client.trt_cache_prune(stale=args.stale, budget_gib=args.budget_gib)
+    else:
+        if args.stale:
+            raise ConfigError(
+                "--stale compares engines with the installed TensorRT-LLM and GPUs, which the "
+                "daemon knows: start it (`traylm serve`) and run this again"
+            )
+        cache = _local_cache()
+        budget = None if args.budget_gib is None else int(args.budget_gib * GIB)
+        removed = await asyncio.to_thread(cache.prune, in_use={}, budget_bytes=budget)
+    for e in removed:
+        print(f"removed {e.id} ({e.size_bytes / GIB:.2f} GiB)")
+    print(f"{len(removed)} engine(s) removed")
+    return 0
+
+
+# --------------------------------------------------------------------------- remote
+
+
+async def cmd_remote_status(args: argparse.Namespace) -> int:
+    client = await _client()
+    if client is None:
+        raise DaemonUnavailable(
+            "the remote status comes from the daemon; start it with `traylm serve`"
+        )
+    async with client:
+        status = await client.remote_status()
+    if args.json:
+        print(json.dumps(to_plain(status), indent=1))
+        return 0
+    print(f"remote fallback: {status.detail}")
+    if status.base_url:
+        print(f"  base URL: {status.base_url}")
+    print(f"  requests routed remotely since the daemon started: {status.routed_requests}")
+    return 0
+
+
+async def cmd_remote_set_key(args: argparse.Namespace) -> int:
+    if sys.stdin.isatty():
+        key = getpass.getpass("remote API key (not shown): ")
+    else:
+        key = sys.stdin.readline()
+    key = key.strip()
+    if not key:
+        raise ConfigError("no key given; nothing stored")
+    await asyncio.to_thread(store_keyring, key)
+    print("stored the remote API key in the OS keyring (service traylm)")
+    await _refresh()
+    return 0
+
+
+async def cmd_remote_clear_key(args: argparse.Namespace) -> int:
+    await asyncio.to_thread(store_keyring, None)
+    print("removed the remote API key from the OS keyring")
+    await _refresh()
+    return 0
+
+
+async def _refresh() -> None:
+    client = await _client()
+    if client is not None:
+        async with client:
+            status = await client.remote_refresh_key()
+        print(f"daemon: {status.detail}")

@@ -1,0 +1,276 @@
+"""The daemon's launch hook for TensorRT-LLM: refuse what cannot work before anything long
+starts, and for build-mode profiles serve a cached engine or build one first.
+
+    start → GPU/precision checks → (build mode) model facts, architecture, context and fit
+          → cache lookup: hit → serve it | built elsewhere → refused with the differences
+                          | miss → build (progress events, cancellable) → cache → serve
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engines.adapters.base import EngineRuntime, tp_env
+from engines.config import Profile
+from engines.envs import EnvInfo, load_flags
+from engines.errors import EngineEnvError, EngineError
+from engines.events import EngineState, Notice, TRTBuildProgress, TRTCacheEntry
+from engines.supervisor import LogSink, Prepare
+from engines.trt.build import ETAModel, run_build
+from engines.trt.cache import CacheKey, EngineCache, mismatch_error
+from engines.trt.checks import check_build_model, check_fit, check_gpus, check_precision
+from engines.trt.env import EXAMPLES_DIR, find_openmpi, import_facts
+from engines.trt.gpuinfo import GPUFacts, probe_gpus
+from engines.trt.model import ModelFacts, local_model_dir, read_model_facts
+from engines.trt.plan import QUANTIZE_SCRIPT, BuildTools, build_arguments, plan_build
+
+if TYPE_CHECKING:
+    from engines.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+TOOLS = ("quantize", "convert-llama", "build")
+
+
+class TRTLauncher:
+    """``Daemon.launch_hooks["trtllm"]``."""
+
+    def __init__(self, daemon: Daemon, cache: EngineCache) -> None:
+        self._d = daemon
+        self.cache = cache
+        self._build_lock = asyncio.Lock()
+        self.builds: dict[str, TRTBuildProgress] = {}
+        self.find_mpi: Callable[[], str | None] = find_openmpi
+
+    async def __call__(
+        self, profile: Profile, *, runtime: EngineRuntime, model: str
+    ) -> Prepare | None:
+        gpus = await asyncio.to_thread(probe_gpus, self._d.settings.gpu.simulate_gpus)
+        mine = check_gpus(profile, gpus)
+        check_precision(profile, mine)
+        if profile.world_size > 1:
+            await self._warn_without_mpi(profile)
+        if profile.mode != "build":
+            return None
+        folder, source = await asyncio.to_thread(local_model_dir, model, profile.revision)
+        facts = await asyncio.to_thread(read_model_facts, folder, source)
+        check_build_model(profile, facts)
+        check_fit(profile, facts, mine)
+        env = await asyncio.to_thread(
+            self._d.envs.find, "trtllm", device="cuda", version=str(runtime.version)
+        )
+        arguments = build_arguments(profile, facts, mine)
+        tools = self._tools(env, arguments["checkpoint.tool"])
+        key = CacheKey(
+            identity=identity(profile, facts, arguments),
+            environment=environment(env, runtime, mine),
+        )
+        launch_profile = dataclasses.replace(
+            profile, model=str(folder), served_name=profile.effective_served_name
+        )
+        lookup = await asyncio.to_thread(self.cache.lookup, key)
+        if lookup.hit is not None:
+            return self._serve_cached(launch_profile, lookup.hit)
+        if lookup.refused:
+            raise mismatch_error(lookup.refused)
+        return self._build_then_serve(launch_profile, facts, key, arguments, tools)
+
+    # ------------------------------------------------------------------ the two paths
+
+    def _serve_cached(self, profile: Profile, entry: TRTCacheEntry) -> Prepare:
+        async def prepare(emit: LogSink) -> tuple[Profile, str]:
+            emit(
+                f"traylm: cache hit: serving TensorRT engine {entry.id} (built "
+                f"{time.ctime(entry.created_s)} in {entry.build_s:.0f} s, "
+                f"{entry.size_bytes / GIB:.2f} GiB) without rebuilding"
+            )
+            await asyncio.to_thread(self.cache.touch, entry.id)
+            return profile, str(self.cache.engine_dir(entry.id))
+
+        return prepare
+
+    def _build_then_serve(
+        self,
+        profile: Profile,
+        facts: ModelFacts,
+        key: CacheKey,
+        arguments: dict[str, str],
+        tools: BuildTools,
+    ) -> Prepare:
+        async def prepare(emit: LogSink) -> tuple[Profile, str]:
+            if self._build_lock.locked():
+                emit("traylm: waiting for another TensorRT engine build to finish")
+            async with self._build_lock:
+                # built meanwhile (a restart of this engine, or another start of the same key)?
+                lookup = await asyncio.to_thread(self.cache.lookup, key)
+                if lookup.hit is not None:
+                    return await self._serve_cached(profile, lookup.hit)(emit)
+                entry = await self._build(profile, facts, key, arguments, tools, emit)
+            return profile, str(self.cache.engine_dir(entry.id))
+
+        return prepare
+
+    async def _build(
+        self,
+        profile: Profile,
+        facts: ModelFacts,
+        key: CacheKey,
+        arguments: dict[str, str],
+        tools: BuildTools,
+        emit: LogSink,
+    ) -> TRTCacheEntry:
+        emit(f"traylm: cache miss: building TensorRT engine {key.id} for {facts.source_id}")
+        staging = await asyncio.to_thread(self.cache.begin, key)
+        timeout_s = self._d.settings.trt.build_timeout_s
+        try:
+            plan = plan_build(arguments, model_dir=facts.path, work_dir=staging, tools=tools)
+            eta = ETAModel(await asyncio.to_thread(self.cache.history), facts.weights_bytes)
+            try:
+                report = await asyncio.wait_for(
+                    run_build(
+                        plan,
+                        engine_id=profile.name,
+                        cache_id=key.id,
+                        env={**tp_env(profile), "PYTHONUNBUFFERED": "1", **profile.env},
+                        cwd=staging,
+                        emit=emit,
+                        progress=self._progress,
+                        eta=eta,
+                    ),
+                    timeout_s,
+                )
+            except TimeoutError:
+                raise EngineError(
+                    f"the TensorRT engine build took longer than {timeout_s:.0f} s "
+                    "(trt.build_timeout_s) and was stopped"
+                ) from None
+            entry = await asyncio.to_thread(
+                self.cache.commit,
+                staging,
+                key,
+                model=facts.source_id,
+                build_s=report.total_s,
+                extra={"weights_bytes": facts.weights_bytes},
+            )
+            await asyncio.to_thread(
+                self.cache.record_build,
+                {
+                    "weights_bytes": facts.weights_bytes,
+                    "steps": dict(report.step_s),
+                    "quant_recipe": profile.quant_recipe or "none",
+                    "world_size": profile.world_size,
+                    "ts_s": time.time(),
+                },
+            )
+            removed = await asyncio.to_thread(
+                self.cache.prune,
+                in_use=self.in_use(),
+                budget_bytes=int(self._d.settings.trt.cache_budget_gib * GIB),
+                keep=entry.id,
+            )
+            for old in removed:
+                emit(f"traylm: removed cached engine {old.id} (least recently used; over budget)")
+            emit(f"traylm: engine {entry.id} built in {report.total_s:.1f} s and cached")
+            return entry
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)  # moved away on success
+
+    # ------------------------------------------------------------------ helpers
+
+    def _progress(self, event: TRTBuildProgress) -> None:
+        if event.state == "running":
+            self.builds[event.engine_id] = event
+        else:
+            self.builds.pop(event.engine_id, None)
+        self._d.bus.publish(event)
+
+    def in_use(self) -> dict[str, list[str]]:
+        """cache id → engine ids serving from it (or about to)."""
+        users: dict[str, list[str]] = {}
+        root = self.cache.root.resolve()
+        for engine in self._d.supervisor.engines.values():
+            if engine.state in (EngineState.STOPPED, EngineState.FAILED):
+                continue
+            path = Path(engine.model)
+            if path.is_absolute() and path.resolve().is_relative_to(root):
+                entry_id = path.resolve().relative_to(root).parts[0]
+                users.setdefault(entry_id, []).append(engine.engine_id)
+        return users
+
+    def _tools(self, env: EnvInfo, tool: str) -> BuildTools:
+        examples = env.path / EXAMPLES_DIR
+        script = (
+            examples / QUANTIZE_SCRIPT
+            if tool == "quantize"
+            else examples
+            / "models"
+            / "core"
+            / tool.removeprefix("convert-")
+            / "convert_checkpoint.py"
+        )
+        if not script.exists():
+            raise EngineEnvError(
+                f"mode = 'build' runs {script.name} from {examples}, which is missing; run "
+                "`traylm engines install trtllm` again with network access (it fetches the "
+                "release's example scripts)"
+            )
+        flags = {t: load_flags("trtllm", env.version, env.path, tool=t) for t in TOOLS}
+        return BuildTools(env.python, env.path / "bin" / "trtllm-build", examples, flags)
+
+    async def _warn_without_mpi(self, profile: Profile) -> None:
+        if await asyncio.to_thread(self.find_mpi) is None:
+            self._d.bus.publish(
+                Notice(
+                    level="warning",
+                    title=f"{profile.name}: OpenMPI not found",
+                    message="TensorRT-LLM runs tensor-parallel ranks as MPI processes and no "
+                    "libmpi was found; if the start fails, `sudo apt install openmpi-bin "
+                    "libopenmpi-dev`",
+                    source="trtllm",
+                )
+            )
+
+
+def identity(profile: Profile, facts: ModelFacts, arguments: dict[str, str]) -> dict[str, str]:
+    return {
+        "model": facts.source_id,
+        "architecture": facts.architecture,
+        "quant_recipe": profile.quant_recipe or "none",
+        "kv_cache_dtype": profile.kv_cache_dtype,
+        "tensor_parallel_size": str(profile.tensor_parallel_size),
+        "pipeline_parallel_size": str(profile.pipeline_parallel_size),
+        **arguments,
+    }
+
+
+def environment(env: EnvInfo, runtime: EngineRuntime, gpus: list[GPUFacts]) -> dict[str, str]:
+    facts = import_facts(env)
+    first = gpus[0]
+    return {
+        "tensorrt_llm": facts.get("tensorrt_llm") or str(runtime.version),
+        "tensorrt": facts.get("tensorrt") or env.packages.get("tensorrt", "unknown"),
+        "gpu": ",".join(sorted({g.name for g in gpus})),
+        "compute_capability": ".".join(str(x) for x in first.compute_capability),
+        "driver_major": str(first.driver_major),
+        "cuda_major": str(first.cuda_major),
+    }
+
+
+async def current_environment(daemon: Daemon) -> dict[str, str] | None:
+    """The environment a build would get now (newest TensorRT-LLM env, the GPUs), if any."""
+    try:
+        env = await asyncio.to_thread(daemon.envs.find, "trtllm", device="cuda")
+    except EngineEnvError:
+        return None
+    gpus = await asyncio.to_thread(probe_gpus, daemon.settings.gpu.simulate_gpus)
+    if not gpus:
+        return None
+    return environment(env, await asyncio.to_thread(env.runtime), gpus)
