@@ -100,6 +100,17 @@ class Daemon:
         # gpu (issue 3): telemetry sampler, fan curves and power limits via traylm-gpud, guard
 
         # hub (issue 4): search, fit estimate, downloads, library
+        from engines.hub.service import HubFeature
+
+        self.hub = HubFeature(
+            settings=lambda: self.settings,
+            store=self.store,
+            publish=self.bus.publish,
+            logs_dir=self.paths.logs_dir,
+            profiles=self.profiles,
+            supervisor=self.supervisor,
+        )
+        features.append(self.hub)
 
         # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
 
