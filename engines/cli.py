@@ -139,6 +139,9 @@ def _feature_parsers(sub: Any) -> None:
     # gpu (issue 3): traylm gpus [watch|record], fans, power
 
     # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
+    from engines.hub.cli import add_parsers as hub_parsers
+
+    hub_parsers(sub)
 
     # engines (issue 5): traylm engines cache ls|rm|prune, remote
 
