@@ -215,9 +215,8 @@ async def test_pause_resume_keeps_finished_files_and_restarts_the_current_one(
     gets = [r for r in fake_hub.requests if r.path == second and r.method == "GET"]
     assert [r.range for r in gets] == [None, None], "the second file restarts from byte 0"
     assert fake_hub.bytes_served(second) == size + partial
-    print(
-        f"pause after {partial / 2**20:.1f} MiB of a {size / 2**20:.1f} MiB file: resume refetched it all"
-    )
+    mib = 2**20
+    print(f"paused at {partial / mib:.1f} of {size / mib:.1f} MiB: resume fetched it all again")
 
 
 async def test_a_download_running_when_the_daemon_stops_is_paused_after_restart(
