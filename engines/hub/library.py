@@ -9,13 +9,15 @@ until ``verify`` is run. Blocking methods: the daemon calls them through ``async
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engines.errors import HubError, ModelNotFound
+from engines.errors import ModelNotFound
 from engines.events import LocalModel
+from engines.hub import cachefs
 from engines.hub.access import HubAccess
+from engines.hub.cachefs import CachedRevision
 from engines.hub.fit import supported
 from engines.hub.names import validate_commit, validate_repo_id, validate_revision
 from engines.hub.records import CheckRecord, HubRecords
@@ -65,7 +67,7 @@ class Library:
             )
         return sorted(out, key=lambda m: (m.repo_id, -m.last_modified_s))
 
-    def find(self, repo_id: str, revision: str | None = None) -> list[Any]:
+    def find(self, repo_id: str, revision: str | None = None) -> list[CachedRevision]:
         """The cached revisions of a repo (all, or the one ``revision`` names)."""
         validate_repo_id(repo_id)
         revision = validate_revision(revision)
@@ -92,37 +94,18 @@ class Library:
     def delete(self, repo_id: str, revision: str | None = None) -> int:
         """Delete cached revision(s); returns the bytes freed. The caller checks that no engine
         serves the model first."""
-        from huggingface_hub import scan_cache_dir
-
         revisions = self.find(repo_id, revision)
-        strategy = scan_cache_dir(self._access().cache_dir).delete_revisions(
-            *(r.commit_hash for r in revisions)
+        freed = cachefs.delete_revisions(
+            self._access().cache_dir, repo_id, (r.commit_hash for r in revisions)
         )
-        freed = int(strategy.expected_freed_size)
-        strategy.execute()
         for r in revisions:
             self._records.forget(repo_id, r.commit_hash)
         return freed
 
     # ----------------------------------------------------------------- internals
 
-    def _revisions(self) -> Iterable[tuple[str, Any]]:
-        from huggingface_hub import CacheNotFound, scan_cache_dir
-
-        try:
-            info = scan_cache_dir(self._access().cache_dir)
-        except CacheNotFound:
-            return []
-        out: list[tuple[str, Any]] = []
-        for repo in info.repos:
-            if repo.repo_type != "model":
-                continue
-            try:
-                validate_repo_id(repo.repo_id)
-            except HubError:
-                continue
-            out.extend((repo.repo_id, rev) for rev in repo.revisions)
-        return out
+    def _revisions(self) -> list[tuple[str, CachedRevision]]:
+        return [(r.repo_id, r) for r in cachefs.scan_models(self._access().cache_dir)]
 
     def _expected(self, repo_id: str, commit_sha: str) -> tuple[ExpectedFile, ...]:
         record = self._records.checks().get((repo_id, commit_sha))
@@ -135,14 +118,17 @@ class Library:
     def _local(
         self,
         repo_id: str,
-        rev: Any,
+        rev: CachedRevision,
         record: CheckRecord | None,
         trusted: set[str],
         profiles: dict[str, list[str]],
         served: dict[str, list[str]],
     ) -> LocalModel:
-        snapshot = Path(rev.snapshot_path)
+        snapshot = rev.snapshot_path
         verified, problems = _status(snapshot, record)
+        if verified == "unverified" and rev.missing:
+            verified = "incomplete"
+            problems = tuple(f"{m} is missing" for m in rev.missing)
         config = _read_config(snapshot)
         shape = parse_config(config) if config else None
         return LocalModel(
@@ -165,20 +151,21 @@ class Library:
 
 
 def _status(snapshot: Path, record: CheckRecord | None) -> tuple[str, tuple[str, ...]]:
+    """incomplete (a file is missing) > corrupt (a hash or size differs) > verified."""
     if record is None:
         return "unverified", ()
-    if record.state != "verified":
-        return "corrupt", ("a file did not match the Hub's hash at the last check",)
-    problems = []
+    missing, changed = [], []
     for f in record.files:
         local = snapshot / f.path
         if not local.exists():
-            problems.append(f"{f.path} is missing")
+            missing.append(f"{f.path} is missing")
         elif local.stat().st_size != f.size_bytes:
-            problems.append(f"{f.path} changed size since it was verified")
-    if any("missing" in p for p in problems):
-        return "incomplete", tuple(problems)
-    return ("corrupt", tuple(problems)) if problems else ("verified", ())
+            changed.append(f"{f.path} changed size since it was verified")
+    if missing:
+        return "incomplete", tuple(missing + changed)
+    if record.state != "verified":
+        return "corrupt", ("a file did not match the Hub's hash at the last check", *changed)
+    return ("corrupt", tuple(changed)) if changed else ("verified", ())
 
 
 def _read_config(snapshot: Path) -> dict[str, Any] | None:

@@ -90,12 +90,21 @@ def _not_found_message(access: HubAccess, repo_id: str) -> str:
 
 
 def _close_names(access: HubAccess, repo_id: str) -> list[str]:
-    name = repo_id.split("/")[-1]
+    """Close repo ids for a typo: the same author's models, and models sharing the longest word
+    of the name (the Hub's search matches substrings, so a misspelt name finds nothing)."""
+    import re
+
+    org, _, name = repo_id.partition("/")
+    words = sorted(re.split(r"[-_.]", name), key=len, reverse=True)
+    api = hub_api(access)
+    hits: set[str] = set()
     try:
-        hits = [m.id for m in hub_api(access).list_models(search=name[:40], limit=20)]
-    except Exception:
+        hits.update(m.id for m in api.list_models(author=org, limit=100))
+        if words and len(words[0]) >= 3:
+            hits.update(m.id for m in api.list_models(search=words[0], limit=100))
+    except Exception:  # boundary: a suggestion is optional; the error is reported anyway
         return []
-    return difflib.get_close_matches(repo_id, hits, n=2, cutoff=0.6)
+    return difflib.get_close_matches(repo_id, sorted(hits), n=2, cutoff=0.8)
 
 
 # --------------------------------------------------------------------------- search

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tests.fakes.hub_server import FakeHub
 
 HUB: web.AppKey[FakeHub] = web.AppKey("hub")
+RECORD: web.RequestKey[RequestRecord] = web.RequestKey("record", RequestRecord)
 CHUNK = 256 * 1024
 
 
@@ -43,7 +44,7 @@ async def _record(request: web.Request, handler: Any) -> web.StreamResponse:
         "Authorization" in request.headers,
     )
     hub.requests.append(rec)
-    request["record"] = rec
+    request[RECORD] = rec
     fault = hub.faults.take("fail", request.path, request.method)
     if fault is not None:
         rec.status = fault.status
@@ -277,7 +278,7 @@ async def _stream(
     start: int,
     length: int,
 ) -> None:
-    rec: RequestRecord = request["record"]
+    rec = request[RECORD]
     path = request.path
     stall = hub.faults.take("stall", path, "GET")
     truncate = hub.faults.take("truncate", path, "GET")
