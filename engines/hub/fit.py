@@ -204,7 +204,7 @@ def _verdict(
             f"{seqs} sequence(s) of {context:,} tokens fit at once ({tokens:,} KV tokens); "
             f"with {req.concurrency} at full length, the rest wait"
         )
-    if seqs < req.concurrency * HEADROOM:
+    if tokens < req.concurrency * context * HEADROOM:
         return "tight", f"fits with less than 25% to spare ({tokens:,} KV tokens)"
     return "fits", f"{seqs} sequence(s) of {context:,} tokens fit at once ({tokens:,} KV tokens)"
 
@@ -244,22 +244,25 @@ def _fixes(model: ModelDetails, req: FitRequest, current: FitResult) -> tuple[Fi
         options.append(("awq_variant", "an AWQ (4-bit) variant of this model", _with(req, w=awq)))
     fixes = []
     for change, text, changed in options:
-        variant = model if change not in ("fp8_variant", "awq_variant") else _quantized(model)
-        verdict = _estimate(variant, changed).verdict
-        if _rank(verdict) > _rank(current.verdict):
-            fixes.append(FitFix(change, text, verdict))
+        variant = _estimate(model, changed)
+        if _rank(variant.verdict) > _rank(current.verdict):
+            fixes.append(FitFix(change, text, variant.verdict))
+            continue
+        shorter = _shorter_context(variant)
+        if shorter:
+            text = f"{text} and a context of {shorter:,} tokens"
+            fixes.append(FitFix(change, text, "fits", shorter))
     shorter = _shorter_context(current)
     if shorter:
         fixes.append(FitFix("shorter_context", f"a context of {shorter:,} tokens", "fits", shorter))
     return tuple(fixes)
 
 
-def _quantized(model: ModelDetails) -> ModelDetails:
-    return dataclasses.replace(model, quantization=None)
-
-
 def _shorter_context(current: FitResult) -> int | None:
-    if current.kv_tokens <= 0 or current.weights_bytes_per_gpu > current.budget_bytes_per_gpu:
+    """The longest context (a multiple of 1024, or 256 when small) at which ``concurrency``
+    sequences fit with the 25 % headroom; None when the weights do not fit at all."""
+    used = current.weights_bytes_per_gpu + current.overhead_bytes_per_gpu
+    if current.kv_tokens <= 0 or used > current.budget_bytes_per_gpu or not current.supported:
         return None
     per_seq = int(current.kv_tokens / (current.concurrency * HEADROOM))
     step = 1024 if per_seq >= 2048 else 256
