@@ -141,7 +141,11 @@ async def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_plain(d), indent=1))
         return 0
-    params = f"{d.parameters / 1e9:.2f} B" if d.parameters else "?"
+    params = "?"
+    if d.parameters:
+        params = (
+            f"{d.parameters / 1e9:.2f} B" if d.parameters >= 1e9 else f"{d.parameters / 1e6:.1f} M"
+        )
     print(f"{d.repo_id} @ {d.commit_sha[:12]} ({d.revision})")
     print(f"  architecture   {d.architecture or '?'} ({d.model_type or '?'})")
     print(f"  parameters     {params}  dtype {d.dtype}  quantization {d.quantization or 'none'}")

@@ -293,7 +293,7 @@ class DownloadManager:
         await self._set(
             job,
             DownloadState.READY,
-            message=f"ready: {len(job.files)} files match the Hub's hashes "
+            message=f"all {len(job.files)} files match the Hub's hashes "
             f"(commit {job.commit_sha[:12]})",
         )
         self._publish(

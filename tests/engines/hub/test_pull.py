@@ -80,5 +80,5 @@ async def test_a_second_pull_of_a_ready_model_downloads_nothing(
     served = fake_hub.bytes_served()
     second = await hub_daemon.client.pull(REPO)
     final = await wait_download(hub_daemon, second.id, (DownloadState.READY,))
-    assert final.message.startswith("ready")
+    assert final.message.startswith("all ")
     assert fake_hub.bytes_served() == served  # verified from the cache, not fetched again
