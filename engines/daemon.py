@@ -247,6 +247,8 @@ class Daemon:
         env = self.envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
         model = resolve_model(profile)
+        if profile.trust_remote_code:  # hub (issue 4): the user must have trusted this model
+            await self.hub.require_trust(profile.name, model)
         if profile.cpu_kv_cache_gib is None and device == "cpu":
             profile = dataclasses.replace(
                 profile, cpu_kv_cache_gib=self.settings.engines.cpu_kv_cache_gib

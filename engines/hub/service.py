@@ -41,7 +41,7 @@ from engines.hub import fit
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
 from engines.hub.library import Library
-from engines.hub.names import validate_repo_id, validate_revision
+from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details, search_models
 from engines.store import Store
@@ -295,6 +295,22 @@ class HubFeature:
     async def _download_cancel(self, request: web.Request) -> web.Response:
         return ok(await self.downloads.cancel(request.match_info["id"]))
 
+    # ----------------------------------------------------------------- launch guard
+
+    async def require_trust(self, profile_name: str, model: str) -> None:
+        """A profile with trust_remote_code runs the model repo's own Python code: refuse unless
+        the user trusted that repo (``traylm models trust``). A plain local folder that is not
+        in the HF cache has no repo id; there the profile's own flag is the consent."""
+        repo_id = _repo_of(model)
+        if repo_id is None:
+            return
+        if repo_id not in await asyncio.to_thread(self.records.trusted):
+            raise ConfigError(
+                f"profile {profile_name!r} sets trust_remote_code, which runs {repo_id}'s own "
+                f"Python code; if you trust its authors, allow it with "
+                f"`traylm models trust {repo_id}`, or set trust_remote_code = false"
+            )
+
     # ----------------------------------------------------------------- helpers
 
     def _served(self) -> dict[str, list[str]]:
@@ -302,10 +318,7 @@ class HubFeature:
         for engine in self._supervisor.engines.values():
             if engine.state in (EngineState.STOPPED, EngineState.FAILED):
                 continue
-            repo = engine.profile.model
-            if "/models--" in engine.model:
-                folder = engine.model.split("/models--", 1)[1].split("/", 1)[0]
-                repo = folder.replace("--", "/", 1)
+            repo = _repo_of(engine.model) or engine.profile.model
             out.setdefault(repo, []).append(engine.engine_id)
         return out
 
@@ -323,6 +336,17 @@ class HubFeature:
         if self._gpus is None:
             self._gpus = await asyncio.to_thread(_nvml_gpus)
         return self._gpus
+
+
+def _repo_of(model: str) -> str | None:
+    """The repo id of a model reference: ``org/name`` itself, or a path inside the HF cache
+    (``.../models--org--name/snapshots/<sha>``); None for any other folder."""
+    if "/models--" in model:
+        return repo_id_from_cache_folder("models--" + model.split("/models--", 1)[1].split("/")[0])
+    try:
+        return validate_repo_id(model)
+    except HubError:
+        return None
 
 
 def _nvml_gpus() -> tuple[GPUSpec, ...]:

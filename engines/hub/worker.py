@@ -6,7 +6,7 @@ Run as ``python -m engines.hub.worker``; the job (JSON, token included, so it ne
     {"type": "file_start", "path", "size_bytes"}
     {"type": "progress", "done_bytes", "current_file"}
     {"type": "file_done", "path", "done_bytes"}
-    {"type": "verify", "path", "size_bytes"}         (hashing one file)
+    {"type": "verify", "path", "size_bytes", "hashed_while_downloading"}
     {"type": "verify_progress", "path", "hashed_bytes"}
     {"type": "error", "code", "retryable", "message", "files"}
     {"type": "done", "snapshot_path", "maxrss_kib"}
@@ -25,14 +25,17 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from engines.hub.names import cache_folder_name, validate_commit, validate_revision
+from engines.hub.tailhash import TailHasher
 from engines.hub.verify import ExpectedFile, check_file, drop_file
 
 PROGRESS_INTERVAL_S = 0.25
+TAIL_HASH_MIN_BYTES = 16 << 20  # smaller files are hashed after, in milliseconds
 _out_lock = threading.Lock()
 
 
@@ -52,8 +55,11 @@ class Progress:
         self._finished = 0
         self._in_flight: dict[str, int] = {}
         self._last_s = 0.0
+        self.on_rewind: Callable[[str], None] | None = None
 
     def add(self, path: str, n: int) -> None:
+        if n < 0 and self.on_rewind is not None:
+            self.on_rewind(path)  # huggingface_hub truncated the file to start it again
         with self._lock:
             self._in_flight[path] = self._in_flight.get(path, 0) + n
             now = time.monotonic()
@@ -144,17 +150,31 @@ def run(job: dict[str, Any]) -> int:
     files = [ExpectedFile(**f) for f in job["files"]]
     progress = Progress()
 
+    hashers: dict[str, TailHasher] = {}
+    progress.on_rewind = lambda path: hashers[path].invalidate() if path in hashers else None
+
     def fetch(f: ExpectedFile) -> None:
         emit("file_start", path=f.path, size_bytes=f.size_bytes)
-        hf_hub_download(
-            repo_id,
-            f.path,
-            revision=commit,
-            cache_dir=cache_dir,
-            endpoint=job["endpoint"],
-            token=job.get("token") or False,
-            tqdm_class=progress.bar_class(f.path),
-        )
+        hasher = None
+        if f.sha256 and f.size_bytes >= TAIL_HASH_MIN_BYTES:
+            hasher = hashers[f.path] = TailHasher(storage / "blobs", f.etag, f.size_bytes)
+            hasher.start()
+        try:
+            hf_hub_download(
+                repo_id,
+                f.path,
+                revision=commit,
+                cache_dir=cache_dir,
+                endpoint=job["endpoint"],
+                token=job.get("token") or False,
+                tqdm_class=progress.bar_class(f.path),
+            )
+        except BaseException:
+            if hasher is not None:
+                hasher.abort()
+            raise
+        if hasher is not None:
+            hasher.finish()
         progress.finish(f.path, f.size_bytes)
 
     try:
@@ -163,7 +183,10 @@ def run(job: dict[str, Any]) -> int:
                 future.result()
         bad = []
         for f in files:
-            emit("verify", path=f.path, size_bytes=f.size_bytes)
+            confirmed = _confirmed_while_downloading(snapshot, f, hashers.get(f.path))
+            emit("verify", path=f.path, size_bytes=f.size_bytes, hashed_while_downloading=confirmed)
+            if confirmed:
+                continue
             check = check_file(snapshot, f, _verify_ticker(f.path))
             if not check.ok:
                 bad.append(f"{f.path} ({check.problem})")
@@ -185,6 +208,20 @@ def run(job: dict[str, Any]) -> int:
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     emit("done", snapshot_path=str(snapshot), maxrss_kib=maxrss)
     return 0
+
+
+def _confirmed_while_downloading(
+    snapshot: Path, f: ExpectedFile, hasher: TailHasher | None
+) -> bool:
+    """True when the hash taken during the download matches the Hub's and it was taken over
+    the very blob the snapshot points to; anything else is hashed again in full."""
+    if hasher is None or hasher.digest is None or hasher.digest != f.sha256:
+        return False
+    try:
+        st = (snapshot / f.path).stat()
+    except OSError:
+        return False
+    return st.st_ino == hasher.inode and st.st_size == f.size_bytes
 
 
 def _verify_ticker(path: str) -> Any:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 HUB: web.AppKey[FakeHub] = web.AppKey("hub")
 RECORD: web.RequestKey[RequestRecord] = web.RequestKey("record", RequestRecord)
-CHUNK = 256 * 1024
+CHUNK = 1 << 20
 
 
 def build_app(hub: FakeHub) -> web.Application:
@@ -291,11 +291,7 @@ async def _stream(
             n = max(0, truncate.after_bytes - sent)
         if stall is not None and sent + n > stall.after_bytes >= sent:
             n = stall.after_bytes - sent
-        data = (
-            await asyncio.to_thread(f.read, start + sent, n)
-            if n > 65536
-            else f.read(start + sent, n)
-        )
+        data = f.read(start + sent, n)
         if corrupt is not None and start + sent <= f.size // 2 < start + sent + n:
             i = f.size // 2 - start - sent
             data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]

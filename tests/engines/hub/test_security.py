@@ -181,3 +181,20 @@ async def test_a_token_without_access_fails_with_what_to_do(
     assert all(
         m.repo_id != GATED or m.verified != "verified" for m in await d.client.local_models()
     )
+
+
+async def test_trust_remote_code_needs_consent_for_that_model(
+    hub_daemon: RunningDaemon, fake_hub: FakeHub, fake_env: Path
+) -> None:
+    """The engine is the FAKE vLLM env; the check happens before any process starts."""
+    hub_daemon.write_profile(
+        "custom", model="traylm-test/tiny-llama", device="cpu", trust_remote_code=True
+    )
+    with pytest.raises(ControlAPIError) as err:
+        await hub_daemon.client.start("custom")
+    assert "traylm models trust traylm-test/tiny-llama" in err.value.message
+    assert await hub_daemon.client.engines() == []
+    await hub_daemon.client.trust_model("traylm-test/tiny-llama", True)
+    status = await hub_daemon.client.start("custom")
+    assert status.engine_id == "custom"
+    await hub_daemon.client.stop("custom")
