@@ -63,6 +63,13 @@ def resume_note() -> str:
     )
 
 
+def hash_while_downloading() -> bool:
+    """Hash big files during the transfer (no wait after it) only with CPUs to spare: on a
+    2-core machine the overlap slowed the whole pull by ~25 % (tests/perf/download_bench.py),
+    while hashing after it cost ~10 %."""
+    return (os.cpu_count() or 1) >= 4
+
+
 @dataclass(frozen=True)
 class Outcome:
     ok: bool
@@ -385,6 +392,7 @@ class DownloadManager:
             "token": access.token,
             "files": [f.__dict__ for f in job.files],
             "parallel_files": s.parallel_files,
+            "hash_while_downloading": hash_while_downloading(),
         }
 
     def _on_message(self, job: Job, access: HubAccess, raw: bytes) -> Outcome | None:

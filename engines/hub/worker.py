@@ -151,12 +151,13 @@ def run(job: dict[str, Any]) -> int:
     progress = Progress()
 
     hashers: dict[str, TailHasher] = {}
+    tail_hash = bool(job.get("hash_while_downloading", False))
     progress.on_rewind = lambda path: hashers[path].invalidate() if path in hashers else None
 
     def fetch(f: ExpectedFile) -> None:
         emit("file_start", path=f.path, size_bytes=f.size_bytes)
         hasher = None
-        if f.sha256 and f.size_bytes >= TAIL_HASH_MIN_BYTES:
+        if tail_hash and f.sha256 and f.size_bytes >= TAIL_HASH_MIN_BYTES:
             hasher = hashers[f.path] = TailHasher(storage / "blobs", f.etag, f.size_bytes)
             hasher.start()
         try:

@@ -33,6 +33,7 @@ from engines.client import DaemonClient
 from engines.config import HubSettings, Paths
 from engines.daemon import Daemon
 from engines.events import DownloadState, DownloadStateChanged
+from engines.hub import download
 from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.fakes.hub_server import FakeHub, FakeRepo, bytes_file, safetensors_file
@@ -202,11 +203,24 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gib", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--hash-while-downloading",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: what traylm does (on with 4 or more CPUs)",
+    )
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve(args.serve)
         return
+    if args.hash_while_downloading != "auto":
+        on = args.hash_while_downloading == "on"
+        download.hash_while_downloading = lambda: on  # the daemon runs in this process
+    print(
+        f"{os.cpu_count()} CPUs; traylm hashes while downloading: "
+        f"{download.hash_while_downloading()}"
+    )
     size = int(args.size_gib * (1 << 30))
     print(f"generating a {size / (1 << 30):.2f} GiB safetensors file (hashing it once)...")
     server, url = await start_server(size)

@@ -37,6 +37,7 @@ def _run_worker(hub: FakeHub, repo_id: str, cache: Path) -> list[dict]:
         "token": None,
         "files": files,
         "parallel_files": 2,
+        "hash_while_downloading": True,
     }
     env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_PROGRESS_BARS="1")
     with subprocess.Popen(
