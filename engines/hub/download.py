@@ -7,6 +7,8 @@ worker hashed every file against the Hub's sha256 (git sha1 for small files) and
 a worker that dies for any reason (kill -9 included) leaves the job retrying, paused or failed,
 never ready.
 
+One attempt (the worker process, its stall watchdog, its messages) lives in attempt.py.
+
 What pause/resume keeps was measured with the installed huggingface_hub (tests/engines/hub/
 test_download_faults.py::test_pause_resume_keeps_finished_files): finished files stay; the file
 in progress restarts from zero, because each attempt writes its own ``<etag>.<id>.incomplete``
@@ -17,17 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import signal
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from engines.config import HubSettings
 from engines.errors import DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
@@ -41,6 +38,7 @@ from engines.events import (
 )
 from engines.hub import cachefs
 from engines.hub.access import HubAccess
+from engines.hub.attempt import Attempt, Outcome
 from engines.hub.jobs import Job
 from engines.hub.names import validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
@@ -63,21 +61,6 @@ def resume_note() -> str:
     )
 
 
-def hash_while_downloading() -> bool:
-    """Hash big files during the transfer (no wait after it) only with CPUs to spare: on a
-    2-core machine the overlap slowed the whole pull by ~25 % (tests/perf/download_bench.py),
-    while hashing after it cost ~10 %."""
-    return (os.cpu_count() or 1) >= 4
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    code: str = ""
-    retryable: bool = False
-    message: str = ""
-
-
 class DownloadManager:
     def __init__(
         self,
@@ -97,7 +80,7 @@ class DownloadManager:
         self._python = python
         self._jobs: dict[str, Job] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._attempts: dict[str, Attempt] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._scheduler: asyncio.Task[None] | None = None
@@ -254,10 +237,9 @@ class DownloadManager:
         job.stop_reason = ""
 
     def _kill(self, download_id: str) -> None:
-        proc = self._procs.get(download_id)
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        attempt = self._attempts.get(download_id)
+        if attempt is not None:
+            attempt.kill()
 
     async def _run(self, job: Job) -> None:
         s = self._settings()
@@ -320,125 +302,27 @@ class DownloadManager:
         before = await asyncio.to_thread(
             cachefs.incomplete_files, access.cache_dir, job.repo_id, job.files
         )
-        outcome = await self._run_worker(job, access)
+        attempt = Attempt(
+            job,
+            access,
+            self._settings(),
+            python=self._python,
+            logs_dir=self._logs_dir,
+            on_started=lambda: self._set(job, DownloadState.DOWNLOADING),
+            on_progress=lambda: self._progress(job),
+            on_verifying=lambda: self._publish_state(job, DownloadState.DOWNLOADING),
+        )
+        self._attempts[job.id] = attempt
+        try:
+            outcome = await attempt.run()
+        finally:
+            self._attempts.pop(job.id, None)
         if not outcome.ok:
             after = await asyncio.to_thread(
                 cachefs.incomplete_files, access.cache_dir, job.repo_id, job.files
             )
             await asyncio.to_thread(cachefs.remove_paths, after - before)
         return outcome
-
-    async def _run_worker(self, job: Job, access: HubAccess) -> Outcome:
-        s = self._settings()
-        self._logs_dir.mkdir(parents=True, exist_ok=True)
-        log_fh = (self._logs_dir / f"{job.id}.log").open("ab")
-        proc = await asyncio.create_subprocess_exec(
-            self._python,
-            "-m",
-            "engines.hub.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log_fh,
-            env=access.worker_env(os.environ, read_timeout_s=s.read_timeout_s),
-            start_new_session=True,
-        )
-        self._procs[job.id] = proc
-        job.worker_pid = proc.pid
-        outcome: Outcome | None = None
-        try:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write((json.dumps(self._job_spec(job, access, s)) + "\n").encode())
-            with contextlib.suppress(ConnectionError):
-                await proc.stdin.drain()
-            await self._set(job, DownloadState.DOWNLOADING)
-            while outcome is None or not outcome.ok:
-                try:
-                    raw = await asyncio.wait_for(proc.stdout.readline(), s.stall_timeout_s)
-                except TimeoutError:
-                    outcome = Outcome(
-                        False,
-                        "stalled",
-                        True,
-                        f"no data from {access.endpoint} for {s.stall_timeout_s:.0f} s",
-                    )
-                    break
-                if not raw:
-                    break
-                outcome = self._on_message(job, access, raw) or outcome
-        finally:
-            self._kill(job.id)
-            await proc.wait()
-            if proc.stdin is not None:
-                proc.stdin.close()
-            log_fh.close()
-            self._procs.pop(job.id, None)
-            job.worker_pid = None
-        if outcome is None:
-            outcome = Outcome(
-                False,
-                "worker_died",
-                True,
-                f"the download worker stopped unexpectedly (exit {proc.returncode})",
-            )
-        return outcome
-
-    def _job_spec(self, job: Job, access: HubAccess, s: HubSettings) -> dict[str, Any]:
-        return {
-            "repo_id": job.repo_id,
-            "revision": job.revision,
-            "commit_sha": job.commit_sha,
-            "endpoint": access.endpoint,
-            "cache_dir": str(access.cache_dir),
-            "token": access.token,
-            "files": [f.__dict__ for f in job.files],
-            "parallel_files": s.parallel_files,
-            "hash_while_downloading": hash_while_downloading(),
-        }
-
-    def _on_message(self, job: Job, access: HubAccess, raw: bytes) -> Outcome | None:
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            log.warning("download worker %s said %r", job.id, raw[:200])
-            return None
-        kind = msg.get("type")
-        if kind == "file_start":
-            job.current_file = str(msg["path"])
-        elif kind in ("progress", "file_done"):
-            job.done_bytes = int(msg["done_bytes"])
-            job.files_done += kind == "file_done"
-            job.rate.add(job.done_bytes)
-            self._progress(job)
-        elif kind in ("verify", "verify_progress"):
-            job.current_file = str(msg.get("path", ""))
-            if job.state != DownloadState.VERIFYING:
-                job.state = DownloadState.VERIFYING
-                self._publish_state(job, DownloadState.DOWNLOADING)
-        elif kind == "error":
-            code = str(msg.get("code", "internal"))
-            return Outcome(
-                False, code, bool(msg.get("retryable")), self._advice(job, access, code, msg)
-            )
-        elif kind == "done":
-            job.snapshot_path = str(msg.get("snapshot_path", ""))
-            log.info("download %s done; worker peak RSS %s KiB", job.id, msg.get("maxrss_kib"))
-            return Outcome(True)
-        return None
-
-    def _advice(self, job: Job, access: HubAccess, code: str, msg: dict[str, Any]) -> str:
-        detail = str(msg.get("message", ""))
-        advice = {
-            "gated": access.gated_advice(job.repo_id),
-            "forbidden": access.gated_advice(job.repo_id),
-            "not_found": f"{job.repo_id} (or one of its files) is gone from {access.endpoint}",
-            "revision_not_found": f"{job.repo_id} no longer has commit {job.commit_sha[:12]}",
-            "disk_full": f"the disk holding {access.cache_dir} is full: free some space or "
-            "move the Hugging Face cache (HF_HOME), then resume",
-            "network": f"lost the connection to {access.endpoint} ({detail})",
-            "server": f"{access.endpoint} answered with a server error ({detail})",
-            "integrity": f"{detail}; the bad files were deleted and will be fetched again",
-        }
-        return advice.get(code, detail or code)
 
     def _check_disk(
         self, access: HubAccess, repo_id: str, files: tuple[ExpectedFile, ...], present: set[str]

@@ -33,7 +33,7 @@ from engines.client import DaemonClient
 from engines.config import HubSettings, Paths
 from engines.daemon import Daemon
 from engines.events import DownloadState, DownloadStateChanged
-from engines.hub import download
+from engines.hub import attempt
 from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.fakes.hub_server import FakeHub, FakeRepo, bytes_file, safetensors_file
@@ -216,10 +216,10 @@ async def main() -> None:
         return
     if args.hash_while_downloading != "auto":
         on = args.hash_while_downloading == "on"
-        download.hash_while_downloading = lambda: on  # the daemon runs in this process
+        attempt.hash_while_downloading = lambda: on  # the daemon runs in this process
     print(
         f"{os.cpu_count()} CPUs; traylm hashes while downloading: "
-        f"{download.hash_while_downloading()}"
+        f"{attempt.hash_while_downloading()}"
     )
     size = int(args.size_gib * (1 << 30))
     print(f"generating a {size / (1 << 30):.2f} GiB safetensors file (hashing it once)...")
