@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,20 @@ def incomplete_files(cache_dir: Path, repo_id: str, files: Iterable[ExpectedFile
     for f in files:
         found.update(blobs.glob(f"{f.etag}.*incomplete"))
     return found
+
+
+def remove_stale_incomplete(
+    cache_dir: Path, repo_id: str, files: Iterable[ExpectedFile], older_than_s: float
+) -> int:
+    """Temporary files nobody writes any more (a worker that died with its daemon): a live
+    download touches its file every few seconds, so an old mtime means it is abandoned."""
+    limit = time.time() - older_than_s
+    stale = []
+    for path in incomplete_files(cache_dir, repo_id, files):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < limit:
+                stale.append(path)
+    return remove_paths(stale)
 
 
 def remove_paths(paths: Iterable[Path]) -> int:

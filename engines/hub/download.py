@@ -48,6 +48,7 @@ from engines.hub.verify import ExpectedFile
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
+STALE_TEMP_S = 300.0
 
 
 def resume_note() -> str:
@@ -299,6 +300,13 @@ class DownloadManager:
             )
         except DiskSpaceError as exc:
             return Outcome(False, exc.code, False, exc.message)
+        await asyncio.to_thread(
+            cachefs.remove_stale_incomplete,
+            access.cache_dir,
+            job.repo_id,
+            job.files,
+            max(STALE_TEMP_S, self._settings().stall_timeout_s * 2),
+        )
         before = await asyncio.to_thread(
             cachefs.incomplete_files, access.cache_dir, job.repo_id, job.files
         )

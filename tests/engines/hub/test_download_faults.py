@@ -237,3 +237,23 @@ async def test_a_download_running_when_the_daemon_stops_is_paused_after_restart(
     await d2.client.download_action(status.id, "resume")
     final = await wait_download(d2, status.id, DONE)
     assert final.state == DownloadState.READY
+
+
+async def test_temp_files_abandoned_by_a_dead_worker_are_removed_but_live_ones_kept(
+    hub_daemon: RunningDaemon, fake_hub: FakeHub, hf_home: Path
+) -> None:
+    """A daemon killed with -9 takes its worker with it (the worker stops when its stdin
+    closes), leaving a temporary file that nobody will ever reuse."""
+    repo_id = "traylm-test/tiny-llama"
+    sha = fake_hub.repos[repo_id].files["model-00001-of-00002.safetensors"].sha256
+    blobs = cache_repo(hf_home, repo_id) / "blobs"
+    blobs.mkdir(parents=True)
+    dead = blobs / f"{sha}.0badf00d.incomplete"
+    live = blobs / f"{sha}.1ive1ive.incomplete"
+    dead.write_bytes(b"x" * 1000)
+    live.write_bytes(b"y" * 1000)
+    os.utime(dead, (1, 1))  # untouched for a long time
+    status = await hub_daemon.client.pull(repo_id)
+    final = await wait_download(hub_daemon, status.id, DONE)
+    assert final.state == DownloadState.READY
+    assert not dead.exists() and live.exists()

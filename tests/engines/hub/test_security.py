@@ -198,3 +198,33 @@ async def test_trust_remote_code_needs_consent_for_that_model(
     status = await hub_daemon.client.start("custom")
     assert status.engine_id == "custom"
     await hub_daemon.client.stop("custom")
+
+
+def test_token_sources_and_the_trust_rule(tmp_path: Path) -> None:
+    from engines.config import HubSettings
+    from engines.hub.access import OFFICIAL_ENDPOINT, resolve_access
+
+    (tmp_path / "token").write_text("hf_saved\n")
+    saved = {"HF_HOME": str(tmp_path)}
+    official = resolve_access(HubSettings(), saved)
+    assert official.endpoint == OFFICIAL_ENDPOINT and official.token == "hf_saved"
+    assert official.cache_dir == tmp_path / "hub" and official.official
+
+    env_token = resolve_access(HubSettings(), {**saved, "HF_TOKEN": "hf_env"})
+    assert env_token.token == "hf_env"
+    custom = resolve_access(HubSettings(token_env="MY_TOKEN"), {**saved, "MY_TOKEN": "hf_mine"})
+    assert custom.token == "hf_mine"
+
+    mirror = {**saved, "HF_ENDPOINT": "https://mirror.example/"}
+    withheld = resolve_access(HubSettings(), mirror)
+    assert withheld.endpoint == "https://mirror.example"
+    assert withheld.token is None and withheld.token_found and withheld.hf_token_arg is False
+    assert "not the official Hub" in withheld.gated_advice("org/m")
+    env = withheld.worker_env({"HF_TOKEN": "hf_env", "PATH": "/bin"}, read_timeout_s=20)
+    assert "HF_TOKEN" not in env and env["HF_ENDPOINT"] == "https://mirror.example"
+
+    trusted = resolve_access(HubSettings(trusted_endpoints=("https://mirror.example:443",)), mirror)
+    assert trusted.token == "hf_saved" and trusted.token_withheld_reason == ""
+
+    with pytest.raises(Exception, match="not an http"):
+        resolve_access(HubSettings(endpoint="file:///etc"), saved)
