@@ -94,6 +94,13 @@ class Progress:
             def update(self, n: float | None = 1) -> None:
                 progress.add(path, int(n or 0))
 
+            def update_transfer(self, n: float | None = 1) -> None:
+                """Network bytes (Xet downloads): ignored, ``update`` counts bytes on disk.
+                Having this method makes huggingface_hub feed one bar, not two."""
+
+            def set_transfer_postfix_str(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
             def close(self) -> None:
                 pass
 

@@ -141,3 +141,36 @@ def test_tail_hash_is_not_trusted_after_a_rewind(tmp_path: Path) -> None:
     hasher.invalidate()  # what the worker does when huggingface_hub reports a negative update
     hasher.finish()
     assert hasher.digest is None
+
+
+def test_xet_progress_is_counted_once(monkeypatch) -> None:
+    """Xet-backed repos (most of the real Hub) report network and disk bytes separately; the
+    worker's progress must count the file once. The fake Hub serves no Xet, so this drives
+    huggingface_hub's own Xet progress reporter with the worker's bar class directly."""
+    from types import SimpleNamespace
+
+    from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
+
+    from engines.hub import worker
+
+    seen: list[tuple[str, dict]] = []
+    monkeypatch.setattr(worker, "emit", lambda kind, **data: seen.append((kind, data)))
+    monkeypatch.setattr(worker, "PROGRESS_INTERVAL_S", 0.0)
+    progress = worker.Progress()
+    reporter = XetDownloadProgressReporter(
+        reconstruction_desc="x",
+        total=100 << 20,
+        log_level=30,
+        tqdm_class=progress.bar_class("model.safetensors"),
+    )
+    for done in (10, 60, 100):
+        report = SimpleNamespace(
+            total_bytes_completed=done << 20,
+            total_transfer_bytes_completed=(done << 20) // 2,  # dedup: fewer network bytes
+            total_bytes_completion_rate=None,
+            total_transfer_bytes_completion_rate=None,
+            total_bytes=100 << 20,
+        )
+        reporter.update_progress(report)
+    reporter.close()
+    assert seen[-1] == ("progress", {"done_bytes": 100 << 20, "current_file": "model.safetensors"})
