@@ -144,6 +144,9 @@ def _feature_parsers(sub: Any) -> None:
     add_gpu_parsers(sub)
 
     # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
+    from engines.hub.cli import add_parsers as hub_parsers
+
+    hub_parsers(sub)
 
     # engines (issue 5): traylm engines cache ls|rm|prune, remote
     trt_cli.add_parsers(sub)

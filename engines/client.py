@@ -21,16 +21,21 @@ from engines import __version__
 from engines.config import Paths
 from engines.errors import ControlAPIError, DaemonUnavailable
 from engines.events import (
+    DownloadStatus,
     EngineState,
     EngineStatus,
     Event,
     FanCurve,
     FanCurveResult,
+    FitResult,
     GPUFanStatus,
     GPUHistory,
     GPUOverview,
     GPUPresets,
     GuardStatus,
+    LocalModel,
+    ModelDetails,
+    ModelSummary,
     PowerLimitStatus,
     RemoteStatus,
     TRTBuildProgress,
@@ -355,6 +360,103 @@ class DaemonClient:
 
     # ----------------------------------------------------------------- hub (issue 4)
     # methods for /api/models and /api/downloads go here
+
+    async def hub_access(self) -> JSON:
+        """Endpoint, cache folder, and whether a Hugging Face token is found and sent."""
+        data: JSON = await self._call("GET", "/api/models/hub")
+        return data
+
+    async def search_models(
+        self, query: str = "", *, sort: str = "downloads", quant: str | None = None, limit: int = 20
+    ) -> list[ModelSummary]:
+        params = {"q": query, "sort": sort, "limit": str(limit)}
+        if quant:
+            params["quant"] = quant
+        data = await self._call("GET", "/api/models/search", params=params)
+        return [from_plain(ModelSummary, m) for m in data]
+
+    async def model_details(self, repo_id: str, revision: str | None = None) -> ModelDetails:
+        params = {"revision": revision} if revision else None
+        data = await self._call("GET", f"/api/models/{repo_id}", params=params)
+        return from_plain(ModelDetails, data)
+
+    async def model_fit(
+        self,
+        repo_id: str,
+        *,
+        revision: str | None = None,
+        engine: str | None = None,
+        gpus: int | None = None,
+        context: int | None = None,
+        concurrency: int = 1,
+        kv_cache_dtype: str = "auto",
+    ) -> list[FitResult]:
+        """Without engine/gpus: every engine on 1 and 2 GPUs (the Models page badges)."""
+        params = {"concurrency": str(concurrency), "kv_cache_dtype": kv_cache_dtype}
+        for key, value in (
+            ("revision", revision),
+            ("engine", engine),
+            ("gpus", gpus),
+            ("context", context),
+        ):
+            if value is not None:
+                params[key] = str(value)
+        data = await self._call("GET", f"/api/models/{repo_id}/fit", params=params)
+        return [from_plain(FitResult, r) for r in data]
+
+    async def local_models(self) -> list[LocalModel]:
+        return [from_plain(LocalModel, m) for m in await self._call("GET", "/api/models")]
+
+    async def verify_model(
+        self, repo_id: str, revision: str | None = None, *, timeout_s: float = 3600
+    ) -> list[LocalModel]:
+        """Hash every file against the Hub's hashes (minutes for big models)."""
+        params = {"revision": revision} if revision else None
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=3)
+        try:
+            async with self._http().post(
+                f"/api/models/{repo_id}/verify", params=params, timeout=timeout
+            ) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status >= 400:
+                    err = data.get("error", {}) if isinstance(data, dict) else {}
+                    raise ControlAPIError(
+                        str(err.get("message", f"HTTP {resp.status}")),
+                        code=str(err.get("type", "error")),
+                        http_status=resp.status,
+                    )
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise DaemonUnavailable(f"verification of {repo_id} did not answer ({exc!r})") from None
+        return [from_plain(LocalModel, m) for m in data]
+
+    async def delete_model(self, repo_id: str, revision: str | None = None) -> JSON:
+        params = {"revision": revision} if revision else None
+        data: JSON = await self._call("DELETE", f"/api/models/{repo_id}", params=params)
+        return data
+
+    async def trust_model(self, repo_id: str, trust_remote_code: bool) -> JSON:
+        body = {"trust_remote_code": trust_remote_code}
+        data: JSON = await self._call("PUT", f"/api/models/{repo_id}/trust", json_body=body)
+        return data
+
+    async def downloads(self) -> list[DownloadStatus]:
+        return [from_plain(DownloadStatus, d) for d in await self._call("GET", "/api/downloads")]
+
+    async def download(self, download_id: str) -> DownloadStatus:
+        return from_plain(DownloadStatus, await self._call("GET", f"/api/downloads/{download_id}"))
+
+    async def pull(self, repo_id: str, revision: str | None = None) -> DownloadStatus:
+        body: JSON = {"repo_id": repo_id}
+        if revision:
+            body["revision"] = revision
+        return from_plain(
+            DownloadStatus, await self._call("POST", "/api/downloads", json_body=body)
+        )
+
+    async def download_action(self, download_id: str, action: str) -> DownloadStatus:
+        """``action``: pause, resume or cancel."""
+        data = await self._call("POST", f"/api/downloads/{download_id}/{action}")
+        return from_plain(DownloadStatus, data)
 
     # ----------------------------------------------------------------- engines (issue 5)
     # methods for the TensorRT-LLM engine cache and remote fallback go here

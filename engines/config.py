@@ -266,6 +266,25 @@ class HubSettings:
         "", "Hugging Face endpoint (empty: the official Hub). Your token is sent to it."
     )
     token_env: str = setting("HF_TOKEN", "Environment variable holding a Hugging Face token.")
+    trusted_endpoints: tuple[str, ...] = setting(
+        (), "Endpoints besides the official Hub that may receive your Hugging Face token."
+    )
+    parallel_downloads: int = setting(
+        1, "Models downloaded at the same time; more wait in the queue.", min=1, max=8
+    )
+    parallel_files: int = setting(4, "Files of one model fetched at the same time.", min=1, max=16)
+    retry_max: int = setting(
+        5, "Automatic retries of a failed download (network, server errors, stalls).", min=0
+    )
+    retry_backoff_s: float = setting(2.0, "First retry delay; doubles each time.", min=0.0)
+    retry_backoff_max_s: float = setting(60.0, "Cap on the retry delay.", min=0.0)
+    stall_timeout_s: float = setting(
+        60.0, "A download that receives no bytes for this long is restarted.", min=1.0
+    )
+    read_timeout_s: float = setting(
+        20.0, "Socket read timeout of one Hub request (HF_HUB_DOWNLOAD_TIMEOUT).", min=1.0
+    )
+    min_free_gib: float = setting(2.0, "Disk space that must stay free after a download.", min=0.0)
 
 
 @dataclass(frozen=True)

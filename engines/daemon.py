@@ -126,6 +126,17 @@ class Daemon:
         features.append(GPUFeature(self))
 
         # hub (issue 4): search, fit estimate, downloads, library
+        from engines.hub.service import HubFeature
+
+        self.hub = HubFeature(
+            settings=lambda: self.settings,
+            store=self.store,
+            publish=self.bus.publish,
+            logs_dir=self.paths.logs_dir,
+            profiles=self.profiles,
+            supervisor=self.supervisor,
+        )
+        features.append(self.hub)
 
         # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
         features.append(EnginesFeature(self))
@@ -267,6 +278,8 @@ class Daemon:
         env = self.envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
         model = resolve_model(profile)
+        if profile.trust_remote_code:  # hub (issue 4): the user must have trusted this model
+            await self.hub.require_trust(profile.name, model)
         if profile.cpu_kv_cache_gib is None and device == "cpu":
             profile = dataclasses.replace(
                 profile, cpu_kv_cache_gib=self.settings.engines.cpu_kv_cache_gib

@@ -138,3 +138,58 @@ class HelperRefused(GPUError):
 
 class HubError(TraylmError):
     code = "hub_error"
+
+
+# hub (issue 4): subclasses of HubError
+
+
+class InvalidName(HubError):
+    """A repo id, revision or file name that could escape a folder or is not a Hub name."""
+
+    code = "invalid_name"
+    http_status = 400
+
+
+class ModelNotFound(HubError):
+    """No such model (or revision) on the Hub, or not visible without access."""
+
+    code = "model_not_found"
+    http_status = 404
+
+
+class HubAccessDenied(HubError):
+    """A gated or private model refused us (no token, a withheld token, or no access)."""
+
+    code = "gated"
+    http_status = 403
+
+
+class HubUnavailable(HubError):
+    """The Hub cannot be reached or answers with server errors."""
+
+    code = "hub_unavailable"
+    http_status = 503
+
+
+class NoSafetensors(HubError):
+    """The repo has no weights traylm will fetch (pickles only, GGUF, no config.json)."""
+
+    code = "no_safetensors"
+    http_status = 422
+
+
+class DiskSpaceError(HubError):
+    code = "disk_full"
+    http_status = 507
+
+
+class DownloadNotFound(HubError):
+    code = "download_not_found"
+    http_status = 404
+
+
+class ModelInUse(HubError):
+    """A model an engine is serving cannot be deleted."""
+
+    code = "model_in_use"
+    http_status = 409

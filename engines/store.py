@@ -76,6 +76,22 @@ MIGRATIONS: tuple[str, ...] = (
         result_json TEXT NOT NULL
     );
     """,
+    # 2 (hub, issue 4): models verified against the Hub's hashes, and per-model consent to run
+    #    a repo's own code (trust_remote_code)
+    """
+    CREATE TABLE hub_models (
+        repo_id TEXT NOT NULL,
+        commit_sha TEXT NOT NULL,
+        state TEXT NOT NULL,
+        checked_s REAL NOT NULL,
+        files_json TEXT NOT NULL DEFAULT '[]',
+        PRIMARY KEY (repo_id, commit_sha)
+    );
+    CREATE TABLE hub_trust (
+        repo_id TEXT PRIMARY KEY,
+        granted_s REAL NOT NULL
+    );
+    """,
 )
 
 

@@ -1,0 +1,385 @@
+"""``traylm models search|info|fit|pull|ls|rm|verify|downloads|pause|resume|cancel|trust``.
+
+Every command talks to the daemon (engines.client). ``pull`` shows a progress bar fed by the
+daemon's download events; Ctrl-C pauses the download (``traylm models resume ID`` continues).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+from engines.client import DaemonClient
+from engines.events import (
+    DownloadProgress,
+    DownloadState,
+    DownloadStateChanged,
+    DownloadStatus,
+    FitResult,
+    to_plain,
+)
+
+TERMINAL = (DownloadState.READY, DownloadState.FAILED, DownloadState.CANCELLED)
+BAR_WIDTH = 28
+
+
+def add_parsers(sub: Any) -> None:
+    m = sub.add_parser("models", help="Hugging Face models: search, fit, download, library")
+    msub = m.add_subparsers(title="models commands", metavar="ACTION", required=True)
+
+    s = msub.add_parser("search", help="search text-generation models on the Hub")
+    s.add_argument("query", nargs="?", default="")
+    s.add_argument("--sort", choices=("downloads", "likes", "recent"), default="downloads")
+    s.add_argument("--quant", help="awq, gptq, fp8, compressed-tensors, bitsandbytes, nvfp4")
+    s.add_argument("--limit", type=int, default=20)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_search)
+
+    s = msub.add_parser("info", help="a model's shape, size and files (no weights downloaded)")
+    s.add_argument("repo_id")
+    s.add_argument("--revision")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_info)
+
+    s = msub.add_parser("fit", help="will it fit? weights, KV cache and a verdict per engine")
+    s.add_argument("repo_id")
+    s.add_argument("--revision")
+    s.add_argument("--engine", choices=("vllm", "trtllm"))
+    s.add_argument("--gpus", type=int, help="GPUs to use (default: 1 and 2)")
+    s.add_argument("--context", type=int, help="context length (default: the model's)")
+    s.add_argument("--concurrency", type=int, default=1, help="sequences at full length")
+    s.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_fit)
+
+    s = msub.add_parser("pull", help="download a model (verified against the Hub's hashes)")
+    s.add_argument("repo_id")
+    s.add_argument("--revision", help="branch, tag or commit (default: main)")
+    s.add_argument("--detach", action="store_true", help="queue it and return")
+    s.set_defaults(func=cmd_pull)
+
+    s = msub.add_parser("ls", help="models in the local Hugging Face cache")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    s = msub.add_parser("rm", help="delete a model from the cache")
+    s.add_argument("repo_id")
+    s.add_argument("--revision", help="one revision only (default: all)")
+    s.set_defaults(func=cmd_rm)
+
+    s = msub.add_parser("verify", help="hash a cached model against the Hub's hashes")
+    s.add_argument("repo_id")
+    s.add_argument("--revision")
+    s.set_defaults(func=cmd_verify)
+
+    s = msub.add_parser("downloads", help="the download queue and history")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_downloads)
+
+    for action in ("pause", "resume", "cancel"):
+        s = msub.add_parser(action, help=f"{action} a download")
+        s.add_argument("download_id")
+        s.set_defaults(func=cmd_download_action, action=action)
+
+    s = msub.add_parser("trust", help="allow a model's own Python code (trust_remote_code)")
+    s.add_argument("repo_id")
+    s.add_argument("--revoke", action="store_true")
+    s.set_defaults(func=cmd_trust)
+
+
+async def _client() -> DaemonClient:
+    return await DaemonClient.connect()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(seconds)
+    return (
+        f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )
+
+
+# --------------------------------------------------------------------------- hub commands
+
+
+async def cmd_search(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        found = await c.search_models(
+            args.query, sort=args.sort, quant=args.quant, limit=args.limit
+        )
+    if args.json:
+        print(json.dumps(to_plain(found), indent=1))
+        return 0
+    if not found:
+        print("no text-generation models match")
+    for m in found:
+        size = human_bytes(m.weights_bytes) if m.weights_bytes else "?"
+        gated = " gated" if m.gated else ""
+        quant = f" [{m.quantization}]" if m.quantization else ""
+        print(f"{m.repo_id:<56} {size:>11} {m.downloads:>10,} dl {m.likes:>6,} likes{quant}{gated}")
+    return 0
+
+
+async def cmd_info(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        d = await c.model_details(args.repo_id, args.revision)
+    if args.json:
+        print(json.dumps(to_plain(d), indent=1))
+        return 0
+    params = "?"
+    if d.parameters:
+        params = (
+            f"{d.parameters / 1e9:.2f} B" if d.parameters >= 1e9 else f"{d.parameters / 1e6:.1f} M"
+        )
+    print(f"{d.repo_id} @ {d.commit_sha[:12]} ({d.revision})")
+    print(f"  architecture   {d.architecture or '?'} ({d.model_type or '?'})")
+    print(f"  parameters     {params}  dtype {d.dtype}  quantization {d.quantization or 'none'}")
+    print(
+        f"  layers {d.num_layers}  hidden {d.hidden_size}  heads {d.num_attention_heads}  "
+        f"kv heads {d.num_kv_heads}  head dim {d.head_dim}  vocab {d.vocab_size}"
+    )
+    print(f"  context        {d.max_context or '?'} tokens")
+    print(f"  license        {d.license or '?'}{'  GATED (' + d.gated + ')' if d.gated else ''}")
+    if d.needs_remote_code:
+        print("  custom code    yes: it runs only after `traylm models trust " + d.repo_id + "`")
+    print(f"  download       {human_bytes(d.download_bytes)} in {len(d.files)} files")
+    for f in d.files:
+        print(f"    {f.path:<48} {human_bytes(f.size_bytes):>11}  {f.kind}")
+    for line in d.skipped_files:
+        print(f"    skipped: {line}")
+    return 0
+
+
+async def cmd_fit(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        results = await c.model_fit(
+            args.repo_id,
+            revision=args.revision,
+            engine=args.engine,
+            gpus=args.gpus,
+            context=args.context,
+            concurrency=args.concurrency,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+    if args.json:
+        print(json.dumps(to_plain(results), indent=1))
+        return 0
+    for r in results:
+        print(_fit_line(r))
+    return 0
+
+
+def _fit_line(r: FitResult) -> str:
+    gpus = f"{len(r.gpus)}x {r.gpus[0].name.replace('NVIDIA GeForce ', '')}" if r.gpus else "cpu"
+    badge = {"fits": "FITS", "tight": "TIGHT", "wont_fit": "WON'T FIT"}[r.verdict]
+    lines = [
+        f"{r.engine:<7} {gpus:<12} TP{r.tensor_parallel}  {badge:<9}  "
+        f"weights {human_bytes(r.weights_bytes_per_gpu)}/GPU  KV {r.kv_tokens:,} tokens "
+        f"({human_bytes(r.kv_bytes_per_token)}/token)  context {r.context_len:,}",
+        f"        {r.reason}",
+    ]
+    lines += [f"        fix: {f.description} → {f.verdict}" for f in r.fixes]
+    lines += [f"        note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+async def cmd_pull(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        status = await c.pull(args.repo_id, args.revision)
+        print(
+            f"{status.repo_id} @ {status.commit_sha[:12]}: {status.files_total} files, "
+            f"{human_bytes(status.total_bytes)} (download {status.id})"
+        )
+        if args.detach:
+            print(f"queued; `traylm models downloads` shows it, `traylm models pause {status.id}`")
+            return 0
+        final = await _follow(c, status)
+    print()
+    print(f"{final.state}: {final.message}")
+    if final.state == DownloadState.READY:
+        print(f"snapshot: {final.snapshot_path}")
+        return 0
+    if final.state == DownloadState.PAUSED:
+        print(f"resume with `traylm models resume {final.id}`")
+    return 1
+
+
+async def _follow(c: DaemonClient, status: DownloadStatus) -> DownloadStatus:
+    """Draw the bar from events (polling as a fallback) until the download ends; Ctrl-C pauses."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def consume() -> None:
+        with contextlib.suppress(Exception):
+            async for event in c.events(kinds=("download",)):
+                await queue.put(event)
+
+    consumer = asyncio.create_task(consume())
+    bar = ProgressBar(status)
+    try:
+        while status.state not in TERMINAL and status.state != DownloadState.PAUSED:
+            if interrupted.is_set():
+                status = await c.download_action(status.id, "pause")
+                break
+            try:
+                event = await asyncio.wait_for(queue.get(), 1.0)
+            except TimeoutError:
+                status = await c.download(status.id)
+                bar.draw_status(status)
+                continue
+            if isinstance(event, DownloadProgress) and event.download_id == status.id:
+                bar.draw_progress(event)
+            elif isinstance(event, DownloadStateChanged) and event.status.id == status.id:
+                status = event.status
+                bar.draw_status(status)
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGINT)
+    return status
+
+
+class ProgressBar:
+    """One line, redrawn in place on a terminal; a line every 10 % otherwise."""
+
+    def __init__(self, status: DownloadStatus) -> None:
+        self.total = status.total_bytes
+        self.tty = sys.stdout.isatty()
+        self._last_decile = -1
+        self._last_draw_s = 0.0
+
+    def draw_status(self, s: DownloadStatus) -> None:
+        if s.state in (DownloadState.RETRYING, DownloadState.FAILED) and s.message:
+            self._line(f"{s.state}: {s.message}", force=True)
+            return
+        self._draw(s.done_bytes, s.rate_bytes_per_s, s.eta_s, s.current_file, str(s.state))
+
+    def draw_progress(self, p: DownloadProgress) -> None:
+        self._draw(p.done_bytes, p.rate_bytes_per_s, p.eta_s, p.current_file, "downloading")
+
+    def _draw(self, done: int, rate: float, eta: float | None, file: str, state: str) -> None:
+        frac = done / self.total if self.total else 1.0
+        filled = int(frac * BAR_WIDTH)
+        text = (
+            f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {frac:6.1%} "
+            f"{human_bytes(done)}/{human_bytes(self.total)} {human_bytes(rate)}/s "
+            f"ETA {_duration(eta)} {state} {file[-40:]}"
+        )
+        if self.tty:
+            now = time.monotonic()
+            if now - self._last_draw_s >= 0.1:
+                self._last_draw_s = now
+                sys.stdout.write("\r" + text[:150].ljust(150))
+                sys.stdout.flush()
+        elif int(frac * 10) > self._last_decile:
+            self._last_decile = int(frac * 10)
+            print(text, flush=True)
+
+    def _line(self, text: str, *, force: bool = False) -> None:
+        if self.tty:
+            sys.stdout.write("\r" + " " * 150 + "\r")
+        print(text, flush=True)
+
+
+async def cmd_ls(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        models = await c.local_models()
+    if args.json:
+        print(json.dumps(to_plain(models), indent=1))
+        return 0
+    if not models:
+        print("no models in the Hugging Face cache; `traylm models pull org/name` downloads one")
+    for m in models:
+        refs = ",".join(m.refs) or "-"
+        extra = []
+        if m.profiles:
+            extra.append(f"profiles {','.join(m.profiles)}")
+        if m.served_by:
+            extra.append(f"SERVED by {','.join(m.served_by)}")
+        if m.engines:
+            extra.append(f"engines {','.join(m.engines)}")
+        print(
+            f"{m.repo_id:<48} {m.commit_sha[:12]} {refs:<8} {human_bytes(m.size_bytes):>11} "
+            f"{m.verified:<10} {'  '.join(extra)}"
+        )
+        for problem in m.problems:
+            print(f"    {problem}")
+    return 0
+
+
+async def cmd_rm(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        data = await c.delete_model(args.repo_id, args.revision)
+    print(f"deleted {data['repo_id']}: {human_bytes(int(data['freed_bytes']))} freed")
+    return 0
+
+
+async def cmd_verify(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        models = await c.verify_model(args.repo_id, args.revision)
+    bad = 0
+    for m in models:
+        print(f"{m.repo_id} @ {m.commit_sha[:12]}: {m.verified}")
+        for problem in m.problems:
+            print(f"    {problem}")
+        if m.verified != "verified":
+            bad += 1
+            print(f"    repair with `traylm models pull {m.repo_id} --revision {m.commit_sha}`")
+    return 1 if bad else 0
+
+
+async def cmd_downloads(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        found = await c.downloads()
+    if args.json:
+        print(json.dumps(to_plain(found), indent=1))
+        return 0
+    if not found:
+        print("no downloads")
+    for d in found:
+        frac = d.done_bytes / d.total_bytes if d.total_bytes else 0.0
+        print(
+            f"{d.id}  {d.repo_id:<44} {d.state:<11} {frac:6.1%} of {human_bytes(d.total_bytes)}"
+            f"  {d.message[:80]}"
+        )
+    return 0
+
+
+async def cmd_download_action(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        status = await c.download_action(args.download_id, args.action)
+    print(f"{status.id} {status.repo_id}: {status.state}")
+    if status.state == DownloadState.PAUSED:
+        print(status.resume_note)
+    return 0
+
+
+async def cmd_trust(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        data = await c.trust_model(args.repo_id, not args.revoke)
+    if data["trust_remote_code"]:
+        print(
+            f"{args.repo_id}: its own Python code may now run in engines (trust_remote_code); "
+            "revoke with --revoke"
+        )
+    else:
+        print(f"{args.repo_id}: its code will not run")
+    return 0
