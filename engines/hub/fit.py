@@ -51,10 +51,12 @@ _SUPPORT: dict[str, dict[str | None, tuple[float, str]]] = {
         "w4a8": (8.9, ""),
         "bitsandbytes": (7.0, ""),
         "mxfp4": (8.0, ""),
+        # vLLM can load NVFP4 on Ada only through a slow weight-only fallback; traylm treats
+        # it as unsupported there (the vLLM adapter refuses it too) and suggests FP8 or AWQ.
         "nvfp4": (
-            7.5,
-            "no FP4 tensor cores before Blackwell: vLLM runs NVFP4 through a weight-only "
-            "fallback on Ada (memory saving kept, speed not)",
+            10.0,
+            "NVFP4 needs Blackwell (compute capability 10.0) for FP4 tensor cores; on Ada (8.9) "
+            "pick an FP8 or AWQ variant",
         ),
     },
     "trtllm": {
