@@ -138,3 +138,11 @@ class HelperRefused(GPUError):
 
 class HubError(TraylmError):
     code = "hub_error"
+
+
+class BenchError(TraylmError):
+    """A benchmark cannot start or failed (one already running, the model not served, every
+    warm-up request refused); the message says what to do."""
+
+    code = "bench_error"
+    http_status = 409
