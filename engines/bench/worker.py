@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ from engines.errors import TraylmError
 from engines.events import BenchConfig, BenchProgress, BenchState, from_plain, to_plain
 
 log = logging.getLogger("traylm.bench.worker")
+ORPHAN_CHECK_S = 1.0
 
 
 def _emit(line: dict[str, Any]) -> None:
@@ -35,6 +37,18 @@ def _emit(line: dict[str, Any]) -> None:
 
 def _progress(event: BenchProgress) -> None:
     _emit({"type": "progress", "event": event.to_wire()})
+
+
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """Stop the run if the daemon that started this worker dies (kill -9): nobody would read
+    the result, and the load would go on hitting the engines."""
+    parent = os.getppid()
+    while not stop.is_set():
+        if os.getppid() != parent:
+            log.warning("the daemon is gone: stopping the benchmark")
+            stop.set()
+            return
+        await asyncio.sleep(ORPHAN_CHECK_S)
 
 
 def _client(daemon: dict[str, Any] | None) -> DaemonClient | None:
@@ -63,6 +77,7 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = asyncio.create_task(_stop_when_orphaned(stop))
     client = _client(job.get("daemon"))
     try:
         outcome = await run_benchmark(
@@ -77,6 +92,7 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
     except TraylmError as exc:
         outcome = RunOutcome(BenchState.FAILED, (), "", exc.message)
     finally:
+        watchdog.cancel()
         if client is not None:
             await client.close()
     return {

@@ -6,12 +6,14 @@ progress arrives as events, a run can be cancelled, reports and comparisons come
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 
 from engines.bench.compare import cell
@@ -23,6 +25,7 @@ from engines.events import (
     BenchRun,
     BenchState,
     Event,
+    to_plain,
 )
 from engines.gpu.sim import SimulatedBackend, sim_uuid
 from engines.procs import free_loopback_port
@@ -198,6 +201,7 @@ async def test_cancel_mid_run_keeps_what_finished(sim_daemon: RunningDaemon) -> 
             with pytest.raises(ControlAPIError) as err:  # one run at a time
                 await d.client.bench_start(config)
             assert err.value.http_status == 409 and "still running" in err.value.message
+            assert (await d.client.status())["bench"]["id"] == event.run_id
             cancelled.append(await d.client.bench_cancel(event.run_id))
 
     run, _ = await run_to_end(d, config, during=cancel_after_two)
@@ -261,3 +265,35 @@ async def test_interrupted_by_daemon_stop_and_marked_on_next_start(
     left = await asyncio.to_thread(runs.create, BenchConfig(model="fake"), target="t", engine={})
     await bench.start()
     assert (await asyncio.to_thread(runs.get, left.id)).state == BenchState.INTERRUPTED
+
+
+async def test_worker_stops_when_its_daemon_dies(sim_daemon: RunningDaemon) -> None:
+    """A daemon killed with -9 leaves no benchmark hammering the engines."""
+    d = sim_daemon
+    await start_fake(d, args="--token-delay 0.05")
+    port = next(e.port for e in await d.client.engines() if e.engine_id == "fake")
+    config = BenchConfig(model="fake", concurrency=(2,), requests=200, output_len=40, warmup=0)
+    job = {"run_id": 1, "config": to_plain(config), "target": f"http://127.0.0.1:{port}/v1"}
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'engines.bench.worker'],"
+        " stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)\n"
+        "p.stdin.write(sys.stdin.buffer.read()); p.stdin.close()\n"
+        "print(p.pid, flush=True); time.sleep(600)",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    parent.stdin.write(json.dumps(job).encode())
+    parent.stdin.close()
+    worker = psutil.Process(int(await asyncio.wait_for(parent.stdout.readline(), 30)))
+    for _ in range(200):  # the load is on
+        if (await fake_stats(d))["requests"] >= 2:
+            break
+        await asyncio.sleep(0.05)
+    parent.kill()
+    await parent.wait()
+    gone, _ = await asyncio.to_thread(psutil.wait_procs, [worker], 15)
+    assert gone, "the orphaned bench worker kept running"
