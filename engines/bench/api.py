@@ -38,7 +38,10 @@ def _run_id(text: str) -> int:
 @_traylm_errors
 async def list_runs(request: web.Request) -> web.Response:
     f = _feature(request)
-    limit = _run_id(request.query.get("limit", "200"))
+    try:
+        limit = int(request.query.get("limit", "200"))
+    except ValueError:
+        raise ConfigError("limit must be a whole number of runs") from None
     return ok(await asyncio.to_thread(f.runs.list, max(1, min(limit, 10_000))))
 
 

@@ -102,6 +102,8 @@ async def send_request(
         error = f"no complete reply within {target.timeout_s:g} s"
     except aiohttp.ClientError as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
+    except ValueError as exc:  # an SSE line longer than the stream reader's limit
+        error = f"unreadable stream: {exc}"[:300]
     end = time.perf_counter()
     return RequestTiming(
         start_s=start,

@@ -168,7 +168,8 @@ class _LevelRun:
         self._emit(index, concurrency, "telemetry", total=count, completed=len(result.timings))
         wall = time.time() - time.perf_counter()
         start_wall, end_wall = result.start_s + wall, result.end_s + wall
-        await self.recorder.wait_past(end_wall)
+        if not stop.is_set():  # a cancel does not wait for one more sample
+            await self.recorder.wait_past(end_wall)
         out_tokens = sum(t.output_tokens for t in result.timings if t.ok)
         return level_result(
             result.timings,

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from engines.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
-STOP_GRACE_S = 15.0
+STOP_GRACE_S = 8.0  # under the daemon's 10 s per feature stop
 WORKER_LINE_LIMIT = 64 * 1024 * 1024
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(BenchConfig)}
 

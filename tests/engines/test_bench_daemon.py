@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -297,3 +298,32 @@ async def test_worker_stops_when_its_daemon_dies(sim_daemon: RunningDaemon) -> N
     await parent.wait()
     gone, _ = await asyncio.to_thread(psutil.wait_procs, [worker], 15)
     assert gone, "the orphaned bench worker kept running"
+
+
+async def test_ctrl_c_in_bench_run_cancels_the_run(sim_daemon: RunningDaemon) -> None:
+    d = sim_daemon
+    await start_fake(d, args="--token-delay 0.05")
+    with d.daemon.bus.subscribe(frozenset({"bench"})) as sub:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from engines.cli import main; main()",
+            *("bench", "run", "--model", "fake", "--requests", "100", "--output-len", "40"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        while True:  # wait until it measures
+            event = await asyncio.wait_for(sub.get(), 30)
+            if isinstance(event, BenchProgress) and event.phase == "measure":
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        while True:
+            event = await asyncio.wait_for(sub.get(), 30)
+            if isinstance(event, BenchFinished):
+                break
+    assert proc.returncode == 130, out.decode()
+    assert "stopping the benchmark" in out.decode()
+    assert event.summary.state == BenchState.CANCELLED
+    code, text = await traylm("bench", "cancel")
+    assert code == 0 and "no benchmark is running" in text
