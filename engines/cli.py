@@ -153,6 +153,11 @@ def _feature_parsers(sub: Any) -> None:
 
     # desktop (issue 6)
 
+    # bench: traylm bench run|ls|show|compare|cancel|rm
+    from engines.bench.cli import add_parsers as add_bench_parsers
+
+    add_bench_parsers(sub)
+
 
 def _engines_parser(sub: Any) -> None:
     e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")

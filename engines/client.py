@@ -21,6 +21,10 @@ from engines import __version__
 from engines.config import Paths
 from engines.errors import ControlAPIError, DaemonUnavailable
 from engines.events import (
+    BenchConfig,
+    BenchProgress,
+    BenchRun,
+    BenchRunSummary,
     DownloadStatus,
     EngineState,
     EngineStatus,
@@ -491,3 +495,58 @@ class DaemonClient:
 
     # ----------------------------------------------------------------- desktop (issue 6)
     # methods for /api/chats go here
+
+    # ----------------------------------------------------------------- bench
+    # Benchmark runs (engines/bench/service.py). A run goes on in the daemon after start;
+    # follow it with ``events(kinds=("bench",))``: BenchProgress while it runs, BenchFinished at
+    # the end (done, failed, cancelled or interrupted), then read it with ``bench_run``.
+
+    async def bench_runs(self, limit: int = 200) -> list[BenchRunSummary]:
+        """Stored runs, newest first."""
+        data = await self._call("GET", "/api/bench/runs", params={"limit": str(limit)})
+        return [from_plain(BenchRunSummary, r) for r in data]
+
+    async def bench_run(self, run_id: int) -> BenchRun:
+        return from_plain(BenchRun, await self._call("GET", f"/api/bench/runs/{run_id}"))
+
+    async def bench_start(self, config: BenchConfig, *, api_key: str = "") -> BenchRun:
+        """Start a run (one at a time); ``api_key`` is for a gateway with keys and is never
+        stored. Returns the run in state running."""
+        body = to_plain(config)
+        if api_key:
+            body["api_key"] = api_key
+        return from_plain(BenchRun, await self._call("POST", "/api/bench/runs", json_body=body))
+
+    async def bench_cancel(self, run_id: int) -> BenchRunSummary:
+        """Stop a running run; what finished is kept (state cancelled)."""
+        data = await self._call("POST", f"/api/bench/runs/{run_id}/cancel")
+        return from_plain(BenchRunSummary, data)
+
+    async def bench_delete(self, run_id: int) -> None:
+        await self._call("DELETE", f"/api/bench/runs/{run_id}")
+
+    async def bench_current(self) -> tuple[BenchRunSummary | None, BenchProgress | None]:
+        """The running run and its latest progress (None, None when none runs)."""
+        data = await self._call("GET", "/api/bench/current")
+        run = from_plain(BenchRunSummary, data["run"]) if data.get("run") else None
+        progress = from_plain(BenchProgress, data["progress"]) if data.get("progress") else None
+        return run, progress
+
+    async def bench_report_html(self, run_ids: Iterable[int]) -> str:
+        """The self-contained HTML report of one run, or a comparison of several."""
+        params = {"ids": ",".join(str(i) for i in run_ids)}
+        try:
+            async with self._http().get("/api/bench/report", params=params) as resp:
+                if resp.status != 200:
+                    data = await resp.json(content_type=None)
+                    err = data.get("error", {}) if isinstance(data, dict) else {}
+                    raise ControlAPIError(
+                        str(err.get("message", f"HTTP {resp.status}")),
+                        code=str(err.get("type", "error")),
+                        http_status=resp.status,
+                    )
+                return await resp.text()
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise DaemonUnavailable(
+                f"the traylm daemon at {self.info.url} does not answer ({type(exc).__name__})"
+            ) from None

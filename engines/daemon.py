@@ -143,6 +143,11 @@ class Daemon:
 
         # desktop (issue 6): chats persisted for the chat window
 
+        # bench: `traylm bench` runs (load generator worker, results in SQLite, reports)
+        from engines.bench.service import BenchFeature
+
+        features.append(BenchFeature(self))
+
         return features
 
     # ----------------------------------------------------------------- lifecycle

@@ -193,3 +193,11 @@ class ModelInUse(HubError):
 
     code = "model_in_use"
     http_status = 409
+
+
+class BenchError(TraylmError):
+    """A benchmark cannot start or failed (one already running, the model not served, every
+    warm-up request refused); the message says what to do."""
+
+    code = "bench_error"
+    http_status = 409

@@ -175,6 +175,7 @@ async def test_delete_is_refused_while_an_engine_serves_the_model(
     with pytest.raises(ControlAPIError) as err:
         await hub_daemon.client.delete_model(REPO)
     assert err.value.code == "model_in_use" and "traylm stop tiny" in err.value.message
+    assert err.value.http_status == 409
     [listed] = await hub_daemon.client.local_models()
     assert listed.served_by == ("tiny",)
     await hub_daemon.client.stop("tiny")

@@ -1,0 +1,340 @@
+"""``traylm bench``: run a benchmark in the daemon and follow it, list, show, compare, cancel.
+
+traylm bench run --model NAME [--url URL] [--concurrency 1,8,32] [--input-len 128
+                 --output-len 128] [--requests N] [--name TEXT] [--html FILE]
+traylm bench ls
+traylm bench show ID [--html FILE]
+traylm bench compare ID ID... [--html FILE]
+traylm bench cancel [ID]
+traylm bench rm ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engines.bench.compare import cell, compare, format_table
+from engines.bench.metrics import DEFINITIONS
+from engines.client import DaemonClient
+from engines.errors import ConfigError, TraylmError
+from engines.events import (
+    BenchConfig,
+    BenchFinished,
+    BenchLevel,
+    BenchProgress,
+    BenchRun,
+    BenchState,
+    to_plain,
+)
+
+API_KEY_ENV = "TRAYLM_API_KEY"
+FINISH_POLL_S = 2.0
+PLAIN_PROGRESS_EVERY_S = 5.0
+
+
+def add_parsers(sub: Any) -> None:
+    b = sub.add_parser("bench", help="benchmark engines and settings on this machine")
+    bsub = b.add_subparsers(title="bench commands", metavar="ACTION", required=True)
+
+    s = bsub.add_parser("run", help="run a benchmark through the daemon and print the figures")
+    s.add_argument("--model", required=True, help="served model name (`traylm status`)")
+    s.add_argument(
+        "--url",
+        default="",
+        help="an engine's OpenAI URL, e.g. http://127.0.0.1:PORT/v1 (default: the gateway)",
+    )
+    s.add_argument("--workload", choices=("random", "chat"), default="random")
+    s.add_argument("--concurrency", default="1", help="levels run one after the other, e.g. 1,8,32")
+    s.add_argument("--input-len", type=int, default=128, help="prompt tokens (random)")
+    s.add_argument("--output-len", type=int, default=128, help="output tokens (random); cap (chat)")
+    s.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="measured requests per level (default: max(32, 4 x concurrency))",
+    )
+    s.add_argument("--warmup", type=int, default=1, help="warm-up requests per level (left out)")
+    s.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="Poisson arrivals per second (default 0: all at once, limited by --concurrency)",
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--name", default="", help="a label for this run")
+    s.add_argument("--html", type=Path, help="also write the HTML report here")
+    s.add_argument("--json", action="store_true", help="print the stored run as JSON")
+    s.set_defaults(func=cmd_run)
+
+    s = bsub.add_parser("ls", help="stored benchmark runs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    s = bsub.add_parser("show", help="one run's figures")
+    s.add_argument("run_id", type=int)
+    s.add_argument("--html", type=Path, help="write the HTML report here")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_show)
+
+    s = bsub.add_parser("compare", help="runs side by side, with ratios to the first")
+    s.add_argument("run_ids", type=int, nargs="+", metavar="ID")
+    s.add_argument("--html", type=Path, help="write the HTML comparison here")
+    s.set_defaults(func=cmd_compare)
+
+    s = bsub.add_parser("cancel", help="stop the running benchmark (keeps what finished)")
+    s.add_argument("run_id", type=int, nargs="?")
+    s.set_defaults(func=cmd_cancel)
+
+    s = bsub.add_parser("rm", help="delete a stored run")
+    s.add_argument("run_id", type=int)
+    s.set_defaults(func=cmd_rm)
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--concurrency {text!r}: give whole numbers, e.g. 1,8,32") from None
+    if not levels:
+        raise ConfigError("--concurrency needs at least one level, e.g. 1,8,32")
+    return levels
+
+
+async def _client() -> DaemonClient:
+    return await DaemonClient.connect()
+
+
+# --------------------------------------------------------------------------- run
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    config = BenchConfig(
+        model=args.model,
+        url=args.url,
+        workload=args.workload,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=parse_levels(args.concurrency),
+        requests=args.requests,
+        warmup=args.warmup,
+        rate_rps=args.rate,
+        seed=args.seed,
+        name=args.name,
+    )
+    async with await _client() as c:
+        queue: asyncio.Queue[BenchProgress | BenchFinished] = asyncio.Queue()
+        follower = asyncio.create_task(_follow(c, queue))
+        try:
+            run = await c.bench_start(config, api_key=os.environ.get(API_KEY_ENV, ""))
+            print(f"benchmark run #{run.id} started against {run.target}", file=sys.stderr)
+            try:
+                await _wait(c, run.id, queue)
+            except asyncio.CancelledError:  # Ctrl-C: stop the run, keep what finished
+                print("\nstopping the benchmark...", file=sys.stderr)
+                with contextlib.suppress(TraylmError):
+                    await c.bench_cancel(run.id)
+                raise
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TraylmError):
+                await follower
+        final = await c.bench_run(run.id)
+        _print_or_json(final, args.json)
+        if args.html:
+            await _write_html(c, [final.id], args.html)
+    return 0 if final.state == BenchState.DONE else 1
+
+
+async def _follow(c: DaemonClient, queue: asyncio.Queue[BenchProgress | BenchFinished]) -> None:
+    async for event in c.events(kinds=("bench",)):
+        if isinstance(event, BenchProgress | BenchFinished):
+            queue.put_nowait(event)
+
+
+async def _wait(
+    c: DaemonClient, run_id: int, queue: asyncio.Queue[BenchProgress | BenchFinished]
+) -> None:
+    """Print progress until the run ends (events, with a poll in case the end was missed): one
+    line kept up to date on a terminal, a line every few seconds otherwise."""
+    tty = sys.stderr.isatty()
+    last, next_s = "", 0.0
+    while True:
+        try:
+            event = await asyncio.wait_for(queue.get(), FINISH_POLL_S)
+        except TimeoutError:
+            current, _ = await c.bench_current()
+            if current is None or current.id != run_id:
+                return
+            continue
+        if isinstance(event, BenchFinished):
+            if event.summary.id == run_id:
+                if tty:
+                    print(file=sys.stderr)
+                return
+            continue
+        if event.run_id != run_id:
+            continue
+        line = _progress_line(event)
+        if tty:
+            print(f"\r{line:<100}", end="", file=sys.stderr, flush=True)
+        elif line != last and (event.phase != "measure" or time.monotonic() >= next_s):
+            print(line, file=sys.stderr, flush=True)
+            next_s = time.monotonic() + PLAIN_PROGRESS_EVERY_S
+        last = line
+
+
+def _progress_line(p: BenchProgress) -> str:
+    head = f"[level {p.level_index + 1}/{p.levels_total}, concurrency {p.concurrency}]"
+    if p.phase == "measure":
+        return (
+            f"{head} {p.completed + p.failed}/{p.total} done ({p.failed} failed), "
+            f"{p.output_throughput_tps:.1f} output tok/s, {p.elapsed_s:.0f} s"
+        )
+    return f"{head} {p.phase}"
+
+
+# --------------------------------------------------------------------------- show, ls
+
+
+def _ms(value: float | None) -> str:
+    return cell(value * 1000 if value is not None else None, 1)
+
+
+def _pcts(stats: Any) -> str:
+    return f"{_ms(stats.percentiles_s.get('50'))}/{_ms(stats.percentiles_s.get('99'))}"
+
+
+def format_run(run: BenchRun) -> str:
+    c = run.config
+    e = run.engine
+    engine = f"{e.get('engine')} {e.get('version')} ({e.get('device')})" if e else "engine ?"
+    lines = [
+        f"run #{run.id}{' ' + repr(run.name) if run.name else ''}: {run.state}"
+        + (f" ({run.detail})" if run.detail else ""),
+        f"  {c.model} via {run.target} [{engine}], {c.workload} in {c.input_len} / out "
+        f"{c.output_len} tokens, prompts: {run.prompt_source or '-'}",
+        "  conc  done fail   req/s  out tok/s  tot tok/s  TTFT p50/p99 ms  TPOT p50/p99 ms"
+        "  ITL p50/p99 ms  E2EL p50/p99 ms  peak°C  mean W   J/tok  VRAM GiB",
+    ]
+    for lv in run.levels:
+        lines.append(_level_line(lv))
+    for lv in run.levels:
+        t = lv.telemetry
+        lines.append(
+            f"  concurrency {lv.concurrency}: tokens in from {lv.input_tokens_source or '-'}, "
+            f"out from {lv.output_tokens_source or '-'}; GPUs: {t.detail or '-'}"
+        )
+        for message, count in lv.errors.items():
+            lines.append(f"    {count} x {message}")
+    lines.append(f"  {DEFINITIONS}")
+    return "\n".join(lines)
+
+
+def _level_line(lv: BenchLevel) -> str:
+    t = lv.telemetry
+    vram = (
+        cell(t.memory_used_peak_bytes / 1024**3, 2) if t.memory_used_peak_bytes is not None else "-"
+    )
+    return (
+        f"  {lv.concurrency:>4} {lv.completed:>5} {lv.failed:>4} "
+        f"{lv.request_throughput_rps:>7.2f} {lv.output_throughput_tps:>10.1f} "
+        f"{lv.total_throughput_tps:>10.1f} {_pcts(lv.ttft):>16} {_pcts(lv.tpot):>16} "
+        f"{_pcts(lv.itl):>15} {_pcts(lv.e2el):>16} {cell(t.temperature_peak_c, 0):>7} "
+        f"{cell(t.power_mean_w, 1):>7} {cell(t.joules_per_token, 3):>7} {vram:>9}"
+        + (" (cancelled)" if lv.cancelled else "")
+        + (" SIM" if t.simulated else "")
+    )
+
+
+def _print_or_json(run: BenchRun, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(to_plain(run), indent=1))
+    else:
+        print(format_run(run))
+
+
+async def _write_html(c: DaemonClient, run_ids: list[int], path: Path) -> None:
+    html = await c.bench_report_html(run_ids)
+    await asyncio.to_thread(path.write_text, html, encoding="utf-8")
+    print(f"report written to {path}", file=sys.stderr)
+
+
+async def cmd_ls(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        runs = await c.bench_runs()
+    if args.json:
+        print(json.dumps(to_plain(runs), indent=1))
+        return 0
+    if not runs:
+        print("no benchmark runs yet; `traylm bench run --model NAME` starts one")
+        return 0
+    print(
+        f"{'id':>4}  {'started':<16}  {'state':<11} {'model':<16} {'levels':<12} "
+        f"{'best out tok/s':>15}  {'J/tok':>7}  name"
+    )
+    for r in runs:
+        when = datetime.datetime.fromtimestamp(r.created_s).strftime("%Y-%m-%d %H:%M")
+        best = (
+            f"{r.best_output_throughput_tps:.1f} @{r.best_concurrency}"
+            if r.best_output_throughput_tps is not None
+            else "-"
+        )
+        levels = ",".join(map(str, r.concurrency))
+        jpt = cell(r.joules_per_token, 3) + ("*" if r.simulated else "")
+        print(
+            f"{r.id:>4}  {when:<16}  {r.state:<11} {r.model[:16]:<16} {levels[:12]:<12} "
+            f"{best:>15}  {jpt:>7}  {r.name}"
+        )
+    if any(r.simulated for r in runs):
+        print("* energy from simulated GPUs")
+    return 0
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        run = await c.bench_run(args.run_id)
+        _print_or_json(run, args.json)
+        if args.html:
+            await _write_html(c, [run.id], args.html)
+    return 0
+
+
+async def cmd_compare(args: argparse.Namespace) -> int:
+    if len(args.run_ids) < 2:
+        raise ConfigError("compare needs two runs or more: `traylm bench compare 3 5`")
+    async with await _client() as c:
+        runs = [await c.bench_run(i) for i in args.run_ids]
+        print(format_table(compare(runs)))
+        if args.html:
+            await _write_html(c, [r.id for r in runs], args.html)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        run_id = args.run_id
+        if run_id is None:
+            current, _ = await c.bench_current()
+            if current is None:
+                print("no benchmark is running")
+                return 0
+            run_id = current.id
+        done = await c.bench_cancel(run_id)
+        print(f"run #{done.id}: {done.state}")
+    return 0
+
+
+async def cmd_rm(args: argparse.Namespace) -> int:
+    async with await _client() as c:
+        await c.bench_delete(args.run_id)
+        print(f"deleted run #{args.run_id}")
+    return 0

@@ -1,0 +1,360 @@
+"""``BenchFeature``: benchmark runs started through the control API, one at a time.
+
+Control API (token-protected like the rest of /api):
+    GET    /api/bench/runs[?limit=N]        BenchRunSummary list, newest first
+    POST   /api/bench/runs                  BenchConfig fields (+ optional "api_key", never
+                                            stored) → 202 BenchRun (state running)
+    GET    /api/bench/runs/{id}             BenchRun (levels, figures, telemetry)
+    DELETE /api/bench/runs/{id}             {"deleted": id} (refused while it runs)
+    POST   /api/bench/runs/{id}/cancel      stops it; → BenchRunSummary (state cancelled)
+    GET    /api/bench/current               {"run": BenchRunSummary|null,
+                                             "progress": BenchProgress|null}
+    GET    /api/bench/report?ids=1,2        self-contained HTML report (text/html)
+Events: bench.progress (BenchProgress), bench.finished (BenchFinished). /api/status gains
+"bench" (the running run's summary, or null).
+
+A run is a worker process (engines/bench/worker.py) that sends the load and reads GPU telemetry
+back from this daemon; this feature checks the request, resolves where the requests go, stores the
+run and relays the worker's progress as events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from engines import __version__
+from engines.bench.metrics import DEFINITIONS
+from engines.bench.runner import check_config
+from engines.bench.runs import RunStore, summary
+from engines.errors import BenchError, ConfigError
+from engines.events import (
+    BenchConfig,
+    BenchFinished,
+    BenchLevel,
+    BenchProgress,
+    BenchRun,
+    BenchState,
+    EngineState,
+    from_plain,
+    from_wire,
+    to_plain,
+)
+
+if TYPE_CHECKING:
+    from engines.daemon import Daemon
+    from engines.supervisor import ManagedEngine
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 8.0  # under the daemon's 10 s per feature stop
+WORKER_LINE_LIMIT = 64 * 1024 * 1024
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(BenchConfig)}
+
+
+@dataclasses.dataclass
+class _Job:
+    run: BenchRun
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    watcher: asyncio.Task[BenchRun] | None = None
+    stop_state: BenchState | None = None  # set by a cancel or the daemon stopping
+
+
+class BenchFeature:
+    name = "bench"
+
+    def __init__(self, daemon: Daemon) -> None:
+        """No I/O."""
+        self._d = daemon
+        self.runs = RunStore(daemon.store)
+        self._job: _Job | None = None
+        self.progress: BenchProgress | None = None
+        self._starting = asyncio.Lock()
+        daemon.status_providers["bench"] = self._status
+
+    def _status(self) -> Any:
+        return to_plain(summary(self._job.run)) if self._job is not None else None
+
+    def routes(self) -> list[web.RouteDef]:
+        from engines.bench.api import bench_routes
+
+        return bench_routes()
+
+    async def start(self) -> None:
+        count = await asyncio.to_thread(self.runs.mark_interrupted)
+        if count:
+            log.info("%d benchmark run(s) were left running by a stopped daemon", count)
+
+    async def stop(self) -> None:
+        if self._job is not None:
+            await self._end(self._job, BenchState.INTERRUPTED)
+
+    @property
+    def current(self) -> BenchRun | None:
+        return self._job.run if self._job is not None else None
+
+    # ----------------------------------------------------------------- start
+
+    async def start_run(self, config: BenchConfig, *, api_key: str = "") -> BenchRun:
+        """Check, resolve the target, store the run and start the worker (returns at once)."""
+        check_config(config)
+        async with self._starting:
+            if self._job is not None:
+                run_id = self._job.run.id
+                raise BenchError(
+                    f"benchmark run {run_id} is still running; wait for it, or stop it with "
+                    f"`traylm bench cancel {run_id}`"
+                )
+            target, tokenize_root, engine = self._resolve(config)
+            await _preflight(target, config.model, api_key)
+            run = await asyncio.to_thread(self.runs.create, config, target=target, engine=engine)
+            run = dataclasses.replace(run, definitions=DEFINITIONS)
+            job_spec = {
+                "run_id": run.id,
+                "config": to_plain(config),
+                "target": target,
+                "tokenize_root": tokenize_root,
+                "api_key": api_key,
+                "daemon": {
+                    "url": f"http://127.0.0.1:{self._d.settings.gateway.port}",
+                    "port": self._d.settings.gateway.port,
+                    "token": self._d.token,
+                    "version": __version__,
+                },
+            }
+            try:
+                self._job = await self._spawn(run, job_spec)
+            except OSError as exc:
+                failed = dataclasses.replace(
+                    run,
+                    state=BenchState.FAILED,
+                    finished_s=time.time(),
+                    detail=f"the benchmark worker did not start: {exc}",
+                )
+                await asyncio.to_thread(self.runs.save, failed)
+                raise BenchError(failed.detail) from None
+            self._job.watcher = asyncio.create_task(self._watch(self._job), name="bench run")
+            return run
+
+    def _resolve(self, config: BenchConfig) -> tuple[str, str | None, dict[str, str]]:
+        """(OpenAI base URL, server root for /tokenize or None, engine facts)."""
+        if not config.url:
+            engine = self._d.supervisor.route(config.model)
+            if engine is None:
+                served = sorted({n for n, _ in self._d.supervisor.served_models()})
+                listing = ", ".join(served) or "none (start one with `traylm start PROFILE`)"
+                raise BenchError(f"the model {config.model!r} is not served; served: {listing}")
+            if engine.state != EngineState.READY:
+                raise BenchError(
+                    f"the engine for {config.model!r} is {engine.state}; benchmark it once "
+                    "`traylm status` shows it ready"
+                )
+            target = f"http://127.0.0.1:{self._d.settings.gateway.port}/v1"
+            return target, engine.base_url, _engine_facts(engine)
+        url = config.url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        root = url.removesuffix("/v1")
+        parts = urlsplit(url)
+        facts: dict[str, str] = {}
+        for engine in self._d.supervisor.engines.values():
+            local = parts.hostname in ("127.0.0.1", "localhost", "::1")
+            if local and engine.port is not None and engine.port == parts.port:
+                facts = _engine_facts(engine)
+        return url, root, facts
+
+    async def _spawn(self, run: BenchRun, job_spec: dict[str, Any]) -> _Job:
+        log_path = self._d.paths.logs_dir / "bench" / f"run-{run.id}.log"
+        log_fh = await asyncio.to_thread(_open_log, log_path)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engines.bench.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_fh,
+                limit=WORKER_LINE_LIMIT,
+                start_new_session=True,
+            )
+        finally:
+            log_fh.close()
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(job_spec).encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        return _Job(run, proc, log_path)
+
+    # ----------------------------------------------------------------- while it runs
+
+    async def _watch(self, job: _Job) -> BenchRun:
+        result: dict[str, Any] | None = None
+        assert job.proc.stdout is not None
+        try:
+            async for raw in job.proc.stdout:
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                if line.get("type") == "progress":
+                    event = from_wire(line["event"])
+                    if isinstance(event, BenchProgress):
+                        self.progress = event
+                        self._d.bus.publish(event)
+                elif line.get("type") == "result":
+                    result = line
+        finally:
+            code = await job.proc.wait()
+        final = self._final(job, result, code)
+        try:
+            await asyncio.to_thread(self.runs.save, final)
+        except Exception:  # boundary: a storage failure must not leave the run "running"
+            log.exception("could not store benchmark run %d", final.id)
+        self._job = None
+        self.progress = None
+        self._d.bus.publish(BenchFinished(summary=summary(final)))
+        return final
+
+    def _final(self, job: _Job, result: dict[str, Any] | None, code: int) -> BenchRun:
+        if result is None:
+            state = job.stop_state or BenchState.FAILED
+            detail = (
+                "stopped" if job.stop_state else f"the benchmark worker exited with code {code}"
+            )
+            return dataclasses.replace(
+                job.run,
+                state=state,
+                finished_s=time.time(),
+                detail=f"{detail}; its log: {job.log_path}",
+            )
+        state = BenchState(result["state"])
+        if state == BenchState.CANCELLED and job.stop_state is not None:
+            state = job.stop_state
+        levels = tuple(from_plain(BenchLevel, lv) for lv in result.get("levels", []))
+        detail = str(result.get("detail", ""))
+        if state == BenchState.INTERRUPTED:
+            detail = "the daemon stopped during the run"
+        return dataclasses.replace(
+            job.run,
+            state=state,
+            finished_s=time.time(),
+            detail=detail,
+            prompt_source=str(result.get("prompt_source", "")),
+            levels=levels,
+        )
+
+    # ----------------------------------------------------------------- cancel
+
+    async def cancel(self, run_id: int) -> BenchRun:
+        job = self._job
+        if job is None or job.run.id != run_id:
+            running = f"; run {job.run.id} is" if job is not None else "; none is"
+            raise BenchError(f"benchmark run {run_id} is not running{running}")
+        return await self._end(job, BenchState.CANCELLED)
+
+    async def _end(self, job: _Job, state: BenchState) -> BenchRun:
+        """SIGTERM the worker (it keeps what finished), SIGKILL after a grace period."""
+        job.stop_state = state
+        watcher = job.watcher
+        assert watcher is not None
+        with contextlib.suppress(ProcessLookupError):
+            job.proc.terminate()
+        try:
+            return await asyncio.wait_for(asyncio.shield(watcher), STOP_GRACE_S)
+        except TimeoutError:
+            log.warning("the benchmark worker ignored SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                job.proc.kill()
+            return await watcher
+
+    def check_not_running(self, run_id: int) -> None:
+        if self._job is not None and self._job.run.id == run_id:
+            raise BenchError(f"run {run_id} is running; cancel it first")
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab")
+
+
+def _engine_facts(engine: ManagedEngine) -> dict[str, str]:
+    status = engine.status()
+    return {
+        "engine_id": status.engine_id,
+        "engine": status.engine,
+        "version": status.version,
+        "device": status.device,
+        "profile": status.profile,
+    }
+
+
+async def _preflight(target: str, model: str, api_key: str) -> None:
+    """One clear error before anything is stored: nothing answers, a key is needed, or the
+    model is not among the ones the target serves."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=10, sock_connect=3)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(target + "/models", headers=headers) as resp,
+        ):
+            if resp.status == 401:
+                raise BenchError(
+                    f"{target} needs an API key: set TRAYLM_API_KEY to a key from "
+                    "`traylm keys add` (or the engine's --api-key)"
+                )
+            if resp.status != 200:
+                raise BenchError(f"GET {target}/models answered HTTP {resp.status}")
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise BenchError(
+            f"nothing usable answers at {target} ({type(exc).__name__}); check --url"
+        ) from None
+    ids = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+    if model not in ids:
+        raise BenchError(
+            f"{target} does not serve {model!r}; it serves: {', '.join(ids) or 'nothing'}"
+        )
+
+
+def config_from_body(body: dict[str, Any]) -> tuple[BenchConfig, str]:
+    """(BenchConfig, api key) from a POST body; ConfigError names a bad field."""
+    api_key = body.pop("api_key", None) or ""
+    if not isinstance(api_key, str):
+        raise ConfigError("api_key must be text")
+    unknown = sorted(set(body) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown fields {', '.join(unknown)}; allowed: {', '.join(sorted(CONFIG_FIELDS))}"
+        )
+    defaults = BenchConfig(model="")
+    for name, value in body.items():
+        _check_type(name, value, getattr(defaults, name))
+    return from_plain(BenchConfig, body), api_key
+
+
+def _check_type(name: str, value: Any, default: Any) -> None:
+    if isinstance(default, bool) or isinstance(value, bool):
+        ok = isinstance(value, bool) and isinstance(default, bool)
+    elif isinstance(default, tuple):
+        ok = isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        kind = "a list of whole numbers" if isinstance(default, tuple) else type(default).__name__
+        raise ConfigError(f"{name} must be {kind}, not {value!r}")
