@@ -10,7 +10,7 @@ from engines.bench.report import render_report
 from engines.bench.runs import summary
 from engines.bench.service import BenchFeature, config_from_body
 from engines.errors import ConfigError
-from engines.gateway.control import _daemon, _json_body, _traylm_errors, ok
+from engines.gateway.control import daemon_of, json_body, ok, traylm_errors
 
 routes = web.RouteTableDef()
 MAX_REPORT_RUNS = 12
@@ -21,7 +21,7 @@ def bench_routes() -> list[web.RouteDef]:
 
 
 def _feature(request: web.Request) -> BenchFeature:
-    for feature in _daemon(request).features:
+    for feature in daemon_of(request).features:
         if isinstance(feature, BenchFeature):
             return feature
     raise ConfigError("benchmarks are not part of this daemon")
@@ -35,7 +35,7 @@ def _run_id(text: str) -> int:
 
 
 @routes.get("/api/bench/runs")
-@_traylm_errors
+@traylm_errors
 async def list_runs(request: web.Request) -> web.Response:
     f = _feature(request)
     try:
@@ -46,15 +46,15 @@ async def list_runs(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/bench/runs")
-@_traylm_errors
+@traylm_errors
 async def start_run(request: web.Request) -> web.Response:
     f = _feature(request)
-    config, api_key = config_from_body(await _json_body(request))
+    config, api_key = config_from_body(await json_body(request))
     return ok(await f.start_run(config, api_key=api_key), status=202)
 
 
 @routes.get("/api/bench/runs/{run_id}")
-@_traylm_errors
+@traylm_errors
 async def get_run(request: web.Request) -> web.Response:
     f = _feature(request)
     run_id = _run_id(request.match_info["run_id"])
@@ -65,7 +65,7 @@ async def get_run(request: web.Request) -> web.Response:
 
 
 @routes.delete("/api/bench/runs/{run_id}")
-@_traylm_errors
+@traylm_errors
 async def delete_run(request: web.Request) -> web.Response:
     f = _feature(request)
     run_id = _run_id(request.match_info["run_id"])
@@ -75,7 +75,7 @@ async def delete_run(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/bench/runs/{run_id}/cancel")
-@_traylm_errors
+@traylm_errors
 async def cancel_run(request: web.Request) -> web.Response:
     f = _feature(request)
     run = await f.cancel(_run_id(request.match_info["run_id"]))
@@ -83,7 +83,7 @@ async def cancel_run(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/bench/current")
-@_traylm_errors
+@traylm_errors
 async def current(request: web.Request) -> web.Response:
     f = _feature(request)
     run = f.current
@@ -91,7 +91,7 @@ async def current(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/bench/report")
-@_traylm_errors
+@traylm_errors
 async def report(request: web.Request) -> web.Response:
     f = _feature(request)
     ids = [_run_id(x) for x in request.query.get("ids", "").split(",") if x.strip()]

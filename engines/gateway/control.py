@@ -37,7 +37,7 @@ def control_routes() -> list[web.RouteDef]:
     return list(routes)  # type: ignore[arg-type]
 
 
-def _daemon(request: web.Request) -> Daemon:
+def daemon_of(request: web.Request) -> Daemon:
     from engines.gateway.app import CONTEXT
 
     daemon = request.app[CONTEXT].daemon
@@ -49,7 +49,7 @@ def error_response(exc: TraylmError) -> web.Response:
     return openai_error(exc.http_status, exc.message, type_=exc.code, code=exc.code)
 
 
-def _traylm_errors(handler: Handler) -> Handler:
+def traylm_errors(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -60,7 +60,7 @@ def _traylm_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request) -> dict[str, Any]:
     try:
         data = await request.json()
     except (ValueError, UnicodeDecodeError) as exc:
@@ -78,9 +78,9 @@ def ok(data: Any, status: int = 200) -> web.Response:
 
 
 @routes.get("/api/status")
-@_traylm_errors
+@traylm_errors
 async def status(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     ctx = d.ctx
     return ok(
         {
@@ -100,9 +100,9 @@ async def status(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/shutdown")
-@_traylm_errors
+@traylm_errors
 async def shutdown(request: web.Request) -> web.Response:
-    _daemon(request).request_stop("asked through the control API")
+    daemon_of(request).request_stop("asked through the control API")
     return ok({"stopping": True}, status=202)
 
 
@@ -110,18 +110,18 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/engines")
-@_traylm_errors
+@traylm_errors
 async def engines(request: web.Request) -> web.Response:
-    return ok([e.status() for e in _daemon(request).supervisor.engines.values()])
+    return ok([e.status() for e in daemon_of(request).supervisor.engines.values()])
 
 
 @routes.post("/api/engines")
 async def start_engine(request: web.Request) -> web.Response:
     """Body: {"profile": NAME} or an ad-hoc profile {"model": M, "engine": "vllm", ...}."""
-    d = _daemon(request)
+    d = daemon_of(request)
     title = "cannot start engine"
     try:
-        body = await _json_body(request)
+        body = await json_body(request)
         if "profile" in body:
             title = f"cannot start {body['profile']}"
             profile = await asyncio.to_thread(d.profiles.load, str(body["profile"]))
@@ -135,25 +135,25 @@ async def start_engine(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/engines/{engine_id}/stop")
-@_traylm_errors
+@traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:
-    engine = _daemon(request).engine(request.match_info["engine_id"])
+    engine = daemon_of(request).engine(request.match_info["engine_id"])
     await engine.stop()
     return ok(engine.status())
 
 
 @routes.post("/api/engines/{engine_id}/restart")
-@_traylm_errors
+@traylm_errors
 async def restart_engine(request: web.Request) -> web.Response:
-    engine = _daemon(request).engine(request.match_info["engine_id"])
+    engine = daemon_of(request).engine(request.match_info["engine_id"])
     await engine.restart()
     return ok(engine.status(), status=202)
 
 
 @routes.get("/api/engines/{engine_id}/logs")
-@_traylm_errors
+@traylm_errors
 async def engine_logs(request: web.Request) -> web.Response:
-    engine = _daemon(request).engine(request.match_info["engine_id"])
+    engine = daemon_of(request).engine(request.match_info["engine_id"])
     try:
         tail = int(request.query.get("tail", "200"))
     except ValueError:
@@ -175,28 +175,28 @@ def _profile_view(d: Daemon, p: Profile) -> dict[str, Any]:
 
 
 @routes.get("/api/profiles")
-@_traylm_errors
+@traylm_errors
 async def profiles(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     good, broken = await asyncio.to_thread(d.profiles.load_all)
     return ok({"profiles": [_profile_view(d, p) for p in good], "broken": broken})
 
 
 @routes.get("/api/profiles/{name}")
-@_traylm_errors
+@traylm_errors
 async def profile(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     p = await asyncio.to_thread(d.profiles.load, request.match_info["name"])
     return ok(_profile_view(d, p))
 
 
 @routes.put("/api/profiles/{name}")
-@_traylm_errors
+@traylm_errors
 async def save_profile(request: web.Request) -> web.Response:
     """Validate and save; ``?dry_run=1`` only validates (the profile editor's live check)."""
-    d = _daemon(request)
+    d = daemon_of(request)
     name = request.match_info["name"]
-    body = await _json_body(request)
+    body = await json_body(request)
     body.pop("name", None)
     p = profile_from_mapping(name, body)
     if request.query.get("dry_run") not in ("1", "true"):
@@ -205,9 +205,9 @@ async def save_profile(request: web.Request) -> web.Response:
 
 
 @routes.delete("/api/profiles/{name}")
-@_traylm_errors
+@traylm_errors
 async def delete_profile(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     await asyncio.to_thread(d.profiles.delete, request.match_info["name"])
     return ok({"deleted": request.match_info["name"]})
 
@@ -216,11 +216,11 @@ async def delete_profile(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/settings")
-@_traylm_errors
+@traylm_errors
 async def settings(request: web.Request) -> web.Response:
     from engines.config import doc
 
-    d = _daemon(request)
+    d = daemon_of(request)
     docs = {
         f"{name}.{field}": doc(cls, field)
         for name, cls in SECTIONS.items()
@@ -230,11 +230,11 @@ async def settings(request: web.Request) -> web.Response:
 
 
 @routes.patch("/api/settings")
-@_traylm_errors
+@traylm_errors
 async def update_settings(request: web.Request) -> web.Response:
     """Body: {"section.field": value, ...}; all are applied or none."""
-    d = _daemon(request)
-    body = await _json_body(request)
+    d = daemon_of(request)
+    body = await json_body(request)
     await d.update_settings(body)
     return ok({"settings": d.settings})
 
@@ -243,17 +243,17 @@ async def update_settings(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/envs")
-@_traylm_errors
+@traylm_errors
 async def envs(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     found = await asyncio.to_thread(d.envs.list)
     return ok([env_summary(e) for e in found])
 
 
 @routes.get("/api/envs/{name}/doctor")
-@_traylm_errors
+@traylm_errors
 async def env_doctor(request: web.Request) -> web.Response:
-    d = _daemon(request)
+    d = daemon_of(request)
     name = request.match_info["name"]
     for env in await asyncio.to_thread(d.envs.list):
         if env.name == name:
@@ -262,12 +262,12 @@ async def env_doctor(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/envs")
-@_traylm_errors
+@traylm_errors
 async def install_env(request: web.Request) -> web.Response:
     """Body: {"engine": "vllm", "device": "cpu"|"cuda"|"auto", "version": null}. Starts the
     install in the background; progress arrives as ``env.install`` events."""
-    d = _daemon(request)
-    body = await _json_body(request)
+    d = daemon_of(request)
+    body = await json_body(request)
     engine = str(body.get("engine", ""))
     device = str(body.get("device") or "auto")
     version = body.get("version")
@@ -281,7 +281,7 @@ async def install_env(request: web.Request) -> web.Response:
 @routes.get("/api/events")
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events; ``?kinds=engine,notice`` filters by kind or kind prefix."""
-    d = _daemon(request)
+    d = daemon_of(request)
     kinds_param = request.query.get("kinds")
     kinds = (
         frozenset(k.strip() for k in kinds_param.split(",") if k.strip()) if kinds_param else None

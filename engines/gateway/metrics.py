@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 Labels = tuple[tuple[str, str], ...]
 
 
-def _fmt_labels(labels: Labels) -> str:
+def fmt_labels(labels: Labels) -> str:
     if not labels:
         return ""
     inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
@@ -24,7 +24,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _num(value: float) -> str:
+def fmt_number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
@@ -43,7 +43,7 @@ class Counter:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} counter"
         for labels, value in sorted(self.values.items()):
-            yield f"{self.name}{_fmt_labels(labels)} {_num(value)}"
+            yield f"{self.name}{fmt_labels(labels)} {fmt_number(value)}"
 
 
 class Gauge:
@@ -54,7 +54,7 @@ class Gauge:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} gauge"
         for labels, value in sorted(self.fn().items()):
-            yield f"{self.name}{_fmt_labels(labels)} {_num(value)}"
+            yield f"{self.name}{fmt_labels(labels)} {fmt_number(value)}"
 
 
 class Histogram:
@@ -81,11 +81,11 @@ class Histogram:
             cumulative = 0.0
             for bound, count in zip(self.buckets, row, strict=False):
                 cumulative += count
-                lab = _fmt_labels((*labels, ("le", _num(bound))))
-                yield f"{self.name}_bucket{lab} {_num(cumulative)}"
-            yield f"{self.name}_bucket{_fmt_labels((*labels, ('le', '+Inf')))} {_num(row[-1])}"
-            yield f"{self.name}_sum{_fmt_labels(labels)} {_num(row[-2])}"
-            yield f"{self.name}_count{_fmt_labels(labels)} {_num(row[-1])}"
+                lab = fmt_labels((*labels, ("le", fmt_number(bound))))
+                yield f"{self.name}_bucket{lab} {fmt_number(cumulative)}"
+            yield f"{self.name}_bucket{fmt_labels((*labels, ('le', '+Inf')))} {fmt_number(row[-1])}"
+            yield f"{self.name}_sum{fmt_labels(labels)} {fmt_number(row[-2])}"
+            yield f"{self.name}_count{fmt_labels(labels)} {fmt_number(row[-1])}"
 
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

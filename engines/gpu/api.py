@@ -41,7 +41,7 @@ from engines.events import (
     PowerLimitStatus,
     to_plain,
 )
-from engines.gateway.control import _daemon, _json_body, _traylm_errors, ok
+from engines.gateway.control import daemon_of, json_body, ok, traylm_errors
 from engines.gpu import fans as fan_curves
 from engines.gpu import power as power_presets
 from engines.gpu.backend import find_info
@@ -58,7 +58,7 @@ def gpu_routes() -> list[web.RouteDef]:
 
 
 def _feature(request: web.Request) -> GPUFeature:
-    for feature in _daemon(request).features:
+    for feature in daemon_of(request).features:
         if isinstance(feature, GPUFeature):
             return feature
     raise ConfigError("GPU telemetry is not part of this daemon")
@@ -87,7 +87,7 @@ def _persist(body: dict[str, Any]) -> bool:
 
 
 @routes.get("/api/gpus")
-@_traylm_errors
+@traylm_errors
 async def overview(request: web.Request) -> web.Response:
     f = _feature(request)
     latest = {s.uuid: s for s in f.sampler.latest}
@@ -113,7 +113,7 @@ async def overview(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/gpus/history")
-@_traylm_errors
+@traylm_errors
 async def history(request: web.Request) -> web.Response:
     f = _feature(request)
     seconds = _number(request, "seconds", 600, 1, MAX_HISTORY_S)
@@ -151,7 +151,7 @@ def _number(request: web.Request, name: str, default: float, lo: float, hi: floa
 
 
 @routes.get("/api/gpus/presets")
-@_traylm_errors
+@traylm_errors
 async def presets(request: web.Request) -> web.Response:
     fans = await asyncio.to_thread(fan_curves.load_presets)
     power = await asyncio.to_thread(power_presets.load_presets)
@@ -173,19 +173,19 @@ def _guard_status(f: GPUFeature) -> GuardStatus:
 
 
 @routes.get("/api/gpus/guard")
-@_traylm_errors
+@traylm_errors
 async def guard(request: web.Request) -> web.Response:
     return ok(_guard_status(_feature(request)))
 
 
 @routes.put("/api/gpus/guard")
-@_traylm_errors
+@traylm_errors
 async def set_guard(request: web.Request) -> web.Response:
     """Body: any of guard_enabled and the guard_* thresholds; all applied or none."""
     from engines.config import replace_setting
 
     f = _feature(request)
-    body = await _json_body(request)
+    body = await json_body(request)
     _check_keys(body, {"guard_enabled", *THRESHOLD_FIELDS})
     changes = {f"gpu.{k}": v for k, v in body.items()}
     new = f.daemon.settings
@@ -211,7 +211,7 @@ def _info(f: GPUFeature, gpu: str) -> GPUInfo:
 
 
 @routes.get("/api/gpus/{gpu}/fans")
-@_traylm_errors
+@traylm_errors
 async def fans(request: web.Request) -> web.Response:
     f = _feature(request)
     info = _info(f, request.match_info["gpu"])
@@ -233,11 +233,11 @@ async def fans(request: web.Request) -> web.Response:
 
 
 @routes.put("/api/gpus/{gpu}/fans")
-@_traylm_errors
+@traylm_errors
 async def set_fans(request: web.Request) -> web.Response:
     f = _feature(request)
     info = _info(f, request.match_info["gpu"])
-    body = await _json_body(request)
+    body = await json_body(request)
     _check_keys(body, {"preset", "curve", "fans", "persist"})
     curve = _curve(body)
     fan_ids = _fan_ids(body.get("fans"), info)
@@ -303,7 +303,7 @@ def _fan_ids(value: Any, info: GPUInfo) -> tuple[int, ...]:
 
 
 @routes.post("/api/gpus/{gpu}/fans/auto")
-@_traylm_errors
+@traylm_errors
 async def fans_auto(request: web.Request) -> web.Response:
     f = _feature(request)
     gpu = request.match_info["gpu"]
@@ -353,18 +353,18 @@ def _power_status(
 
 
 @routes.get("/api/gpus/{gpu}/power")
-@_traylm_errors
+@traylm_errors
 async def power(request: web.Request) -> web.Response:
     f = _feature(request)
     return ok(_power_status(f, _info(f, request.match_info["gpu"])))
 
 
 @routes.put("/api/gpus/{gpu}/power")
-@_traylm_errors
+@traylm_errors
 async def set_power(request: web.Request) -> web.Response:
     f = _feature(request)
     info = _info(f, request.match_info["gpu"])
-    body = await _json_body(request)
+    body = await json_body(request)
     _check_keys(body, {"watts", "preset", "persist"})
     persist = _persist(body)
     limit_mw = power_presets.resolve_request(
@@ -389,7 +389,7 @@ async def set_power(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/gpus/{gpu}/power/reset")
-@_traylm_errors
+@traylm_errors
 async def power_reset(request: web.Request) -> web.Response:
     f = _feature(request)
     gpu = request.match_info["gpu"]

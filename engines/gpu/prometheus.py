@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 from engines.events import EngineEnergy, GPUSnapshot, GPUState
-from engines.gateway.metrics import Labels, _fmt_labels, _num
+from engines.gateway.metrics import Labels, fmt_labels, fmt_number
 from engines.gpu.sampler import Sampler
 
 _GAUGES: tuple[tuple[str, str, str, float], ...] = (
@@ -33,7 +33,7 @@ def gpu_exposition(sampler: Sampler, energy: Mapping[str, EngineEnergy]) -> Iter
     yield "# HELP traylm_gpu_up 1 while the GPU answers, 0 when it is lost."
     yield "# TYPE traylm_gpu_up gauge"
     for s in snaps:
-        yield f"traylm_gpu_up{_fmt_labels(base(s))} {1 if s.state == GPUState.OK else 0}"
+        yield f"traylm_gpu_up{fmt_labels(base(s))} {1 if s.state == GPUState.OK else 0}"
     for metric, help_text, name, scale in _GAUGES:
         yield from _gauge(metric, help_text, ((base(s), getattr(s, name), scale) for s in snaps))
     yield from _gauge(
@@ -45,7 +45,8 @@ def gpu_exposition(sampler: Sampler, energy: Mapping[str, EngineEnergy]) -> Iter
     yield "# TYPE traylm_gpu_energy_joules_total counter"
     for s in snaps:
         if s.energy_mj is not None:
-            yield f"traylm_gpu_energy_joules_total{_fmt_labels(base(s))} {_num(s.energy_mj / 1000)}"
+            joules = fmt_number(s.energy_mj / 1000)
+            yield f"traylm_gpu_energy_joules_total{fmt_labels(base(s))} {joules}"
     yield from _gauge(
         "traylm_engine_joules_per_token",
         "Energy per generated token over the last window.",
@@ -56,8 +57,8 @@ def gpu_exposition(sampler: Sampler, energy: Mapping[str, EngineEnergy]) -> Iter
     )
     yield "# HELP traylm_gpu_sample_seconds Mean cost of one sample of all GPUs."
     yield "# TYPE traylm_gpu_sample_seconds gauge"
-    labels = _fmt_labels((("simulated", simulated),))
-    yield f"traylm_gpu_sample_seconds{labels} {_num(sampler.mean_cost_s)}"
+    labels = fmt_labels((("simulated", simulated),))
+    yield f"traylm_gpu_sample_seconds{labels} {fmt_number(sampler.mean_cost_s)}"
 
 
 def _gauge(
@@ -67,4 +68,4 @@ def _gauge(
     yield f"# TYPE {metric} gauge"
     for labels, value, scale in values:
         if value is not None:
-            yield f"{metric}{_fmt_labels(labels)} {_num(value * scale)}"
+            yield f"{metric}{fmt_labels(labels)} {fmt_number(value * scale)}"
