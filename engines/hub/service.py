@@ -34,9 +34,9 @@ from typing import Any
 from aiohttp import web
 
 from engines.config import ProfileStore, Settings
-from engines.errors import ConfigError, HubError, ModelInUse, TraylmError
+from engines.errors import ConfigError, HubError, ModelInUse
 from engines.events import EngineState, Event, GPUSpec, LibraryChanged, ModelDetails
-from engines.gateway.control import error_response, ok
+from engines.gateway.control import ok, traylm_errors
 from engines.hub import fit
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
@@ -51,17 +51,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DETAILS_TTL_S = 600.0
 HUB_READ_TIMEOUT_S = 20.0
-
-
-def _errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except TraylmError as exc:
-            return error_response(exc)
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
 
 
 def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
@@ -116,19 +105,19 @@ class HubFeature:
     def routes(self) -> list[web.RouteDef]:
         m = "/api/models/{org}/{name}"
         return [
-            web.get("/api/models", _errors(self._library)),
-            web.get("/api/models/hub", _errors(self._hub)),
-            web.get("/api/models/search", _errors(self._search)),
-            web.get(m, _errors(self._info)),
-            web.get(m + "/fit", _errors(self._fit)),
-            web.post(m + "/verify", _errors(self._verify)),
-            web.put(m + "/trust", _errors(self._trust)),
-            web.delete(m, _errors(self._delete)),
-            web.get("/api/downloads", _errors(self._downloads)),
-            web.post("/api/downloads", _errors(self._pull)),
-            web.get("/api/downloads/{id}", _errors(self._download)),
-            web.post("/api/downloads/{id}/{action}", _errors(self._download_action)),
-            web.delete("/api/downloads/{id}", _errors(self._download_cancel)),
+            web.get("/api/models", traylm_errors(self._library)),
+            web.get("/api/models/hub", traylm_errors(self._hub)),
+            web.get("/api/models/search", traylm_errors(self._search)),
+            web.get(m, traylm_errors(self._info)),
+            web.get(m + "/fit", traylm_errors(self._fit)),
+            web.post(m + "/verify", traylm_errors(self._verify)),
+            web.put(m + "/trust", traylm_errors(self._trust)),
+            web.delete(m, traylm_errors(self._delete)),
+            web.get("/api/downloads", traylm_errors(self._downloads)),
+            web.post("/api/downloads", traylm_errors(self._pull)),
+            web.get("/api/downloads/{id}", traylm_errors(self._download)),
+            web.post("/api/downloads/{id}/{action}", traylm_errors(self._download_action)),
+            web.delete("/api/downloads/{id}", traylm_errors(self._download_cancel)),
         ]
 
     # ----------------------------------------------------------------- models

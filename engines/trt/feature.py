@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError
 from engines.events import TRTCacheEntry, to_plain
+from engines.gateway.control import traylm_errors
 from engines.gateway.remote import RemoteFallback
 from engines.gateway.usage import UsageRecorder
 from engines.trt.cache import EngineCache, differences
@@ -62,12 +63,12 @@ class EnginesFeature:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.get("/api/trt/cache", _errors(self.list_cache)),
-            web.delete("/api/trt/cache/{entry_id}", _errors(self.remove_entry)),
-            web.post("/api/trt/cache/prune", _errors(self.prune)),
-            web.get("/api/trt/builds", _errors(self.list_builds)),
-            web.get("/api/remote", _errors(self.remote_status)),
-            web.post("/api/remote/refresh-key", _errors(self.refresh_key)),
+            web.get("/api/trt/cache", traylm_errors(self.list_cache)),
+            web.delete("/api/trt/cache/{entry_id}", traylm_errors(self.remove_entry)),
+            web.post("/api/trt/cache/prune", traylm_errors(self.prune)),
+            web.get("/api/trt/builds", traylm_errors(self.list_builds)),
+            web.get("/api/remote", traylm_errors(self.remote_status)),
+            web.post("/api/remote/refresh-key", traylm_errors(self.refresh_key)),
         ]
 
     # ------------------------------------------------------------------ handlers
@@ -138,16 +139,3 @@ async def _json(request: web.Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("the request body must be a JSON object")
     return data
-
-
-def _errors(handler: Handler) -> Handler:
-    from engines.gateway.control import error_response
-
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except TraylmError as exc:
-            return error_response(exc)
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
