@@ -104,6 +104,10 @@ class Daemon:
         # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
 
         # desktop (issue 6): chats persisted for the chat window
+        from engines.chats import ChatStore
+        from engines.gateway.chats import DesktopFeature
+
+        features.append(DesktopFeature(ChatStore(self.store), self.bus, self.registry))
 
         return features
 

@@ -93,3 +93,10 @@ class GPUError(TraylmError):
 
 class HubError(TraylmError):
     code = "hub_error"
+
+
+class ChatNotFound(TraylmError):
+    """desktop (issue 6): a stored conversation id that does not exist (deleted elsewhere)."""
+
+    code = "chat_not_found"
+    http_status = 404
