@@ -127,6 +127,7 @@ class EnginesPage(Page):
         self.profile_picker.addItems([p.name for p in self.ctx.state.profiles])
         if current:
             self.profile_picker.setCurrentText(current)
+        self.on_selection_changed()
 
     def on_engines_changed(self) -> None:
         selected = self.selected_engine()

@@ -176,3 +176,12 @@ async def test_client_reads_chats_after_reconnect(daemon: RunningDaemon) -> None
     await daemon.client.create_chat(title="x")
     async with await DaemonClient.connect(daemon.paths) as other:
         assert [s.title for s in await other.chats()] == ["x"]
+
+
+async def test_changing_the_port_keeps_the_running_daemon_reachable(daemon: RunningDaemon) -> None:
+    """gateway.port applies at the next start; until then clients keep using the old port
+    (before the fix the Host check moved at once and locked every client out)."""
+    new_port = daemon.port + 1
+    await daemon.client.update_settings({"gateway.port": new_port})
+    assert (await daemon.client.status())["version"]
+    assert f"port = {new_port}" in daemon.paths.config_file.read_text()
