@@ -127,7 +127,7 @@ class DesktopApp(QObject):
                 await c.shutdown()
 
             self.bridge.call(stop, lambda _r: self._finish())
-            QTimer.singleShot(STOP_DEADLINE_MS, self._finish)
+            QTimer.singleShot(STOP_DEADLINE_MS, self, self._finish)
         else:
             self._finish()
 
@@ -163,7 +163,8 @@ class DesktopApp(QObject):
         if cmd == "status":
             return self.describe()
         if cmd == "quit":
-            QTimer.singleShot(0, lambda: self.quit_with(str(command.get("action", "leave"))))
+            action = str(command.get("action", "leave"))
+            QTimer.singleShot(0, self, lambda: self.quit_with(action))
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {cmd!r}; known: show, status, quit"}
 

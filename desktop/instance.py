@@ -124,7 +124,8 @@ class InstanceServer(QObject):
 
     def _forget(self, sock: QLocalSocket) -> None:
         self._buffers.pop(sock, None)
-        sock.deleteLater()
+        with contextlib.suppress(RuntimeError):  # already gone with the server at exit
+            sock.deleteLater()
 
     def on_ready_read(self, sock: QLocalSocket) -> None:
         data = self._buffers.get(sock, b"") + bytes(sock.readAll().data())

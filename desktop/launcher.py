@@ -22,6 +22,12 @@ from engines.errors import DaemonUnavailable
 LAUNCH_LOG = "daemon-launch.log"
 
 
+class SpawnFailed(DaemonUnavailable):
+    """The daemon this app started exited or did not answer; the message has its output."""
+
+    code = "daemon_spawn_failed"
+
+
 def serve_argv() -> list[str]:
     """``traylm serve`` with this interpreter (the tray app and the daemon share one install)."""
     return [sys.executable, "-m", "engines", "serve"]
@@ -83,13 +89,13 @@ async def wait_until_serving(
             code = spawned.exit_code()
             if code is not None:
                 tail = spawned.output_tail()
-                raise DaemonUnavailable(
+                raise SpawnFailed(
                     f"`traylm serve` exited with code {code}"
                     + (f":\n{tail}" if tail else "")
                     + f"\n(full output: {spawned.log_path})"
                 ) from None
             if time.monotonic() > deadline:
-                raise DaemonUnavailable(
+                raise SpawnFailed(
                     f"`traylm serve` (pid {spawned.pid}) did not answer within {timeout_s:.0f} s; "
                     f"see {paths.logs_dir / 'daemon.log'}"
                 ) from None

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import psutil
 
 from desktop.chat.stream import GatewayHTTP
-from desktop.launcher import SpawnedDaemon, spawn_daemon, wait_until_serving
+from desktop.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wait_until_serving
 from desktop.messages import (
     CallResult,
     ConnectionChanged,
@@ -34,7 +34,7 @@ from engines import __version__
 from engines.client import DaemonClient
 from engines.config import Paths, Settings
 from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
-from engines.events import EngineState, EngineStateChanged, Event, from_plain
+from engines.events import DaemonStopping, EngineState, EngineStateChanged, Event, from_plain
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class DaemonLink:
         self._meter = ThroughputMeter()
         self._ready: set[str] = set()
         self._spawn_requested = False
+        self._spawn_error = ""  # why the last start failed; shown until a daemon answers
         self._wake_metrics: asyncio.Event | None = None
         self._wake_retry: asyncio.Event | None = None
 
@@ -112,6 +113,10 @@ class DaemonLink:
                 await client.close()
 
     def _unreachable_text(self, exc: DaemonUnavailable) -> str:
+        if isinstance(exc, SpawnFailed):
+            self._spawn_error = exc.message
+        if self._spawn_error:
+            return f"Could not start the traylm daemon: {self._spawn_error}"
         if not self.paths.daemon_json.exists():
             return (
                 "The traylm daemon is not running. Start it here (or with `traylm serve`); "
@@ -143,6 +148,7 @@ class DaemonLink:
         return await wait_until_serving(self.paths, self.spawned)
 
     async def _serve(self, client: DaemonClient) -> None:
+        self._spawn_error = ""
         status = await client.status()
         self.client = client
         url = str(status.get("url", client.info.url))
@@ -176,6 +182,9 @@ class DaemonLink:
         async for event in client.events():
             self._track(event)
             self._post(event)
+            if isinstance(event, DaemonStopping):
+                # let go at once: the daemon would otherwise wait for this stream to close
+                raise DaemonUnavailable(f"the daemon is stopping ({event.reason or 'asked to'})")
         raise DaemonUnavailable("the daemon closed the event stream")
 
     async def _resync(self, client: DaemonClient) -> None:

@@ -192,6 +192,8 @@ class TrayController(QObject):
                 if live
                 else "No engine running"
             )
+            if s.endpoint_url:
+                status += f"  ·  {s.endpoint_url}"
         self.status_action.setText(status)
         current_live = current in s.engines and s.engines[current].state in LIVE_STATES
         self.start_action.setText(f"Start {current}" if current else "Start (no profile)")

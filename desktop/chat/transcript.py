@@ -94,7 +94,7 @@ class CodeBlockView(QFrame):
     def on_copy_clicked(self) -> None:
         QGuiApplication.clipboard().setText(self.editor.toPlainText())
         self.copy_button.setText("Copied")
-        QTimer.singleShot(1500, lambda: self.copy_button.setText("Copy"))
+        QTimer.singleShot(1500, self.copy_button, lambda: self.copy_button.setText("Copy"))
 
 
 def _text_label(text: str) -> QLabel:

@@ -56,6 +56,7 @@ class ChatWindow(QMainWindow):
         self.bridge = bridge
         self.controller = ChatController(bridge, state, self)
         self.editing: int | None = None
+        self._shown_chat: int | None = None
         self._build()
         c = self.controller
         c.chats_changed.connect(self.on_chats_changed)
@@ -249,6 +250,9 @@ class ChatWindow(QMainWindow):
             self.setWindowTitle(f"traylm — {t.chat.title or 'Chat'}")
             if not self.controller.streaming:
                 self._load_options(t.chat.model, t.chat.system_prompt, t.chat.params)
+                if self._shown_chat != t.chat.chat_id:
+                    self.status.setText("")
+            self._shown_chat = t.chat.chat_id
         self._update_buttons()
 
     def _load_options(self, model: str, system: str, params: object) -> None:
@@ -277,6 +281,12 @@ class ChatWindow(QMainWindow):
         error = self.controller.models_error
         if not models and error is not None:
             self.status.setText(error.message)
+        last = self.controller.last_error
+        card = self.transcript.error_card
+        model = self.options().model
+        waiting = ("model_not_found", "engine_unavailable", "engine_starting")
+        if card.isVisible() and last is not None and last.kind in waiting and model in models:
+            card.show_error(f"{model} is served now.", [("retry", "Retry", self.controller.retry)])
 
     def on_stream_started(self, streaming: Streaming) -> None:
         self.transcript.hide_from(streaming.position)
@@ -348,7 +358,7 @@ class ChatWindow(QMainWindow):
         if key.strip():
             write_key(self.bridge.paths, key)
             self.controller.set_api_key(key.strip())
-            QTimer.singleShot(0, self.controller.retry)
+            QTimer.singleShot(0, self, self.controller.retry)
 
     # ----------------------------------------------------------------- slots: widgets
 
@@ -377,7 +387,9 @@ class ChatWindow(QMainWindow):
             return
         if self.delete_button.text() != "Confirm delete":
             self.delete_button.setText("Confirm delete")
-            QTimer.singleShot(3000, lambda: self.delete_button.setText("Delete"))
+            QTimer.singleShot(
+                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
+            )
             return
         self.delete_button.setText("Delete")
         self.controller.delete_chat(int(item.data(CHAT_ID_ROLE)))

@@ -216,7 +216,9 @@ class ProfileEditor(QWidget):
             return
         if self.delete_button.text() != "Confirm delete":
             self.delete_button.setText("Confirm delete")
-            QTimer.singleShot(3000, lambda: self.delete_button.setText("Delete"))
+            QTimer.singleShot(
+                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
+            )
             return
         self.delete_button.setText("Delete")
         self.loaded_name = ""

@@ -97,7 +97,7 @@ def _nice_ceiling(value: float) -> float:
         return 1.0
     exponent = math.floor(math.log10(value))
     base = 10**exponent
-    for step in (1, 2, 2.5, 5, 10):
+    for step in (1, 2, 4, 8, 10):  # quarters of these read as round numbers
         if value <= step * base:
             return float(step * base)
     return float(10 * base)

@@ -169,5 +169,6 @@ def app_factory(qtbot: Any, paths: Paths) -> Iterator[AppFactory]:
 
 
 @pytest.fixture
-def app(app_factory: AppFactory, daemon_thread: ThreadedDaemon) -> DesktopApp:
+def app(daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
+    """The app connected to ``daemon_thread`` (set up after it, so it is closed before it)."""
     return app_factory()

@@ -13,10 +13,8 @@ the state icons on light and dark panels.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,96 +46,41 @@ def settle(ms: int = 300) -> None:
 
 
 class Session:
-    """Xvfb + trayer + a daemon subprocess, torn down in reverse order."""
+    """Xvfb + trayer + a daemon process (tests/desktop/x11.py), torn down in reverse order."""
 
     def __init__(self, out: Path) -> None:
+        from tests.desktop.x11 import XDesktop
+
         self.out = out
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.home = Path(tempfile.mkdtemp(prefix="traylm-shots-"))
+        self.x = XDesktop()
 
-    def start_x(self) -> None:
-        if not shutil.which("Xvfb"):
-            sys.exit("Xvfb is missing: run tests/desktop/install-x11-deps.sh")
-        display = f":{150 + os.getpid() % 500}"
-        self.procs.append(
-            subprocess.Popen(
-                ["Xvfb", display, "-screen", "0", "1400x900x24", "-nolisten", "tcp"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        os.environ["DISPLAY"] = display
-        os.environ["QT_QPA_PLATFORM"] = "xcb"
-        sock = Path(f"/tmp/.X11-unix/X{display[1:]}")
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            if time.monotonic() > deadline:
-                sys.exit("Xvfb did not start")
-            time.sleep(0.05)
-        self.procs.append(
-            subprocess.Popen(
-                ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel",
-                 "--width", "160", "--height", "30", "--transparent", "false",
-                 "--tint", "0x2b2b2b", "--SetDockType", "true"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )  # fmt: skip
-
-    def start_daemon(self) -> None:
+    def start(self) -> None:
         from engines.config import Paths
         from engines.procs import free_loopback_port
-        from tests.fakes.fake_vllm_env import make_fake_vllm_env
+        from tests.desktop.x11 import FAKE_PROFILE, missing_x_tools, prepare_home
 
-        os.environ["TRAYLM_HOME"] = str(self.home / "home")
-        os.environ["TRAYLM_ENVS_DIR"] = str(self.home / "envs")
-        os.environ["XDG_CONFIG_HOME"] = str(self.home / "xdg")
-        os.environ["HF_HOME"] = str(self.home / "hf")
-        paths = Paths.from_env()
-        make_fake_vllm_env(paths.envs_dir)
-        port = free_loopback_port()
-        paths.config_dir.mkdir(parents=True, exist_ok=True)
-        paths.config_file.write_text(
-            f"[gateway]\nport = {port}\n\n[engines]\nready_timeout_s = 30\nstop_timeout_s = 3\n"
-        )
-        profiles = paths.profiles_dir
-        profiles.mkdir(parents=True, exist_ok=True)
-        (profiles / "qwen-tiny-cpu.toml").write_text(
-            'model = "org/qwen-tiny"\nserved_name = "qwen-tiny"\ndevice = "cpu"\n'
-            'description = "FAKE engine for screenshots"\n'
-            '[env]\nFAKE_ENGINE_ARGS = "--token-delay 0.02"\n'
-        )
+        missing = missing_x_tools()
+        if missing:
+            sys.exit(f"{', '.join(missing)} missing: run tests/desktop/install-x11-deps.sh")
+        profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace('"fake"', '"qwen-tiny"')
+        env = prepare_home(self.home, free_loopback_port(), {"qwen-tiny-cpu": profile})
+        self.x.start_x()
+        os.environ.update({**env, **self.x.env})
+        self.paths = Paths.from_env()
         self.spawn_daemon()
-        self.paths = paths
 
     def spawn_daemon(self) -> None:
-        from engines.config import Paths
+        from tests.desktop.x11 import start_daemon
 
-        log = (self.home / "daemon.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve"], stdout=log, stderr=subprocess.STDOUT
-        )
-        self.procs.append(proc)
-        self.daemon = proc
-        info = Paths.from_env().daemon_json
-        deadline = time.monotonic() + 20
-        while not info.exists() or json.loads(info.read_text() or "{}").get("pid") != proc.pid:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                sys.exit(f"the daemon did not start: see {self.home / 'daemon.log'}")
-            time.sleep(0.05)
+        self.daemon = start_daemon(self.x, os.environ, self.home / "daemon.log")
 
     def stop_daemon(self) -> None:
         self.daemon.terminate()
         self.daemon.wait(30)
 
     def close(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        self.x.close()
         shutil.rmtree(self.home, ignore_errors=True)
 
     def shot(self, widget: object, name: str) -> None:
@@ -148,9 +91,7 @@ class Session:
 
     def screen(self, name: str) -> None:
         settle(500)
-        path = self.out / f"{name}.png"
-        subprocess.run(["import", "-window", "root", str(path)], check=True)
-        print(f"wrote {path}")
+        print(f"wrote {self.x.screenshot(self.out / f'{name}.png')}")
 
 
 def dashboard_pages(s: Session, dash: object) -> None:
@@ -211,8 +152,7 @@ def run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     session = Session(out)
     try:
-        session.start_x()
-        session.start_daemon()
+        session.start()
         scenes(session)
     finally:
         session.close()

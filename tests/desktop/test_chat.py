@@ -82,7 +82,7 @@ def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
 
 
 def test_history_survives_a_restart_of_the_app(
-    qtbot, app_factory: AppFactory, daemon_thread
+    qtbot, daemon_thread, app_factory: AppFactory
 ) -> None:
     first = app_factory()
     chat = _ready_chat(qtbot, first, daemon_thread)
@@ -186,7 +186,7 @@ def test_lost_daemon_mid_reply_recovers_on_its_own(qtbot, app, daemon_thread) ->
     daemon_thread.stop()  # the daemon goes away in the middle of the reply
     card = chat.transcript.error_card
     qtbot.waitUntil(card.isVisible, timeout=15000)
-    assert chat.banner.isVisible()  # "lost the daemon …; waiting for it to come back"
+    qtbot.waitUntil(chat.banner.isVisible, timeout=5000)  # "lost the daemon …; waiting …"
     partial = chat.transcript.streaming
     assert partial is not None and len(partial.text.split()) >= 3  # still on screen
     qtbot.waitUntil(lambda: len(chat.controller.pending_replies) == 1, timeout=5000)

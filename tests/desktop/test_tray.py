@@ -128,7 +128,7 @@ def test_models_submenu_opens_the_chat_with_that_model(qtbot, app: DesktopApp, d
 
 
 def test_without_a_system_tray_the_dashboard_is_the_main_window(
-    qtbot, app_factory: AppFactory, daemon_thread
+    qtbot, daemon_thread, app_factory: AppFactory
 ) -> None:
     app = app_factory()  # offscreen has no system tray
     assert app.fallback
@@ -145,7 +145,7 @@ def test_without_a_system_tray_the_dashboard_is_the_main_window(
     assert daemon_thread.run(lambda c: c.status())["version"]  # the daemon still serves
 
 
-def test_quit_asks_and_remembers_stop(qtbot, app_factory: AppFactory, daemon_thread) -> None:
+def test_quit_asks_and_remembers_stop(qtbot, daemon_thread, app_factory: AppFactory) -> None:
     app = app_factory()
     daemon_thread.write_fake_profile("fake")
     app.actions.start_profile("fake")
