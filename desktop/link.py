@@ -59,6 +59,7 @@ class DaemonLink:
         self._ready: set[str] = set()
         self._spawn_requested = False
         self._spawn_error = ""  # why the last start failed; shown until a daemon answers
+        self._stopping_token = ""  # the daemon that announced it is stopping
         self._wake_metrics: asyncio.Event | None = None
         self._wake_retry: asyncio.Event | None = None
 
@@ -134,10 +135,15 @@ class DaemonLink:
         spawn = self._spawn_requested or (self._spawn_first and self.spawned is None)
         self._spawn_first = False
         try:
-            return await DaemonClient.connect(self.paths, timeout_s=30)
+            client = await DaemonClient.connect(self.paths, timeout_s=30)
         except DaemonUnavailable:
             if not spawn:
                 raise
+        else:
+            if client.info.token != self._stopping_token:
+                return client
+            await client.close()  # the one that said it is stopping: wait for it to go
+            raise DaemonUnavailable("the daemon is stopping")
         self._spawn_requested = False
         self._post(
             ConnectionChanged(
@@ -183,7 +189,9 @@ class DaemonLink:
             self._track(event)
             self._post(event)
             if isinstance(event, DaemonStopping):
-                # let go at once: the daemon would otherwise wait for this stream to close
+                # let go at once (the daemon would otherwise wait for this stream to close),
+                # and do not reconnect to it while it finishes stopping
+                self._stopping_token = client.info.token
                 raise DaemonUnavailable(f"the daemon is stopping ({event.reason or 'asked to'})")
         raise DaemonUnavailable("the daemon closed the event stream")
 
