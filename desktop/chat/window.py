@@ -144,6 +144,13 @@ class ChatWindow(QMainWindow):
         self.edit_note.setObjectName("editNote")
         self.edit_note.setVisible(False)
         layout.addWidget(self.edit_note)
+        layout.addLayout(self._composer_row())
+        self.status = QLabel("")
+        self.status.setObjectName("chatStatus")
+        layout.addWidget(self.status)
+        return main
+
+    def _composer_row(self) -> QHBoxLayout:
         row = QHBoxLayout()
         self.composer = QPlainTextEdit()
         self.composer.setObjectName("composer")
@@ -164,11 +171,7 @@ class ChatWindow(QMainWindow):
         buttons.addWidget(self.stop_button)
         buttons.addStretch(1)
         row.addLayout(buttons)
-        layout.addLayout(row)
-        self.status = QLabel("")
-        self.status.setObjectName("chatStatus")
-        layout.addWidget(self.status)
-        return main
+        return row
 
     def _params_panel(self) -> QWidget:
         panel = QFrame()

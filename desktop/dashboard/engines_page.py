@@ -89,6 +89,14 @@ class EnginesPage(Page):
         self.table.verticalHeader().setVisible(False)
         self.table.itemSelectionChanged.connect(self.on_selection_changed)
         layout.addWidget(self.table, 1)
+        layout.addLayout(self._controls_row())
+        self.detail = QLabel("")
+        self.detail.setObjectName("engineDetail")
+        self.detail.setWordWrap(True)
+        layout.addWidget(self.detail)
+        return page
+
+    def _controls_row(self) -> QHBoxLayout:
         row = QHBoxLayout()
         row.addWidget(QLabel("Profile"))
         self.profile_picker = QComboBox()
@@ -112,12 +120,7 @@ class EnginesPage(Page):
         for b in (self.stop_button, self.restart_button, self.chat_button):
             row.addWidget(b)
         row.addStretch(1)
-        layout.addLayout(row)
-        self.detail = QLabel("")
-        self.detail.setObjectName("engineDetail")
-        self.detail.setWordWrap(True)
-        layout.addWidget(self.detail)
-        return page
+        return row
 
     # ----------------------------------------------------------------- state → widgets
 

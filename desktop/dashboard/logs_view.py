@@ -74,6 +74,14 @@ class LogsView(QWidget):
         self.log.setFont(font)
         self.highlighter = DiagnosisHighlighter(self.log.document())
         splitter.addWidget(self.log)
+        splitter.addWidget(self._side_panel())
+        splitter.setSizes([700, 300])
+        layout.addWidget(splitter, 1)
+        ctx.state.engines_changed.connect(self.on_engines_changed)
+        ctx.state.event_received.connect(self.on_event_received)
+        self.on_engines_changed()
+
+    def _side_panel(self) -> QWidget:
         side = QWidget()
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
@@ -92,12 +100,7 @@ class LogsView(QWidget):
         self.apply_button.setVisible(False)
         self.apply_button.clicked.connect(self.on_apply_clicked)
         side_layout.addWidget(self.apply_button)
-        splitter.addWidget(side)
-        splitter.setSizes([700, 300])
-        layout.addWidget(splitter, 1)
-        ctx.state.engines_changed.connect(self.on_engines_changed)
-        ctx.state.event_received.connect(self.on_event_received)
-        self.on_engines_changed()
+        return side
 
     def on_engines_changed(self) -> None:
         names = sorted(self.ctx.state.engines)

@@ -36,6 +36,16 @@ class ProfileEditor(QWidget):
         self.valid = False
         self.loaded_name = ""
         layout = QHBoxLayout(self)
+        layout.addLayout(self._list_column())
+        layout.addLayout(self._editor_column(), 1)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(VALIDATE_AFTER_MS)
+        self._timer.timeout.connect(self.validate_now)
+        ctx.state.profiles_changed.connect(self.on_profiles_changed)
+        self.on_profiles_changed()
+
+    def _list_column(self) -> QVBoxLayout:
         left = QVBoxLayout()
         self.list = QListWidget()
         self.list.setObjectName("profileList")
@@ -50,7 +60,9 @@ class ProfileEditor(QWidget):
         self.broken.setObjectName("brokenProfiles")
         self.broken.setWordWrap(True)
         left.addWidget(self.broken)
-        layout.addLayout(left)
+        return left
+
+    def _editor_column(self) -> QVBoxLayout:
         right = QVBoxLayout()
         top = QHBoxLayout()
         top.addWidget(QLabel("Name"))
@@ -91,13 +103,7 @@ class ProfileEditor(QWidget):
             buttons.addWidget(b)
         buttons.addStretch(1)
         right.addLayout(buttons)
-        layout.addLayout(right, 1)
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(VALIDATE_AFTER_MS)
-        self._timer.timeout.connect(self.validate_now)
-        ctx.state.profiles_changed.connect(self.on_profiles_changed)
-        self.on_profiles_changed()
+        return right
 
     # ----------------------------------------------------------------- list
 
