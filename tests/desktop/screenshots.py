@@ -63,8 +63,20 @@ class Session:
         missing = missing_x_tools()
         if missing:
             sys.exit(f"{', '.join(missing)} missing: run tests/desktop/install-x11-deps.sh")
-        profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace('"fake"', '"qwen-tiny"')
-        env = prepare_home(self.home, free_loopback_port(), {"qwen-tiny-cpu": profile})
+        profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace("fake", "qwen-tiny")
+        kv_line = (
+            "ValueError: To serve at least one request with the max seq len (32768) of the model, "
+            "(4.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+            "(1.0 GiB). Based on the available memory, the estimated maximum model length is 8192."
+        )
+        broken = FAKE_PROFILE.replace('"org/fake"', '"meta-llama/Llama-3.1-8B"').format(
+            args=f"--print '{kv_line}' --exit-after-print 1"
+        )
+        env = prepare_home(
+            self.home,
+            free_loopback_port(),
+            {"qwen-tiny-cpu": profile, "llama-8b-long-context": broken},
+        )
         self.x.start_x()
         os.environ.update({**env, **self.x.env})
         self.paths = Paths.from_env()
@@ -123,6 +135,11 @@ def engines_tabs(s: Session, dash: object, page: object) -> None:
             wait_for(lambda: "metadata" in page.envs.report.text(), what="doctor")
         if tab == "engines":
             wait_for(lambda: len(page.tokens_chart.series["all models"]) > 3, what="chart")
+        if tab == "logs":
+            page.ctx.actions.start_profile("llama-8b-long-context")
+            wait_for(lambda: page.logs.picker.findText("llama-8b-long-context") >= 0, what="eng")
+            page.logs.picker.setCurrentText("llama-8b-long-context")
+            wait_for(lambda: page.logs.diagnosis_list.count() > 0, what="diagnosis")
         s.shot(dash, f"dashboard-engines-{tab}")
     page.tabs.setCurrentIndex(0)
 
