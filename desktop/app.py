@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -222,13 +223,26 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _setup_logging(paths: Paths, *, verbose: bool) -> None:
+    """stderr, and logs/desktop.log (an app started at login has no terminal)."""
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt)
+    logging.getLogger().handlers[0].setLevel(logging.DEBUG if verbose else logging.WARNING)
+    try:
+        paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            paths.logs_dir / "desktop.log", maxBytes=2_000_000, backupCount=2
+        )
+    except OSError:
+        return
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().addHandler(handler)
+
+
 def main(argv: Sequence[str] = ()) -> int:
     args = _parse(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     paths = Paths.from_env()
+    _setup_logging(paths, verbose=args.verbose)
     qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "traylm"])
     assert isinstance(qapp, QApplication)
     qapp.setApplicationName("traylm")

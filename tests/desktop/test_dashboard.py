@@ -53,7 +53,7 @@ def test_every_page_is_listed_and_missing_apis_are_said_plainly(qtbot, app) -> N
 def test_engines_page_controls_and_live_chart(qtbot, app, daemon_thread: ThreadedDaemon):
     daemon_thread.write_fake_profile("fake")
     app.actions.reload_profiles()
-    _, page = _engines_page(app)
+    dash, page = _engines_page(app)
     qtbot.waitUntil(lambda: page.profile_picker.findText("fake") >= 0)
     page.profile_picker.setCurrentText("fake")
     page.start_button.click()
@@ -72,6 +72,11 @@ def test_engines_page_controls_and_live_chart(qtbot, app, daemon_thread: Threade
     )
     urllib.request.urlopen(request).read()
     qtbot.waitUntil(lambda: (page.tokens_chart.latest("all models") or 0) > 0, timeout=10000)
+    link = app.bridge.link
+    assert link.metrics_interval_s == 1.0  # live charts on screen: sampled every second
+    dash.hide()
+    qtbot.waitUntil(lambda: link.metrics_interval_s == 5.0)  # hidden: only the tooltip's pace
+    dash.show()
     page.chat_button.click()
     assert app.chat_window is not None and app.chat_window.model_picker.currentText() == "fake"
     page.stop_button.click()
