@@ -8,8 +8,10 @@ reached and ``ControlAPIError`` (with the daemon's message, which says what to d
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import secrets
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -25,6 +27,8 @@ from engines.events import (
     BenchProgress,
     BenchRun,
     BenchRunSummary,
+    ChatSummary,
+    ChatTranscript,
     DownloadStatus,
     EngineState,
     EngineStatus,
@@ -550,3 +554,66 @@ class DaemonClient:
             raise DaemonUnavailable(
                 f"the traylm daemon at {self.info.url} does not answer ({type(exc).__name__})"
             ) from None
+
+    async def chats(self) -> list[ChatSummary]:
+        """Stored conversations of the chat window, newest first."""
+        return [from_plain(ChatSummary, c) for c in await self._call("GET", "/api/chats")]
+
+    async def chat(self, chat_id: int) -> ChatTranscript:
+        return from_plain(ChatTranscript, await self._call("GET", f"/api/chats/{chat_id}"))
+
+    async def create_chat(
+        self,
+        *,
+        title: str = "",
+        model: str = "",
+        system_prompt: str = "",
+        params: dict[str, float] | None = None,
+    ) -> ChatSummary:
+        body = {"title": title, "model": model, "system_prompt": system_prompt}
+        data = await self._call("POST", "/api/chats", json_body={**body, "params": params or {}})
+        return from_plain(ChatSummary, data)
+
+    async def update_chat(self, chat_id: int, **changes: Any) -> ChatSummary:
+        """Change title, model, system_prompt or params of a conversation."""
+        data = await self._call("PATCH", f"/api/chats/{chat_id}", json_body=changes)
+        return from_plain(ChatSummary, data)
+
+    async def delete_chat(self, chat_id: int) -> None:
+        await self._call("DELETE", f"/api/chats/{chat_id}")
+
+    async def add_chat_messages(
+        self, chat_id: int, messages: Iterable[JSON], *, truncate_from: int | None = None
+    ) -> ChatTranscript:
+        """Append messages ({role, content, model?, stats?, finish_reason?}); with
+        ``truncate_from`` the messages from that position on are replaced (regenerate, edit)."""
+        body = {"messages": list(messages), "truncate_from": truncate_from}
+        data = await self._call("POST", f"/api/chats/{chat_id}/messages", json_body=body)
+        return from_plain(ChatTranscript, data)
+
+    async def gateway_metrics(self) -> str:
+        """The gateway's Prometheus text (through the control token, so API keys do not
+        matter)."""
+        data = await self._call("GET", "/api/metrics")
+        return str(data["text"])
+
+    async def add_api_key(self) -> str:
+        """Create a gateway API key; returns it (shown once: only its SHA-256 is stored)."""
+        key = "tlm-" + secrets.token_urlsafe(32)
+        digest = hashlib.sha256(key.encode()).hexdigest()  # as engines.gateway.security.hash_key
+        settings = await self.settings()
+        current = list(settings["settings"]["gateway"]["api_key_sha256"])
+        await self.update_settings({"gateway.api_key_sha256": [*current, digest]})
+        return key
+
+    async def remove_api_key(self, digest: str) -> None:
+        """Remove a key by its SHA-256 digest (the daemon refuses while LAN sharing needs it)."""
+        settings = await self.settings()
+        current = list(settings["settings"]["gateway"]["api_key_sha256"])
+        if digest not in current:
+            raise ControlAPIError(
+                "no such API key; the settings page lists the keys",
+                code="not_found",
+                http_status=404,
+            )
+        await self.update_settings({"gateway.api_key_sha256": [d for d in current if d != digest]})

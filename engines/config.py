@@ -323,6 +323,9 @@ class UISettings:
     )
     autostart: bool = setting(False, "Start the tray app at login (XDG autostart entry).")
     notifications: bool = setting(True, "Show desktop notifications.")
+    last_profile: str = setting(
+        "", "Profile the tray's Start acts on (the last one started or picked in the menu)."
+    )
 
 
 @dataclass(frozen=True)

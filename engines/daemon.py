@@ -142,6 +142,10 @@ class Daemon:
         features.append(EnginesFeature(self))
 
         # desktop (issue 6): chats persisted for the chat window
+        from engines.chats import ChatStore
+        from engines.gateway.chats import DesktopFeature
+
+        features.append(DesktopFeature(ChatStore(self.store), self.bus, self.registry))
 
         # bench: `traylm bench` runs (load generator worker, results in SQLite, reports)
         from engines.bench.service import BenchFeature

@@ -201,3 +201,10 @@ class BenchError(TraylmError):
 
     code = "bench_error"
     http_status = 409
+
+
+class ChatNotFound(TraylmError):
+    """desktop (issue 6): a stored conversation id that does not exist (deleted elsewhere)."""
+
+    code = "chat_not_found"
+    http_status = 404

@@ -87,11 +87,14 @@ class GatewayContext:
     def apply_settings(self, settings: Settings) -> None:
         self.settings = settings
         g = settings.gateway
+        # the Host check keeps the port the gateway listens on: a new gateway.port applies at
+        # the next start (checking it now locked every client out of the running daemon)
+        listening = self.guard.port if hasattr(self, "guard") else g.port
         self.guard = Guard.build(
             hosts=g.allowed_hosts,
             origins=g.allowed_origins,
             key_digests=g.api_key_sha256,
-            port=g.port,
+            port=listening,
             lan=g.lan_sharing,
         )
         for adm in self.admissions.values():

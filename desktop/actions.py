@@ -1,0 +1,101 @@
+"""What the tray menu, the dashboard and the chat window can ask of the daemon, in one place.
+
+Each action goes through the bridge; its failure becomes a notification with the daemon's
+message (which says what to do), so no caller has to handle errors itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject
+from PySide6.QtGui import QGuiApplication
+
+from desktop.bridge import Bridge
+from desktop.messages import CallResult
+from desktop.notify import Notifier
+from desktop.state import LIVE_STATES, AppState
+from engines.client import DaemonClient
+
+Done = Callable[[CallResult], None]
+
+
+class Actions(QObject):
+    def __init__(
+        self, bridge: Bridge, state: AppState, notifier: Notifier, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.state = state
+        self.notifier = notifier
+
+    def _report(self, what: str, then: Done | None = None) -> Done:
+        def done(result: CallResult) -> None:
+            if not result.ok and not result.cancelled:
+                self.notifier.notify("error", f"{what} failed", result.error)
+            if then is not None:
+                then(result)
+
+        return done
+
+    # ----------------------------------------------------------------- engines
+
+    def start_profile(self, name: str, then: Done | None = None) -> None:
+        self.remember_profile(name)
+        self.bridge.call(lambda c: c.start(name), self._report(f"starting {name}", then))
+
+    def stop_engine(self, engine_id: str, then: Done | None = None) -> None:
+        self.bridge.call(lambda c: c.stop(engine_id), self._report(f"stopping {engine_id}", then))
+
+    def restart_engine(self, engine_id: str, then: Done | None = None) -> None:
+        self.bridge.call(
+            lambda c: c.restart(engine_id), self._report(f"restarting {engine_id}", then)
+        )
+
+    def engine_for_current(self) -> str:
+        """The live engine Stop/Restart act on: the current profile's, else the only one."""
+        current = self.state.current_profile()
+        engine = self.state.engines.get(current)
+        if engine is not None and engine.state in LIVE_STATES:
+            return current
+        live = self.state.live_engines()
+        return live[0].engine_id if len(live) == 1 else ""
+
+    def remember_profile(self, name: str) -> None:
+        settings = self.state.settings
+        if settings is not None and settings.ui.last_profile != name:
+            self.update_settings({"ui.last_profile": name})
+
+    # ----------------------------------------------------------------- settings, daemon
+
+    def update_settings(self, changes: dict[str, object], then: Done | None = None) -> None:
+        async def apply(c: DaemonClient) -> None:
+            await c.update_settings(changes)
+            await self.bridge.link.load_settings(c)
+
+        keys = ", ".join(changes)
+        self.bridge.call(apply, self._report(f"changing {keys}", then))
+
+    def reload_profiles(self) -> None:
+        self.bridge.call(self.bridge.link.load_profiles)
+
+    def reload_engines(self) -> None:
+        self.bridge.call(self.bridge.link.load_engines)
+
+    def start_daemon(self) -> None:
+        async def start(link: object) -> None:
+            self.bridge.link.request_daemon_start()
+
+        self.bridge.call_link(start)
+
+    def restart_daemon(self, then: Done | None = None) -> None:
+        self.bridge.call_link(
+            lambda link: link.restart_daemon(), self._report("restarting the daemon", then)
+        )
+
+    def copy_endpoint(self) -> str:
+        url = self.state.endpoint_url
+        if url:
+            QGuiApplication.clipboard().setText(url)
+            self.notifier.notify("info", "Endpoint copied", url, popup=False)
+        return url

@@ -1,0 +1,281 @@
+"""The tray app: ``traylm`` with no arguments runs ``main``.
+
+It attaches to the running daemon or starts one detached, shows the tray icon (or, on a desktop
+without a system tray, the dashboard as a normal window with the tray's menu in its menu bar),
+and opens the chat window and the dashboard on demand. A second ``traylm`` asks this one to
+show its windows. Quit asks whether to stop the engines or leave the daemon serving, unless
+``ui.quit_action`` already says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, QRect, QTimer, Signal
+from PySide6.QtWidgets import QApplication, QWidget
+
+from desktop.actions import Actions
+from desktop.bridge import Bridge
+from desktop.icons import app_icon
+from desktop.instance import InstanceServer, PrimaryLock, send_command
+from desktop.notify import Notifier
+from desktop.quit_dialog import QuitDialog
+from desktop.state import AppState
+from desktop.tray import TrayController, Windows
+from engines.config import Paths
+
+if TYPE_CHECKING:
+    from desktop.chat.window import ChatWindow
+    from desktop.dashboard.window import DashboardWindow
+
+log = logging.getLogger(__name__)
+STOP_DEADLINE_MS = 15000
+
+
+class DesktopApp(QObject):
+    """Composition root of the GUI. Construct (no I/O), ``start()``, ``shutdown()``."""
+
+    finished = Signal()
+
+    def __init__(self, paths: Paths, *, spawn_daemon: bool = True, use_tray: bool = True) -> None:
+        super().__init__()
+        self.paths = paths
+        self.use_tray = use_tray
+        self.bridge = Bridge(paths, spawn_daemon=spawn_daemon, parent=self)
+        self.state = AppState(self)
+        self.bridge.message_received.connect(self.state.on_message_received)
+        self.notifier = Notifier(self.state, self)
+        self.actions = Actions(self.bridge, self.state, self.notifier, self)
+        windows = Windows(self.open_chat, self.open_dashboard, self.request_quit)
+        self.tray = TrayController(self.state, self.actions, self.notifier, windows, self)
+        self.chat_window: ChatWindow | None = None
+        self.dashboard: DashboardWindow | None = None
+        self.quit_dialog: QuitDialog | None = None
+        self.fallback = False
+        self._finished = False
+
+    def start(self) -> None:
+        self.bridge.start()
+        if not (self.use_tray and self.tray.show()):
+            self.fallback = True
+            log.info("no system tray on this desktop: running in a window")
+            self.open_dashboard("")
+
+    # ----------------------------------------------------------------- windows
+
+    def open_chat(self, model: str = "") -> ChatWindow:
+        if self.chat_window is None:
+            from desktop.chat.window import ChatWindow
+
+            self.chat_window = ChatWindow(self.bridge, self.state, self.actions)
+            self.chat_window.setWindowIcon(app_icon())
+        if model:
+            self.chat_window.select_model(model)
+        _raise(self.chat_window)
+        return self.chat_window
+
+    def open_dashboard(self, page: str = "") -> DashboardWindow:
+        if self.dashboard is None:
+            from desktop.dashboard.window import DashboardWindow
+
+            self.dashboard = DashboardWindow(
+                self.bridge, self.state, self.actions, self.notifier, open_chat=self.open_chat
+            )
+            self.dashboard.setWindowIcon(app_icon())
+            if self.fallback:
+                self.dashboard.become_main_window(self.tray.menu, self.request_quit)
+        if page:
+            self.dashboard.show_page(page)
+        _raise(self.dashboard)
+        return self.dashboard
+
+    # ----------------------------------------------------------------- quitting
+
+    def request_quit(self) -> None:
+        settings = self.state.settings
+        action = settings.ui.quit_action if settings is not None else "ask"
+        if not self.state.connected:
+            self.quit_with("leave")
+        elif action == "ask":
+            if self.quit_dialog is None:
+                self.quit_dialog = QuitDialog(self.state, self.on_quit_chosen)
+            self.quit_dialog.open()
+            self.quit_dialog.raise_()
+        else:
+            self.quit_with(action)
+
+    def on_quit_chosen(self, action: str, remember: bool) -> None:
+        self.quit_dialog = None
+        if action == "cancel":
+            return
+        if remember:
+            self.actions.update_settings(
+                {"ui.quit_action": action}, then=lambda _r: self.quit_with(action)
+            )
+        else:
+            self.quit_with(action)
+
+    def quit_with(self, action: str) -> None:
+        """``stop``: shut the daemon down (it stops its engines first); ``leave``: just go."""
+        if action == "stop" and self.state.connected:
+
+            async def stop(c: Any) -> None:
+                await c.shutdown()
+
+            self.bridge.call(stop, lambda _r: self._finish())
+            QTimer.singleShot(STOP_DEADLINE_MS, self, self._finish)
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.shutdown()
+        self.finished.emit()  # main() quits the Qt event loop on it
+
+    def shutdown(self) -> None:
+        for window in (self.chat_window, self.dashboard):
+            if window is not None:
+                window.prepare_close()
+                window.close()
+        self.tray.hide()
+        self.bridge.stop()
+
+    # ----------------------------------------------------------------- instance commands
+
+    def handle_command(self, command: dict[str, Any]) -> dict[str, Any]:
+        cmd = command.get("cmd")
+        if cmd == "show":
+            what, page = str(command.get("what", "")), str(command.get("page", ""))
+            if what == "chat":
+                self.open_chat(str(command.get("model", "")))
+            elif what == "dashboard" or page or self.fallback or not self.tray.icon.isVisible():
+                self.open_dashboard(page)
+            else:
+                self.open_chat("")
+                self.open_dashboard("")
+            return {"ok": True}
+        if cmd == "status":
+            return self.describe()
+        if cmd == "quit":
+            action = str(command.get("action", "leave"))
+            QTimer.singleShot(0, self, lambda: self.quit_with(action))
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {cmd!r}; known: show, status, quit"}
+
+    def describe(self) -> dict[str, Any]:
+        """What is on screen: used by the real-tray tests and the start-up benchmark."""
+        menu = self.tray.menu
+        actions = {}
+        if menu.isVisible():
+            for action in menu.actions():
+                if action.text() and not action.isSeparator():
+                    rect = menu.actionGeometry(action)
+                    center = menu.mapToGlobal(rect.center())
+                    actions[action.text()] = [center.x(), center.y(), action.isEnabled()]
+        return {
+            "ok": True,
+            "tray_visible": self.tray.icon.isVisible(),
+            "tray_geometry": _rect(self.tray.icon.geometry()),
+            "tray_state": str(self.tray.current),
+            "tooltip": self.tray.icon.toolTip(),
+            "link": str(self.state.connection.state),
+            "link_message": self.state.connection.message,
+            "menu_visible": menu.isVisible(),
+            "menu_actions": actions,
+            "fallback": self.fallback,
+            "chat_visible": bool(self.chat_window and self.chat_window.isVisible()),
+            "dashboard_visible": bool(self.dashboard and self.dashboard.isVisible()),
+        }
+
+
+def _rect(r: QRect) -> list[int]:
+    return [r.x(), r.y(), r.width(), r.height()]
+
+
+def _raise(window: QWidget) -> None:
+    window.show()
+    window.raise_()
+    window.activateWindow()
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="traylm", description="traylm tray app")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--show", choices=("chat", "dashboard"), help="open this window at start")
+    p.add_argument("--page", default="", help="dashboard page to open (engines, settings, ...)")
+    p.add_argument(
+        "--no-daemon-start",
+        action="store_true",
+        help="do not start a daemon when none runs; wait for one",
+    )
+    p.add_argument("--no-tray", action="store_true", help="run in a window, without a tray icon")
+    args, _unknown = p.parse_known_args(list(argv))
+    return args
+
+
+def _setup_logging(paths: Paths, *, verbose: bool) -> None:
+    """stderr, and logs/desktop.log (an app started at login has no terminal)."""
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt)
+    logging.getLogger().handlers[0].setLevel(logging.DEBUG if verbose else logging.WARNING)
+    try:
+        paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            paths.logs_dir / "desktop.log", maxBytes=2_000_000, backupCount=2
+        )
+    except OSError:
+        return
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().addHandler(handler)
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    args = _parse(argv)
+    paths = Paths.from_env()
+    _setup_logging(paths, verbose=args.verbose)
+    qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "traylm"])
+    assert isinstance(qapp, QApplication)
+    qapp.setApplicationName("traylm")
+    qapp.setDesktopFileName("traylm")
+    qapp.setQuitOnLastWindowClosed(False)
+    qapp.setWindowIcon(app_icon())
+    lock = PrimaryLock.try_acquire(paths)
+    if lock is None:
+        what = args.show or ("dashboard" if args.page else "")
+        reply = send_command(paths, {"cmd": "show", "what": what, "page": args.page})
+        if reply is None:
+            print("traylm: another tray app holds the lock but does not answer", file=sys.stderr)
+            return 1
+        return 0
+    from desktop.unix_signals import SignalWatcher
+
+    app = DesktopApp(paths, spawn_daemon=not args.no_daemon_start, use_tray=not args.no_tray)
+    app.finished.connect(qapp.quit)
+    server = InstanceServer(paths, app.handle_command)
+    server.listen()
+    watcher = SignalWatcher(lambda _sig: app.quit_with("leave"))
+    watcher.install()
+    app.start()
+    if args.show == "chat":
+        app.open_chat("")
+    elif args.show == "dashboard" or args.page:
+        app.open_dashboard(args.page)
+    try:
+        code = qapp.exec()
+    finally:
+        if not app._finished:
+            app.shutdown()
+        watcher.uninstall()
+        server.close()
+        lock.release()
+    return int(code)

@@ -1,0 +1,285 @@
+"""The chat window's HTTP client for the OpenAI endpoint on :8000 (no Qt; runs on the bridge loop).
+
+It talks to the gateway exactly like any other local app: ``GET /v1/models`` and a streamed
+``POST /v1/chat/completions``. Text arrives as ``ChatDelta`` messages (coalesced to a few dozen
+per second so the GUI thread stays idle); the call's result is one ``ChatStreamEnded`` with
+TTFT and tokens/s, or with a ``ChatError`` that says what went wrong. Cancelling the call is
+the Stop button: the request is closed (the gateway then aborts it in the engine) and the reply
+so far is returned with ``finish_reason="stopped"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+Post = Callable[[object], None]
+DELTA_EVERY_S = 0.04
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    request_id: int
+    model: str
+    messages: tuple[tuple[str, str], ...]  # (role, content)
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "messages": [{"role": r, "content": c} for r, c in self.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class ChatDelta:
+    request_id: int
+    text: str  # new text since the previous delta
+
+
+@dataclass(frozen=True)
+class ChatError:
+    """kind: model_not_found | engine_starting | engine_unavailable | unauthorized |
+    gateway_unreachable | connection_lost | engine_error | http_error"""
+
+    kind: str
+    message: str
+    http_status: int = 0
+
+
+@dataclass(frozen=True)
+class ModelsListed:
+    names: tuple[str, ...]
+    error: ChatError | None
+
+
+@dataclass(frozen=True)
+class ChatStreamEnded:
+    request_id: int
+    model: str
+    content: str
+    finish_reason: str  # stop | length | stopped | error
+    ttft_s: float | None
+    tokens_per_s: float | None
+    completion_tokens: int
+    duration_s: float
+    error: ChatError | None = None
+
+    def stats(self) -> dict[str, float]:
+        out = {"duration_s": round(self.duration_s, 3)}
+        if self.ttft_s is not None:
+            out["ttft_s"] = round(self.ttft_s, 4)
+        if self.tokens_per_s is not None:
+            out["tokens_per_s"] = round(self.tokens_per_s, 2)
+        if self.completion_tokens:
+            out["completion_tokens"] = float(self.completion_tokens)
+        return out
+
+
+_ERROR_KINDS = {
+    "model_not_found": "model_not_found",
+    "engine_starting": "engine_starting",
+    "engine_unavailable": "engine_unavailable",
+    "unauthorized": "unauthorized",
+    "paused": "engine_unavailable",
+    "rate_limit_exceeded": "engine_unavailable",
+}
+
+
+def error_from_body(status: int, body: bytes) -> ChatError:
+    try:
+        err = json.loads(body)["error"]
+        message, type_ = str(err.get("message", "")), str(err.get("type", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, type_ = body.decode(errors="replace")[:300], ""
+    if status == 401:
+        type_ = "unauthorized"
+    kind = _ERROR_KINDS.get(type_, "model_not_found" if status == 404 else "http_error")
+    return ChatError(kind, message or f"HTTP {status}", status)
+
+
+class _Collector:
+    """Accumulates one streamed reply and posts coalesced deltas."""
+
+    def __init__(self, request: ChatRequest, post: Post) -> None:
+        self.request = request
+        self.post = post
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.parts: list[str] = []
+        self.pending = ""
+        self.last_post = 0.0
+        self.chunks = 0
+        self.usage_tokens: int | None = None
+        self.finish = ""
+        self.error: ChatError | None = None
+
+    def feed(self, line: bytes) -> bool:
+        """One SSE line; False once the stream says [DONE]."""
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("data:"):
+            return True
+        data = text[5:].strip()
+        if data == "[DONE]":
+            return False
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return True
+        if "error" in chunk:
+            err = chunk["error"] or {}
+            self.error = ChatError("engine_error", str(err.get("message", "engine error")), 502)
+            return True
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_tokens = usage["completion_tokens"]
+        for choice in chunk.get("choices") or ():
+            delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                self._add(delta)
+            if choice.get("finish_reason"):
+                self.finish = str(choice["finish_reason"])
+        return True
+
+    def _add(self, text: str) -> None:
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.chunks += 1
+        self.parts.append(text)
+        self.pending += text
+        if now - self.last_post >= DELTA_EVERY_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if self.pending:
+            self.post(ChatDelta(self.request.request_id, self.pending))
+            self.pending = ""
+        self.last_post = now if now is not None else time.perf_counter()
+
+    def ended(self, finish: str, error: ChatError | None = None) -> ChatStreamEnded:
+        self.flush()
+        end = time.perf_counter()
+        tokens = self.usage_tokens if self.usage_tokens is not None else self.chunks
+        ttft = self.first_token_at - self.started if self.first_token_at is not None else None
+        rate = None
+        if self.first_token_at is not None and tokens > 1 and end > self.first_token_at:
+            rate = (tokens - 1) / (end - self.first_token_at)  # decode rate after the first
+        error = error or self.error
+        return ChatStreamEnded(
+            request_id=self.request.request_id,
+            model=self.request.model,
+            content="".join(self.parts),
+            finish_reason="error" if error else (finish or self.finish or "stop"),
+            ttft_s=ttft,
+            tokens_per_s=rate,
+            completion_tokens=tokens,
+            duration_s=end - self.started,
+            error=error,
+        )
+
+
+class GatewayHTTP:
+    """One aiohttp session to the gateway, created on the bridge loop on first use."""
+
+    def __init__(self, post: Post) -> None:
+        self._post = post
+        self.base_url = ""
+        self.api_key = ""
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600)
+            )
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _unreachable(self, exc: BaseException) -> ChatError:
+        where = self.base_url or "the gateway (no daemon connected yet)"
+        return ChatError(
+            "gateway_unreachable",
+            f"cannot reach {where} ({type(exc).__name__}); the daemon may be down: "
+            "the app reconnects on its own",
+        )
+
+    async def models(self) -> ModelsListed:
+        """Names the gateway serves now (``GET /v1/models``), or why they could not be read."""
+        if not self.base_url:
+            return ModelsListed((), self._unreachable(ConnectionError("not connected")))
+        try:
+            async with self._http().get(
+                self.base_url + "/v1/models",
+                headers=self._headers(),
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return ModelsListed((), error_from_body(resp.status, body))
+                data = json.loads(body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return ModelsListed((), self._unreachable(exc))
+        except ValueError as exc:
+            return ModelsListed((), ChatError("http_error", f"bad /v1/models answer: {exc}"))
+        names = tuple(str(m["id"]) for m in data.get("data", ()) if isinstance(m, dict))
+        return ModelsListed(names, None)
+
+    async def stream_chat(self, request: ChatRequest) -> ChatStreamEnded:
+        collector = _Collector(request, self._post)
+        if not self.base_url:
+            return collector.ended("error", self._unreachable(ConnectionError("not connected")))
+        try:
+            async with self._http().post(
+                self.base_url + "/v1/chat/completions",
+                json=request.payload(),
+                headers=self._headers(),
+            ) as resp:
+                if resp.status != 200:
+                    return collector.ended("error", error_from_body(resp.status, await resp.read()))
+                async for line in resp.content:
+                    if not collector.feed(line):
+                        break
+                else:
+                    if collector.error is None:
+                        return collector.ended(
+                            "error",
+                            ChatError(
+                                "connection_lost",
+                                "the stream ended before the reply was complete; "
+                                "the partial reply is kept",
+                            ),
+                        )
+        except asyncio.CancelledError:
+            return collector.ended("stopped")  # the Stop button: keep what arrived
+        except aiohttp.ClientConnectorError as exc:
+            return collector.ended("error", self._unreachable(exc))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return collector.ended(
+                "error",
+                ChatError(
+                    "connection_lost",
+                    f"lost the connection to the gateway mid-reply ({type(exc).__name__}); "
+                    "the partial reply is kept. Retry once the daemon is back.",
+                ),
+            )
+        return collector.ended("")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,432 @@
+"""The chat window: conversations on the left; model, parameters, the transcript and the
+composer on the right. Ctrl+Enter sends, Esc stops a streaming reply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.actions import Actions
+from desktop.bridge import Bridge
+from desktop.chat.controller import ChatController, ChatOptions, Streaming
+from desktop.chat.keyfile import read_key, write_key
+from desktop.chat.stream import ChatError, ChatStreamEnded
+from desktop.chat.transcript import TranscriptView, stats_text
+from desktop.state import AppState
+from desktop.style import STYLE
+from desktop.widgets.banner import ConnectionBanner
+
+NO_MODEL = "(no model served)"
+CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+class ChatWindow(QMainWindow):
+    def __init__(
+        self, bridge: Bridge, state: AppState, actions: Actions, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("chatWindow")
+        self.setStyleSheet(STYLE)
+        self.setWindowTitle("traylm — Chat")
+        self.resize(1000, 720)
+        self.state = state
+        self.app_actions = actions
+        self.bridge = bridge
+        self.controller = ChatController(bridge, state, self)
+        self.editing: int | None = None
+        self._shown_chat: int | None = None
+        self._build()
+        c = self.controller
+        c.chats_changed.connect(self.on_chats_changed)
+        c.transcript_changed.connect(self.on_transcript_changed)
+        c.models_changed.connect(self.on_models_changed)
+        c.stream_started.connect(self.on_stream_started)
+        c.stream_delta.connect(self.on_stream_delta)
+        c.stream_ended.connect(self.on_stream_ended)
+        c.error_raised.connect(self.on_error_raised)
+        c.error_cleared.connect(lambda: self.transcript.error_card.setVisible(False))
+        key = read_key(bridge.paths)
+        if key:
+            c.set_api_key(key)
+        if state.connected:
+            c.load_chats()
+            c.load_models()
+        self.on_models_changed()
+        self._update_buttons()
+
+    # ----------------------------------------------------------------- layout
+
+    def _build(self) -> None:
+        splitter = QSplitter()
+        splitter.addWidget(self._sidebar())
+        splitter.addWidget(self._main_column())
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([230, 770])
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        self.banner = ConnectionBanner(self.state, self.app_actions)
+        layout.addWidget(self.banner)
+        layout.addWidget(splitter)
+        self.setCentralWidget(central)
+        QShortcut(QKeySequence("Ctrl+Return"), self, self.on_send_clicked)
+        QShortcut(QKeySequence("Ctrl+Enter"), self, self.on_send_clicked)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.on_stop_clicked)
+
+    def _sidebar(self) -> QWidget:
+        side = QWidget()
+        layout = QVBoxLayout(side)
+        layout.setContentsMargins(8, 8, 4, 8)
+        self.new_button = QPushButton("New chat")
+        self.new_button.setObjectName("newChat")
+        self.new_button.clicked.connect(self.on_new_clicked)
+        layout.addWidget(self.new_button)
+        self.chat_list = QListWidget()
+        self.chat_list.setObjectName("chatList")
+        self.chat_list.itemClicked.connect(self.on_chat_clicked)
+        layout.addWidget(self.chat_list, 1)
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setObjectName("deleteChat")
+        self.delete_button.clicked.connect(self.on_delete_clicked)
+        layout.addWidget(self.delete_button)
+        return side
+
+    def _main_column(self) -> QWidget:
+        main = QWidget()
+        layout = QVBoxLayout(main)
+        layout.setContentsMargins(4, 8, 8, 8)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Model"))
+        self.model_picker = QComboBox()
+        self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setMinimumWidth(240)
+        top.addWidget(self.model_picker, 1)
+        refresh = QToolButton()
+        refresh.setText("↻")
+        refresh.setToolTip("Reload the served models (GET /v1/models)")
+        refresh.clicked.connect(self.controller.load_models)
+        top.addWidget(refresh)
+        self.params_toggle = QToolButton()
+        self.params_toggle.setText("Parameters")
+        self.params_toggle.setCheckable(True)
+        self.params_toggle.setObjectName("paramsToggle")
+        top.addWidget(self.params_toggle)
+        layout.addLayout(top)
+        layout.addWidget(self._params_panel())
+        self.transcript = TranscriptView()
+        self.transcript.edit_requested.connect(self.on_edit_requested)
+        self.transcript.regenerate_requested.connect(lambda _p: self.controller.regenerate())
+        layout.addWidget(self.transcript, 1)
+        self.edit_note = QLabel("Editing your last message: sending replaces it and what follows.")
+        self.edit_note.setObjectName("editNote")
+        self.edit_note.setVisible(False)
+        layout.addWidget(self.edit_note)
+        layout.addLayout(self._composer_row())
+        self.status = QLabel("")
+        self.status.setObjectName("chatStatus")
+        layout.addWidget(self.status)
+        return main
+
+    def _composer_row(self) -> QHBoxLayout:
+        row = QHBoxLayout()
+        self.composer = QPlainTextEdit()
+        self.composer.setObjectName("composer")
+        self.composer.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
+        self.composer.setMaximumHeight(110)
+        self.composer.installEventFilter(self)
+        row.addWidget(self.composer, 1)
+        buttons = QVBoxLayout()
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("send")
+        self.send_button.setToolTip("Ctrl+Enter")
+        self.send_button.clicked.connect(self.on_send_clicked)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stop")
+        self.stop_button.setToolTip("Esc")
+        self.stop_button.clicked.connect(self.on_stop_clicked)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+        row.addLayout(buttons)
+        return row
+
+    def _params_panel(self) -> QWidget:
+        panel = QFrame()
+        panel.setObjectName("paramsPanel")
+        form = QFormLayout(panel)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setObjectName("systemPrompt")
+        self.system_prompt.setPlaceholderText("System prompt (optional)")
+        self.system_prompt.setMaximumHeight(70)
+        form.addRow("System prompt", self.system_prompt)
+        self.temperature = QDoubleSpinBox(decimals=2, minimum=0.0, maximum=2.0, singleStep=0.1)
+        self.temperature.setValue(0.7)
+        self.temperature.setToolTip("Sampling temperature: 0 is deterministic, higher is freer")
+        self.top_p = QDoubleSpinBox(decimals=2, minimum=0.0, maximum=1.0, singleStep=0.05)
+        self.top_p.setValue(1.0)
+        self.top_p.setToolTip("Nucleus sampling: keep the most likely tokens up to this mass")
+        self.max_tokens = QSpinBox(minimum=1, maximum=1_048_576)
+        self.max_tokens.setValue(1024)
+        self.max_tokens.setToolTip("Longest reply, in tokens")
+        row = QHBoxLayout()
+        for label, widget in (
+            ("Temperature", self.temperature),
+            ("Top-p", self.top_p),
+            ("Max tokens", self.max_tokens),
+        ):
+            row.addWidget(QLabel(label))
+            row.addWidget(widget)
+        row.addStretch(1)
+        form.addRow(row)
+        panel.setVisible(False)
+        self.params_toggle.toggled.connect(panel.setVisible)
+        return panel
+
+    # ----------------------------------------------------------------- API for the app
+
+    def select_model(self, model: str) -> None:
+        index = self.model_picker.findText(model)
+        if index < 0:
+            self.model_picker.addItem(model)
+            index = self.model_picker.findText(model)
+        self.model_picker.setCurrentIndex(index)
+
+    def prepare_close(self) -> None:
+        self.controller.stop()
+
+    def options(self) -> ChatOptions:
+        model = self.model_picker.currentText()
+        return ChatOptions(
+            "" if model == NO_MODEL else model,
+            self.system_prompt.toPlainText(),
+            self.temperature.value(),
+            self.top_p.value(),
+            self.max_tokens.value(),
+        )
+
+    # ----------------------------------------------------------------- slots: controller
+
+    def on_chats_changed(self) -> None:
+        current = self.controller.transcript.chat.chat_id if self.controller.transcript else None
+        self.chat_list.clear()
+        for s in self.controller.summaries:
+            item = QListWidgetItem(s.title or "(untitled)")
+            item.setData(CHAT_ID_ROLE, s.chat_id)
+            item.setToolTip(f"{s.model or 'no model'} · {s.message_count} messages")
+            self.chat_list.addItem(item)
+            if s.chat_id == current:
+                item.setSelected(True)
+
+    def on_transcript_changed(self) -> None:
+        t = self.controller.transcript
+        if t is None:
+            self.transcript.set_messages((), "")
+            self.setWindowTitle("traylm — Chat")
+        else:
+            self.transcript.set_messages(t.messages, t.chat.model)
+            for row in range(self.chat_list.count()):
+                item = self.chat_list.item(row)
+                item.setSelected(item.data(CHAT_ID_ROLE) == t.chat.chat_id)
+            self.setWindowTitle(f"traylm — {t.chat.title or 'Chat'}")
+            if not self.controller.streaming:
+                self._load_options(t.chat.model, t.chat.system_prompt, t.chat.params)
+                if self._shown_chat != t.chat.chat_id:
+                    self.status.setText("")
+            self._shown_chat = t.chat.chat_id
+        self._update_buttons()
+
+    def _load_options(self, model: str, system: str, params: object) -> None:
+        if model:
+            self.select_model(model)
+        if self.system_prompt.toPlainText() != system:
+            self.system_prompt.setPlainText(system)
+        get = getattr(params, "get", None)
+        if get is not None:
+            self.temperature.setValue(float(get("temperature", self.temperature.value())))
+            self.top_p.setValue(float(get("top_p", self.top_p.value())))
+            self.max_tokens.setValue(int(get("max_tokens", self.max_tokens.value())))
+
+    def on_models_changed(self) -> None:
+        current = self.model_picker.currentText()
+        models = self.controller.models
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        for model in models:
+            self.model_picker.addItem(model)
+        if not models:
+            self.model_picker.addItem(NO_MODEL)
+        if current and current != NO_MODEL:
+            self.select_model(current)
+        self.model_picker.blockSignals(False)
+        error = self.controller.models_error
+        if not models and error is not None:
+            self.status.setText(error.message)
+        last = self.controller.last_error
+        card = self.transcript.error_card
+        model = self.options().model
+        waiting = ("model_not_found", "engine_unavailable", "engine_starting")
+        if card.isVisible() and last is not None and last.kind in waiting and model in models:
+            card.show_error(f"{model} is served now.", [("retry", "Retry", self.controller.retry)])
+
+    def on_stream_started(self, streaming: Streaming) -> None:
+        self.transcript.hide_from(streaming.position)
+        self.transcript.begin_streaming(streaming.model)
+        self.status.setText(f"{streaming.model} is answering… (Esc stops)")
+        self._update_buttons()
+
+    def on_stream_delta(self, text: str) -> None:
+        view = self.transcript.streaming
+        if view is not None:
+            view.set_text(text)
+            view.set_stats("streaming…")
+
+    def on_stream_ended(self, ended: ChatStreamEnded | None) -> None:
+        view = self.transcript.streaming
+        if ended is not None and view is not None and ended.content:
+            view.set_stats(stats_text(ended.stats(), ended.finish_reason))
+        elif view is not None:
+            self.transcript.clear_streaming()
+            self.transcript.hide_from(1 << 30)
+        if ended is not None:
+            summary = stats_text(ended.stats(), ended.finish_reason)
+            self.status.setText(f"{ended.model}: {summary}" if summary else "")
+        self._update_buttons()
+
+    def on_error_raised(self, error: ChatError) -> None:
+        self.status.setText("")
+        self.transcript.error_card.show_error(error.message, self._fixes(error))
+
+    def _fixes(self, error: ChatError) -> list[tuple[str, str, Callable[[], None]]]:
+        c = self.controller
+        model = self.options().model
+        fixes: list[tuple[str, str, Callable[[], None]]] = []
+        if error.kind in ("model_not_found", "engine_unavailable"):
+            entry = self.state.profile_serving(model) if model else None
+            profile = entry.name if entry else self.state.current_profile()
+            if profile:
+                fixes.append(
+                    ("startEngine", f"Start {profile}", lambda: self.on_start_fix(profile))
+                )
+        if error.kind == "engine_starting":
+            c.retry_when_served = model
+        if error.kind == "unauthorized":
+            fixes.append(("enterKey", "Enter API key…", self.on_enter_key))
+        fixes.append(("retry", "Retry", c.retry))
+        return fixes
+
+    def on_start_fix(self, profile: str) -> None:
+        entry = self.state.profile(profile)
+        served = entry.served_names[0] if entry else profile
+        self.controller.retry_when_served = served
+        if self.model_picker.currentText() in ("", NO_MODEL):
+            self.select_model(served)
+            self.controller.options = None
+        self.app_actions.start_profile(profile)
+        self.transcript.error_card.message.setText(
+            f"Starting {profile}… the reply follows as soon as it serves {served}."
+        )
+
+    def on_enter_key(self) -> None:
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Gateway API key")
+        dialog.setLabelText("The gateway requires an API key (Settings → API keys creates one):")
+        dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
+        dialog.textValueSelected.connect(self.on_key_entered)
+        dialog.open()
+
+    def on_key_entered(self, key: str) -> None:
+        if key.strip():
+            write_key(self.bridge.paths, key)
+            self.controller.set_api_key(key.strip())
+            QTimer.singleShot(0, self, self.controller.retry)
+
+    # ----------------------------------------------------------------- slots: widgets
+
+    def on_send_clicked(self) -> None:
+        text = self.composer.toPlainText()
+        if self.controller.send(text, self.options(), edit_position=self.editing):
+            self.composer.clear()
+            self.editing = None
+            self.edit_note.setVisible(False)
+
+    def on_stop_clicked(self) -> None:
+        self.controller.stop()
+
+    def on_new_clicked(self) -> None:
+        self.chat_list.clearSelection()
+        self.controller.new_chat()
+
+    def on_chat_clicked(self, item: QListWidgetItem) -> None:
+        self.editing = None
+        self.edit_note.setVisible(False)
+        self.controller.open_chat(int(item.data(CHAT_ID_ROLE)))
+
+    def on_delete_clicked(self) -> None:
+        item = self.chat_list.currentItem()
+        if item is None:
+            return
+        if self.delete_button.text() != "Confirm delete":
+            self.delete_button.setText("Confirm delete")
+            QTimer.singleShot(
+                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
+            )
+            return
+        self.delete_button.setText("Delete")
+        self.controller.delete_chat(int(item.data(CHAT_ID_ROLE)))
+
+    def on_edit_requested(self, position: int) -> None:
+        t = self.controller.transcript
+        if t is None:
+            return
+        message = next((m for m in t.messages if m.position == position), None)
+        if message is not None:
+            self.editing = position
+            self.composer.setPlainText(message.content)
+            self.composer.setFocus()
+            self.edit_note.setVisible(True)
+
+    def _update_buttons(self) -> None:
+        streaming = self.controller.streaming is not None
+        self.send_button.setEnabled(not streaming)
+        self.stop_button.setEnabled(streaming)
+        self.new_button.setEnabled(not streaming)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Ctrl+Enter and Esc in the composer, also when the window-wide shortcuts cannot fire
+        (the window is not the active one)."""
+        if watched is self.composer and event.type() == QEvent.Type.KeyPress:
+            assert isinstance(event, QKeyEvent)
+            enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            if enter and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+                self.on_send_clicked()
+                return True
+            if event.key() == Qt.Key.Key_Escape:
+                self.on_stop_clicked()
+                return True
+        return super().eventFilter(watched, event)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        event.accept()  # the window hides; the app keeps running in the tray

@@ -1,0 +1,226 @@
+"""The Engines page: live throughput, the engines with start/stop/restart, the profile editor,
+the logs with diagnoses, and the engine environments."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.dashboard.envs_view import EnvsView
+from desktop.dashboard.logs_view import LogsView
+from desktop.dashboard.page import Page, PageContext
+from desktop.dashboard.profile_editor import ProfileEditor
+from desktop.messages import ThroughputSampled
+from desktop.state import LIVE_STATES
+from desktop.widgets.chart import LiveChart
+from engines.events import EngineState
+
+COLUMNS = ("Engine", "State", "Serves", "Port", "PID", "Restarts", "Detail")
+STATE_COLORS = {
+    EngineState.READY: "#2f9e44",
+    EngineState.STARTING: "#e67700",
+    EngineState.STOPPING: "#e67700",
+    EngineState.FAILED: "#d62828",
+    EngineState.STOPPED: "#6c737d",
+}
+
+
+class EnginesPage(Page):
+    live_charts = True
+
+    def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("engineTabs")
+        self.tabs.addTab(self._overview(), "Engines")
+        self.profiles = ProfileEditor(ctx)
+        self.tabs.addTab(self.profiles, "Profiles")
+        self.logs = LogsView(ctx, self.on_suggestion)
+        self.tabs.addTab(self.logs, "Logs")
+        self.envs = EnvsView(ctx)
+        self.tabs.addTab(self.envs, "Environments")
+        self.tabs.currentChanged.connect(self.on_tab_changed)
+        layout.addWidget(self.tabs)
+        ctx.state.engines_changed.connect(self.on_engines_changed)
+        ctx.state.profiles_changed.connect(self.on_profiles_changed)
+        ctx.state.throughput_sampled.connect(self.on_throughput_sampled)
+        ctx.state.connection_changed.connect(self.on_selection_changed)
+        self.on_profiles_changed()
+        self.on_engines_changed()
+
+    def _overview(self) -> QWidget:
+        page = QWidget()
+        layout = QVBoxLayout(page)
+        charts = QHBoxLayout()
+        self.tokens_chart = LiveChart("Generated tokens/s (gateway)", "tok/s", minimum_max=10)
+        self.tokens_chart.setObjectName("tokensChart")
+        self.tokens_chart.add_series("all models", "#1971c2")
+        self.inflight_chart = LiveChart("Requests in flight", "", minimum_max=4)
+        self.inflight_chart.setObjectName("inflightChart")
+        self.inflight_chart.add_series("requests", "#2f9e44")
+        charts.addWidget(self.tokens_chart, 2)
+        charts.addWidget(self.inflight_chart, 1)
+        layout.addLayout(charts)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setObjectName("engineTable")
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(self._controls_row())
+        self.detail = QLabel("")
+        self.detail.setObjectName("engineDetail")
+        self.detail.setWordWrap(True)
+        layout.addWidget(self.detail)
+        return page
+
+    def _controls_row(self) -> QHBoxLayout:
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Profile"))
+        self.profile_picker = QComboBox()
+        self.profile_picker.setObjectName("startProfilePicker")
+        self.profile_picker.setMinimumWidth(220)
+        row.addWidget(self.profile_picker)
+        self.start_button = QPushButton("Start")
+        self.start_button.setObjectName("startEngine")
+        self.start_button.clicked.connect(self.on_start_clicked)
+        row.addWidget(self.start_button)
+        row.addSpacing(24)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopEngine")
+        self.stop_button.clicked.connect(self.on_stop_clicked)
+        self.restart_button = QPushButton("Restart")
+        self.restart_button.setObjectName("restartEngine")
+        self.restart_button.clicked.connect(self.on_restart_clicked)
+        self.chat_button = QPushButton("Open chat")
+        self.chat_button.setObjectName("chatWithEngine")
+        self.chat_button.clicked.connect(self.on_chat_clicked)
+        for b in (self.stop_button, self.restart_button, self.chat_button):
+            row.addWidget(b)
+        row.addStretch(1)
+        return row
+
+    # ----------------------------------------------------------------- state → widgets
+
+    def on_profiles_changed(self) -> None:
+        current = self.profile_picker.currentText() or self.ctx.state.current_profile()
+        self.profile_picker.clear()
+        self.profile_picker.addItems([p.name for p in self.ctx.state.profiles])
+        if current:
+            self.profile_picker.setCurrentText(current)
+        self.on_selection_changed()
+
+    def on_engines_changed(self) -> None:
+        selected = self.selected_engine()
+        engines = sorted(self.ctx.state.engines.values(), key=lambda e: e.engine_id)
+        self.table.setRowCount(len(engines))
+        for r, e in enumerate(engines):
+            values = (
+                e.engine_id,
+                str(e.state),
+                ", ".join(e.served_names),
+                str(e.port or "–"),
+                str(e.pid or "–"),
+                str(e.restarts),
+                e.detail,
+            )
+            for c, value in enumerate(values):
+                item = QTableWidgetItem(value)
+                if c == 1:
+                    item.setForeground(QColor(STATE_COLORS.get(e.state, "#6c737d")))
+                self.table.setItem(r, c, item)
+            if e.engine_id == selected:
+                self.table.selectRow(r)
+        if self.table.currentRow() < 0 and engines:
+            self.table.selectRow(0)
+        self.on_selection_changed()
+
+    def selected_engine(self) -> str:
+        row = self.table.currentRow()
+        item = self.table.item(row, 0) if row >= 0 else None
+        return item.text() if item is not None else ""
+
+    def on_selection_changed(self, *_: object) -> None:
+        engine = self.ctx.state.engines.get(self.selected_engine())
+        live = engine is not None and engine.state in LIVE_STATES
+        self.stop_button.setEnabled(live)
+        self.restart_button.setEnabled(engine is not None)
+        self.chat_button.setEnabled(engine is not None and engine.state == EngineState.READY)
+        self.start_button.setEnabled(self.ctx.state.connected and self.profile_picker.count() > 0)
+        if not self.ctx.state.connected:
+            self.detail.setText(
+                "Not connected to the daemon: engines are unknown until it is back."
+            )
+            return
+        if engine is None:
+            self.detail.setText("No engine yet: pick a profile and press Start.")
+            return
+        text = f"<b>{html.escape(engine.engine_id)}</b> ({engine.engine} {engine.version}, "
+        text += f"{engine.device or '?'}): {html.escape(engine.detail)}"
+        if engine.diagnosis is not None:
+            d = engine.diagnosis
+            text += (
+                f"<br><span style='color:#d62828'><b>{html.escape(d.summary)}</b></span> "
+                f"{html.escape(d.advice)}"
+            )
+        self.detail.setText(text)
+
+    def on_throughput_sampled(self, sample: ThroughputSampled) -> None:
+        self.tokens_chart.append("all models", sample.tokens_per_s)
+        self.inflight_chart.append("requests", float(sample.in_flight))
+
+    # ----------------------------------------------------------------- actions
+
+    def on_start_clicked(self) -> None:
+        name = self.profile_picker.currentText()
+        if name:
+            self.ctx.actions.start_profile(name)
+
+    def on_stop_clicked(self) -> None:
+        engine_id = self.selected_engine()
+        if engine_id:
+            self.ctx.actions.stop_engine(engine_id)
+
+    def on_restart_clicked(self) -> None:
+        engine_id = self.selected_engine()
+        if engine_id:
+            self.ctx.actions.restart_engine(engine_id)
+
+    def on_chat_clicked(self) -> None:
+        engine = self.ctx.state.engines.get(self.selected_engine())
+        if engine is not None and engine.served_names:
+            self.ctx.open_chat(engine.served_names[0])
+
+    def on_suggestion(self, profile: str, suggested: object) -> None:
+        self.tabs.setCurrentWidget(self.profiles)
+        self.profiles.apply_suggestion(profile, suggested)  # type: ignore[arg-type]
+
+    def on_tab_changed(self, index: int) -> None:
+        if self.tabs.widget(index) is self.envs:
+            self.envs.reload()
+
+    def page_shown(self) -> None:
+        if self.tabs.currentWidget() is self.envs:
+            self.envs.reload()

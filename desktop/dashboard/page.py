@@ -1,0 +1,40 @@
+"""What every dashboard page is and gets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtWidgets import QWidget
+
+from desktop.actions import Actions
+from desktop.bridge import Bridge
+from desktop.notify import Notifier
+from desktop.state import AppState
+
+
+@dataclass(frozen=True)
+class PageContext:
+    bridge: Bridge
+    state: AppState
+    actions: Actions
+    notifier: Notifier
+    open_chat: Callable[[str], object]
+    show_page: Callable[[str], None]
+
+
+class Page(QWidget):
+    """A dashboard page. Pages are built the first time they are shown; ``page_shown`` and
+    ``page_hidden`` start and stop anything live (charts, log following)."""
+
+    live_charts = False  # True: the page wants throughput samples every second while shown
+
+    def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+
+    def page_shown(self) -> None:
+        return None
+
+    def page_hidden(self) -> None:
+        return None

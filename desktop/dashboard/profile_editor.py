@@ -1,0 +1,233 @@
+"""Profiles: the list, and an editor whose every change is checked by the daemon
+(``PUT /api/profiles/{name}?dry_run=1``) a moment after typing stops."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.dashboard.page import PageContext
+from desktop.dashboard.profile_form import ProfileForm
+from desktop.messages import CallResult
+
+VALIDATE_AFTER_MS = 300
+NAME_ROLE = Qt.ItemDataRole.UserRole
+
+
+class ProfileEditor(QWidget):
+    def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self._seq = itertools.count(1)
+        self._latest = 0
+        self.valid = False
+        self.loaded_name = ""
+        layout = QHBoxLayout(self)
+        layout.addLayout(self._list_column())
+        layout.addLayout(self._editor_column(), 1)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(VALIDATE_AFTER_MS)
+        self._timer.timeout.connect(self.validate_now)
+        ctx.state.profiles_changed.connect(self.on_profiles_changed)
+        self.on_profiles_changed()
+
+    def _list_column(self) -> QVBoxLayout:
+        left = QVBoxLayout()
+        self.list = QListWidget()
+        self.list.setObjectName("profileList")
+        self.list.setFixedWidth(230)
+        self.list.currentItemChanged.connect(self.on_profile_selected)
+        left.addWidget(self.list, 1)
+        new = QPushButton("New profile")
+        new.setObjectName("newProfile")
+        new.clicked.connect(self.on_new_clicked)
+        left.addWidget(new)
+        self.broken = QLabel()
+        self.broken.setObjectName("brokenProfiles")
+        self.broken.setWordWrap(True)
+        left.addWidget(self.broken)
+        return left
+
+    def _editor_column(self) -> QVBoxLayout:
+        right = QVBoxLayout()
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Name"))
+        self.name = QLineEdit()
+        self.name.setObjectName("profileName")
+        self.name.setToolTip("Letters, digits, '.', '_' or '-'; the file is profiles/NAME.toml")
+        self.name.textChanged.connect(self.schedule_validation)
+        top.addWidget(self.name, 1)
+        right.addLayout(top)
+        self.preset_note = QLabel(
+            "Shipped preset: saving writes your own copy under this name (it takes precedence)."
+        )
+        self.preset_note.setObjectName("presetNote")
+        self.preset_note.setVisible(False)
+        right.addWidget(self.preset_note)
+        self.form = ProfileForm()
+        self.form.changed.connect(self.schedule_validation)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.form)
+        right.addWidget(scroll, 1)
+        self.validation = QLabel("")
+        self.validation.setObjectName("profileValidation")
+        self.validation.setWordWrap(True)
+        self.validation.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        right.addWidget(self.validation)
+        buttons = QHBoxLayout()
+        self.save_button = QPushButton("Save")
+        self.save_button.setObjectName("saveProfile")
+        self.save_button.clicked.connect(self.on_save_clicked)
+        self.start_button = QPushButton("Start")
+        self.start_button.setObjectName("startProfile")
+        self.start_button.clicked.connect(self.on_start_clicked)
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setObjectName("deleteProfile")
+        self.delete_button.clicked.connect(self.on_delete_clicked)
+        for b in (self.save_button, self.start_button, self.delete_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        right.addLayout(buttons)
+        return right
+
+    # ----------------------------------------------------------------- list
+
+    def on_profiles_changed(self) -> None:
+        selected = self.loaded_name
+        self.list.blockSignals(True)
+        self.list.clear()
+        for entry in self.ctx.state.profiles:
+            item = QListWidgetItem(f"{entry.name}{'  (preset)' if entry.preset else ''}")
+            item.setData(NAME_ROLE, entry.name)
+            item.setToolTip(entry.description)
+            self.list.addItem(item)
+            if entry.name == selected:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+        broken = self.ctx.state.broken_profiles
+        self.broken.setText("Broken profile files:\n" + "\n".join(broken) if broken else "")
+        if not selected and self.list.count():
+            self.list.setCurrentRow(0)
+
+    def on_profile_selected(self, item: QListWidgetItem | None, _old: object = None) -> None:
+        if item is not None:
+            self.load_profile(str(item.data(NAME_ROLE)))
+
+    def load_profile(self, name: str) -> None:
+        entry = self.ctx.state.profile(name)
+        if entry is None:
+            return
+        self.loaded_name = name
+        self.name.blockSignals(True)
+        self.name.setText(name)
+        self.name.blockSignals(False)
+        self.form.load(entry.fields)
+        self.preset_note.setVisible(entry.preset)
+        self.delete_button.setEnabled(not entry.preset)
+        self.validate_now()
+
+    def on_new_clicked(self) -> None:
+        self.list.clearSelection()
+        self.loaded_name = ""
+        self.name.setText("my-profile")
+        self.form.load({"device": "auto", "model": ""})
+        self.preset_note.setVisible(False)
+        self.delete_button.setEnabled(False)
+        self.name.setFocus()
+        self.name.selectAll()
+
+    def apply_suggestion(self, profile: str, suggested: Mapping[str, str]) -> None:
+        """Open ``profile`` and fill in what a diagnosis suggests (then validate)."""
+        self.load_profile(profile)
+        for field, value in suggested.items():
+            self.form.set_value(field, value)
+        self.validate_now()
+
+    # ----------------------------------------------------------------- validation
+
+    def schedule_validation(self) -> None:
+        self.validation.setText("checking…")
+        self._timer.start()
+
+    def validate_now(self) -> None:
+        self._timer.stop()
+        name = self.name.text().strip()
+        body, problems = self.form.values()
+        if problems:
+            self._show(False, "; ".join(problems))
+            return
+        if not name:
+            self._show(False, "name is required")
+            return
+        seq = self._latest = next(self._seq)
+        self.ctx.bridge.call(
+            lambda c: c.save_profile(name, body, dry_run=True),
+            lambda r: self._on_checked(seq, r),
+        )
+
+    def _on_checked(self, seq: int, result: CallResult) -> None:
+        if seq != self._latest:
+            return  # an older check answered after a newer one was sent
+        if result.ok:
+            self._show(True, "✓ valid: the daemon accepts this profile")
+        else:
+            self._show(False, result.error)
+
+    def _show(self, ok: bool, text: str) -> None:
+        self.valid = ok
+        self.validation.setProperty("valid", ok)
+        self.validation.setStyleSheet("color: #2f9e44;" if ok else "color: #d62828;")
+        self.validation.setText(text)
+        self.save_button.setEnabled(ok)
+
+    # ----------------------------------------------------------------- actions
+
+    def on_save_clicked(self) -> None:
+        name = self.name.text().strip()
+        body, _ = self.form.values()
+
+        def saved(result: CallResult) -> None:
+            if result.ok:
+                self.loaded_name = name
+                self.ctx.notifier.notify("info", "Profile saved", name, popup=False)
+                self.ctx.actions.reload_profiles()
+            else:
+                self._show(False, result.error)
+
+        self.ctx.bridge.call(lambda c: c.save_profile(name, body), saved)
+
+    def on_start_clicked(self) -> None:
+        name = self.name.text().strip()
+        if name:
+            self.ctx.actions.start_profile(name)
+
+    def on_delete_clicked(self) -> None:
+        name = self.loaded_name
+        if not name:
+            return
+        if self.delete_button.text() != "Confirm delete":
+            self.delete_button.setText("Confirm delete")
+            QTimer.singleShot(
+                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
+            )
+            return
+        self.delete_button.setText("Delete")
+        self.loaded_name = ""
+        self.ctx.bridge.call(
+            lambda c: c.delete_profile(name), lambda _r: self.ctx.actions.reload_profiles()
+        )

@@ -1,0 +1,343 @@
+"""Settings: endpoint (port, LAN sharing, API keys), desktop (autostart, quit, notifications),
+Hugging Face, energy and the GPU simulator. Each change is sent to the daemon at once
+(``PATCH /api/settings``), which validates and saves it; its tooltip is the setting's doc line
+from the daemon."""
+
+from __future__ import annotations
+
+import html
+import os
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop import autostart
+from desktop.chat.keyfile import write_key
+from desktop.dashboard.page import Page, PageContext
+from desktop.hf_token import token_source, write_token
+from desktop.messages import CallResult
+
+RESTART_NOTE = "takes effect when the daemon restarts"
+
+
+class SettingsPage(Page):
+    def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self._loading = False
+        self._tooltips: dict[str, QWidget] = {}
+        outer = QVBoxLayout(self)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        inner = QWidget()
+        self.column = QVBoxLayout(inner)
+        self.column.addWidget(self._endpoint())
+        self.column.addWidget(self._desktop())
+        self.column.addWidget(self._hub())
+        self.column.addWidget(self._energy())
+        self.column.addStretch(1)
+        scroll.setWidget(inner)
+        outer.addWidget(scroll, 1)
+        self.result = QLabel("")
+        self.result.setObjectName("settingsResult")
+        self.result.setWordWrap(True)
+        self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        outer.addWidget(self.result)
+        ctx.state.settings_changed.connect(self.on_settings_changed)
+        ctx.state.status_changed.connect(self.on_settings_changed)
+        self.on_settings_changed()
+
+    # ----------------------------------------------------------------- groups
+
+    def _group(self, title: str) -> tuple[QGroupBox, QFormLayout]:
+        box = QGroupBox(title)
+        return box, QFormLayout(box)
+
+    def _endpoint(self) -> QWidget:
+        box, form = self._group("Endpoint")
+        self.port = QSpinBox(minimum=1, maximum=65535)
+        self.port.setMaximumWidth(280)
+        self.port.setObjectName("gateway.port")
+        self.port.editingFinished.connect(
+            lambda: self._apply("gateway.port", self.port.value(), RESTART_NOTE)
+        )
+        port_row = QHBoxLayout()
+        port_row.addWidget(self.port)
+        self.restart_daemon = QPushButton("Restart the daemon")
+        self.restart_daemon.setObjectName("restartDaemon")
+        self.restart_daemon.setToolTip("Stops running engines; the app reconnects on its own")
+        self.restart_daemon.clicked.connect(self.on_restart_daemon_clicked)
+        port_row.addWidget(self.restart_daemon)
+        port_row.addStretch(1)
+        form.addRow("Port", port_row)
+        self._tooltips["gateway.port"] = self.port
+        self.bound = QLabel("")
+        self.bound.setObjectName("boundAddress")
+        form.addRow("Serving on", self.bound)
+        self.lan = QCheckBox("Share on the LAN (bind 0.0.0.0; API key required)")
+        self.lan.setObjectName("gateway.lan_sharing")
+        self.lan.toggled.connect(lambda on: self._apply("gateway.lan_sharing", on, RESTART_NOTE))
+        form.addRow("LAN sharing", self.lan)
+        self._tooltips["gateway.lan_sharing"] = self.lan
+        self.keys = QListWidget()
+        self.keys.setObjectName("apiKeys")
+        self.keys.setMaximumHeight(90)
+        self._tooltips["gateway.api_key_sha256"] = self.keys
+        key_buttons = QHBoxLayout()
+        add = QPushButton("Add key")
+        add.setObjectName("addApiKey")
+        add.clicked.connect(self.on_add_key_clicked)
+        remove = QPushButton("Remove selected")
+        remove.setObjectName("removeApiKey")
+        remove.clicked.connect(self.on_remove_key_clicked)
+        key_buttons.addWidget(add)
+        key_buttons.addWidget(remove)
+        key_buttons.addStretch(1)
+        keys = QVBoxLayout()
+        keys.addWidget(self.keys)
+        keys.addLayout(key_buttons)
+        self.new_key = QLineEdit()
+        self.new_key.setObjectName("newApiKey")
+        self.new_key.setReadOnly(True)
+        self.new_key.setVisible(False)
+        keys.addWidget(self.new_key)
+        form.addRow("API keys", keys)
+        return box
+
+    def _desktop(self) -> QWidget:
+        box, form = self._group("Desktop")
+        self.autostart = QCheckBox("Start traylm when I log in")
+        self.autostart.setObjectName("ui.autostart")
+        self.autostart.toggled.connect(self.on_autostart_toggled)
+        form.addRow("Autostart", self.autostart)
+        self._tooltips["ui.autostart"] = self.autostart
+        self.quit_action = QComboBox()
+        self.quit_action.setMaximumWidth(280)
+        self.quit_action.setObjectName("ui.quit_action")
+        self.quit_action.addItems(["ask", "stop", "leave"])
+        self.quit_action.currentTextChanged.connect(lambda v: self._apply("ui.quit_action", v))
+        form.addRow("Quit action", self.quit_action)
+        self._tooltips["ui.quit_action"] = self.quit_action
+        self.notifications = QCheckBox("Show desktop notifications")
+        self.notifications.setObjectName("ui.notifications")
+        self.notifications.toggled.connect(lambda on: self._apply("ui.notifications", on))
+        form.addRow("Notifications", self.notifications)
+        self._tooltips["ui.notifications"] = self.notifications
+        return box
+
+    def _hub(self) -> QWidget:
+        box, form = self._group("Hugging Face")
+        row = QHBoxLayout()
+        self.hf_token = QLineEdit()
+        self.hf_token.setObjectName("hfToken")
+        self.hf_token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.hf_token.setPlaceholderText("hf_… (for gated models such as Llama)")
+        save = QPushButton("Save token")
+        save.setObjectName("saveHfToken")
+        save.clicked.connect(self.on_save_token_clicked)
+        row.addWidget(self.hf_token, 1)
+        row.addWidget(save)
+        form.addRow("Token", row)
+        self.hf_status = QLabel("")
+        self.hf_status.setObjectName("hfTokenStatus")
+        self.hf_status.setWordWrap(True)
+        form.addRow("", self.hf_status)
+        self.hf_endpoint = QLineEdit()
+        self.hf_endpoint.setObjectName("hub.endpoint")
+        self.hf_endpoint.setPlaceholderText("https://huggingface.co (default)")
+        self.hf_endpoint.editingFinished.connect(
+            lambda: self._apply("hub.endpoint", self.hf_endpoint.text().strip())
+        )
+        form.addRow("Endpoint", self.hf_endpoint)
+        self._tooltips["hub.endpoint"] = self.hf_endpoint
+        return box
+
+    def _energy(self) -> QWidget:
+        box, form = self._group("Energy and GPUs")
+        price_row = QHBoxLayout()
+        self.price = QDoubleSpinBox(decimals=3, minimum=0.0, maximum=100.0, singleStep=0.01)
+        self.price.setMaximumWidth(280)
+        self.price.setObjectName("energy.electricity_price_per_kwh")
+        self.price.editingFinished.connect(
+            lambda: self._apply("energy.electricity_price_per_kwh", self.price.value())
+        )
+        self.currency = QLineEdit()
+        self.currency.setObjectName("energy.currency")
+        self.currency.setMaximumWidth(70)
+        self.currency.editingFinished.connect(
+            lambda: self._apply("energy.currency", self.currency.text().strip() or "EUR")
+        )
+        price_row.addWidget(self.price)
+        price_row.addWidget(self.currency)
+        price_row.addWidget(QLabel("per kWh"))
+        price_row.addStretch(1)
+        form.addRow("Electricity price", price_row)
+        self._tooltips["energy.electricity_price_per_kwh"] = self.price
+        self._tooltips["energy.currency"] = self.currency
+        self.psu = QSpinBox(minimum=100, maximum=20000, singleStep=50, suffix=" W")
+        self.psu.setMaximumWidth(280)
+        self.psu.setObjectName("energy.psu_watts")
+        self.psu.editingFinished.connect(
+            lambda: self._apply("energy.psu_watts", float(self.psu.value()))
+        )
+        form.addRow("Power supply", self.psu)
+        self._tooltips["energy.psu_watts"] = self.psu
+        self.simulate = QSpinBox(minimum=0, maximum=8)
+        self.simulate.setMaximumWidth(280)
+        self.simulate.setObjectName("gpu.simulate_gpus")
+        self.simulate.setSpecialValueText("off (real GPUs through NVML)")
+        self.simulate.editingFinished.connect(
+            lambda: self._apply(
+                "gpu.simulate_gpus", self.simulate.value(), "used by GPU telemetry; " + RESTART_NOTE
+            )
+        )
+        form.addRow("GPU simulator", self.simulate)
+        self._tooltips["gpu.simulate_gpus"] = self.simulate
+        return box
+
+    # ----------------------------------------------------------------- state → widgets
+
+    def on_settings_changed(self) -> None:
+        state = self.ctx.state
+        s = state.settings
+        for key, widget in self._tooltips.items():
+            widget.setToolTip(str(state.docs.get(key, "")))
+        if s is None:
+            return
+        self._loading = True
+        try:
+            self.port.setValue(s.gateway.port)
+            self.lan.setChecked(s.gateway.lan_sharing)
+            has_keys = bool(s.gateway.api_key_sha256)
+            self.lan.setEnabled(has_keys or s.gateway.lan_sharing)
+            if not has_keys:
+                self.lan.setToolTip(
+                    "Add an API key first: an open LLM server on the LAN is found by scanners. "
+                    + str(state.docs.get("gateway.lan_sharing", ""))
+                )
+            self.keys.clear()
+            for digest in s.gateway.api_key_sha256:
+                self.keys.addItem(f"sha256 {digest[:16]}…")
+                self.keys.item(self.keys.count() - 1).setData(Qt.ItemDataRole.UserRole, digest)
+            self.autostart.setChecked(autostart.is_enabled())
+            self.quit_action.setCurrentText(s.ui.quit_action)
+            self.notifications.setChecked(s.ui.notifications)
+            self.hf_endpoint.setText(s.hub.endpoint)
+            self.price.setValue(s.energy.electricity_price_per_kwh)
+            self.currency.setText(s.energy.currency)
+            self.psu.setValue(int(s.energy.psu_watts))
+            self.simulate.setValue(s.gpu.simulate_gpus)
+            self.hf_status.setText(token_source(s.hub.token_env, os.environ))
+        finally:
+            self._loading = False
+        status = state.status
+        host = status.get("bind_host", "?")
+        self.bound.setText(
+            f"{host}:{s.gateway.port}"
+            + (" (API key required)" if status.get("api_key_required") else " (no API key)")
+        )
+
+    # ----------------------------------------------------------------- widgets → daemon
+
+    def _apply(self, key: str, value: object, note: str = "") -> None:
+        if self._loading:
+            return
+        settings = self.ctx.state.settings
+        if settings is not None and _current(settings, key) == value:
+            return
+
+        def done(result: CallResult) -> None:
+            if result.ok:
+                self._say(True, f"Saved {key} = {value!r}" + (f" ({note})" if note else ""))
+            else:
+                self._say(False, result.error)
+                self.on_settings_changed()  # put the widget back to what the daemon has
+
+        self.ctx.actions.update_settings({key: value}, then=done)
+
+    def _say(self, ok: bool, text: str) -> None:
+        self.result.setStyleSheet("color: #2f9e44;" if ok else "color: #d62828;")
+        self.result.setProperty("ok", ok)
+        self.result.setText(text)
+
+    def on_autostart_toggled(self, on: bool) -> None:
+        if self._loading:
+            return
+        try:
+            path = autostart.set_enabled(on)
+        except OSError as exc:
+            self._say(False, f"cannot write the autostart entry: {exc}")
+            return
+        self._apply("ui.autostart", on, f"{'wrote' if on else 'removed'} {path}")
+
+    def on_add_key_clicked(self) -> None:
+        def added(result: CallResult) -> None:
+            if not result.ok or not isinstance(result.value, str):
+                self._say(False, result.error)
+                return
+            key = result.value
+            write_key(self.ctx.bridge.paths, key)
+            self.new_key.setText(key)
+            self.new_key.setVisible(True)
+            QGuiApplication.clipboard().setText(key)
+            self._say(
+                True,
+                "New API key copied to the clipboard. It is shown once: the daemon keeps only "
+                "its SHA-256 (the chat window keeps a copy to use it).",
+            )
+            self.ctx.bridge.call(self.ctx.bridge.link.load_settings)
+
+        self.ctx.bridge.call(lambda c: c.add_api_key(), added)
+
+    def on_remove_key_clicked(self) -> None:
+        item = self.keys.currentItem()
+        if item is None:
+            return
+        digest = str(item.data(Qt.ItemDataRole.UserRole))
+
+        def removed(result: CallResult) -> None:
+            if result.ok:
+                self._say(True, "API key removed")
+                self.new_key.setVisible(False)
+            else:
+                self._say(False, result.error)
+            self.ctx.bridge.call(self.ctx.bridge.link.load_settings)
+
+        self.ctx.bridge.call(lambda c: c.remove_api_key(digest), removed)
+
+    def on_save_token_clicked(self) -> None:
+        token = self.hf_token.text().strip()
+        if not token:
+            return
+        try:
+            path = write_token(token)
+        except OSError as exc:
+            self._say(False, f"cannot save the token: {exc}")
+            return
+        self.hf_token.clear()
+        self._say(True, f"Hugging Face token saved to {html.escape(str(path))}")
+        self.on_settings_changed()
+
+    def on_restart_daemon_clicked(self) -> None:
+        self._say(True, "Restarting the daemon…")
+        self.ctx.actions.restart_daemon()
+
+
+def _current(settings: object, key: str) -> object:
+    section, _, name = key.partition(".")
+    return getattr(getattr(settings, section, None), name, None)

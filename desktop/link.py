@@ -1,0 +1,330 @@
+"""The app's connection to the daemon, kept alive on the bridge's asyncio loop (no Qt here).
+
+``DaemonLink.run`` connects (starting the daemon detached on first use when none runs), loads
+a snapshot (status, engines, profiles, settings), then relays the daemon's event stream and
+samples the gateway's throughput until the connection breaks; then it says so and reconnects on
+its own as soon as a daemon answers again. A daemon of another version is reported, not refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import psutil
+
+from desktop.chat.stream import GatewayHTTP
+from desktop.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wait_until_serving
+from desktop.messages import (
+    CallResult,
+    ConnectionChanged,
+    EnginesLoaded,
+    LinkState,
+    ProfileEntry,
+    ProfilesLoaded,
+    SettingsLoaded,
+    StatusLoaded,
+    freeze,
+)
+from desktop.throughput import ThroughputMeter
+from engines import __version__
+from engines.client import DaemonClient
+from engines.config import Paths, Settings
+from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
+from engines.events import DaemonStopping, EngineState, EngineStateChanged, Event, from_plain
+
+log = logging.getLogger(__name__)
+
+Post = Callable[[object], None]
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 2.0
+IDLE_METRICS_S = 5.0
+RESYNC_AFTER_S = 0.5
+
+
+class DaemonLink:
+    def __init__(self, paths: Paths, post: Post, *, spawn_daemon: bool = True) -> None:
+        self.paths = paths
+        self._post = post
+        self._spawn_first = spawn_daemon
+        self.client: DaemonClient | None = None
+        self.gateway = GatewayHTTP(post)
+        self.spawned: SpawnedDaemon | None = None
+        self.closing = False
+        self.metrics_interval_s = IDLE_METRICS_S
+        self._meter = ThroughputMeter()
+        self._ready: set[str] = set()
+        self._spawn_requested = False
+        self._spawn_error = ""  # why the last start failed; shown until a daemon answers
+        self._stopping_token = ""  # the daemon that announced it is stopping
+        self._wake_metrics: asyncio.Event | None = None
+        self._wake_retry: asyncio.Event | None = None
+
+    # ----------------------------------------------------------------- supervision
+
+    async def run(self) -> None:
+        self._wake_metrics = asyncio.Event()
+        self._wake_retry = asyncio.Event()
+        self._post(ConnectionChanged(LinkState.CONNECTING, "connecting to the traylm daemon…"))
+        delay_s = RETRY_FIRST_S
+        while not self.closing:
+            try:
+                client = await self._connect()
+            except DaemonUnavailable as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        self._unreachable_text(exc),
+                        spawned=self.spawned is not None,
+                    )
+                )
+                await self._pause(delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+                continue
+            delay_s = RETRY_FIRST_S
+            try:
+                await self._serve(client)
+            except DaemonUnavailable as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        f"lost the daemon ({exc.message}); waiting for it to come back",
+                    )
+                )
+            except TraylmError as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        f"the daemon answered with an error ({exc.message}); retrying",
+                    )
+                )
+                await self._pause(RETRY_MAX_S)
+            except Exception as exc:  # boundary: the link must outlive any bug below it
+                log.exception("daemon link failed")
+                self._post(
+                    ConnectionChanged(LinkState.UNREACHABLE, f"internal error: {exc}; retrying")
+                )
+                await self._pause(RETRY_MAX_S)
+            finally:
+                self.client = None
+                self._ready.clear()
+                await client.close()
+
+    def _unreachable_text(self, exc: DaemonUnavailable) -> str:
+        if isinstance(exc, SpawnFailed):
+            self._spawn_error = exc.message
+        if self._spawn_error:
+            return f"Could not start the traylm daemon: {self._spawn_error}"
+        if not self.paths.daemon_json.exists():
+            return (
+                "The traylm daemon is not running. Start it here (or with `traylm serve`); "
+                "this app connects as soon as it answers."
+            )
+        return f"{exc.message}. Retrying on its own."
+
+    async def _pause(self, delay_s: float) -> None:
+        assert self._wake_retry is not None
+        self._wake_retry.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake_retry.wait(), delay_s)
+
+    async def _connect(self) -> DaemonClient:
+        spawn = self._spawn_requested or (self._spawn_first and self.spawned is None)
+        self._spawn_first = False
+        try:
+            client = await DaemonClient.connect(self.paths, timeout_s=30)
+        except DaemonUnavailable:
+            if not spawn:
+                raise
+        else:
+            if client.info.token != self._stopping_token:
+                return client
+            await client.close()  # the one that said it is stopping: wait for it to go
+            raise DaemonUnavailable("the daemon is stopping")
+        self._spawn_requested = False
+        self._post(
+            ConnectionChanged(
+                LinkState.STARTING_DAEMON, "starting the traylm daemon (traylm serve)…"
+            )
+        )
+        self.spawned = await asyncio.to_thread(spawn_daemon, self.paths)
+        return await wait_until_serving(self.paths, self.spawned)
+
+    async def _serve(self, client: DaemonClient) -> None:
+        self._spawn_error = ""
+        status = await client.status()
+        self.client = client
+        url = str(status.get("url", client.info.url))
+        self.gateway.base_url = url
+        version = str(status.get("version", client.info.version))
+        spawned = self.spawned is not None and self.spawned.pid == client.info.pid
+        if version == __version__:
+            state, message = LinkState.CONNECTED, f"connected to the daemon at {url}"
+        else:
+            state = LinkState.VERSION_MISMATCH
+            message = (
+                f"the running daemon is traylm {version} but this app is {__version__}; "
+                "restart the daemon (menu: Restart daemon) so that both match"
+            )
+        self._post(
+            ConnectionChanged(state, message, url, version, client.info.pid, spawned=spawned)
+        )
+        self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
+        await self.load_all(client)
+        self._meter.reset()
+        metrics = asyncio.create_task(self._poll_metrics(client), name="metrics")
+        resync = asyncio.create_task(self._resync(client), name="resync")
+        try:
+            await self._pump_events(client)
+        finally:
+            for task in (metrics, resync):
+                task.cancel()
+            await asyncio.gather(metrics, resync, return_exceptions=True)
+
+    async def _pump_events(self, client: DaemonClient) -> None:
+        async for event in client.events():
+            self._track(event)
+            self._post(event)
+            if isinstance(event, DaemonStopping):
+                # let go at once (the daemon would otherwise wait for this stream to close),
+                # and do not reconnect to it while it finishes stopping
+                self._stopping_token = client.info.token
+                raise DaemonUnavailable(f"the daemon is stopping ({event.reason or 'asked to'})")
+        raise DaemonUnavailable("the daemon closed the event stream")
+
+    async def _resync(self, client: DaemonClient) -> None:
+        """Re-read the engines once the event stream surely runs, so that no change made
+        between the snapshot and the subscription is lost."""
+        await asyncio.sleep(RESYNC_AFTER_S)
+        with contextlib.suppress(TraylmError):
+            await self.load_engines(client)
+
+    def _track(self, event: Event) -> None:
+        if isinstance(event, EngineStateChanged):
+            if event.state == EngineState.READY:
+                self._ready.add(event.engine_id)
+                self._wake()
+            else:
+                self._ready.discard(event.engine_id)
+
+    # ----------------------------------------------------------------- snapshot
+
+    async def load_all(self, client: DaemonClient) -> None:
+        await self.load_engines(client)
+        await self.load_profiles(client)
+        await self.load_settings(client)
+
+    async def load_engines(self, client: DaemonClient) -> None:
+        engines = tuple(await client.engines())
+        self._ready = {e.engine_id for e in engines if e.state == EngineState.READY}
+        self._wake()
+        self._post(EnginesLoaded(engines))
+
+    async def load_profiles(self, client: DaemonClient) -> None:
+        data = await client.profiles()
+        entries = tuple(
+            ProfileEntry(str(p["name"]), bool(p["preset"]), freeze(p["profile"]))  # type: ignore[arg-type]
+            for p in data["profiles"]
+        )
+        self._post(ProfilesLoaded(entries, tuple(str(b) for b in data.get("broken", ()))))
+
+    async def load_settings(self, client: DaemonClient) -> None:
+        data = await client.settings()
+        settings = from_plain(Settings, data["settings"])
+        self._post(SettingsLoaded(settings, freeze(data["docs"])))  # type: ignore[arg-type]
+        status = await client.status()
+        self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------- throughput
+
+    def set_metrics_interval(self, interval_s: float) -> None:
+        self.metrics_interval_s = interval_s
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_metrics is not None:
+            self._wake_metrics.set()
+
+    async def _poll_metrics(self, client: DaemonClient) -> None:
+        assert self._wake_metrics is not None
+        while True:
+            timeout_s: float | None = None
+            if self._ready:
+                try:
+                    text = await client.gateway_metrics()
+                except ControlAPIError:
+                    return  # an older daemon without /api/metrics: no figures, nothing broken
+                self._post(self._meter.add(text, time.time()))
+                timeout_s = self.metrics_interval_s
+            self._wake_metrics.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_metrics.wait(), timeout_s)
+
+    # ----------------------------------------------------------------- daemon start/restart
+
+    def request_daemon_start(self) -> None:
+        """Start a daemon on the next attempt (the user asked; the first start is automatic)."""
+        self._spawn_requested = True
+        if self._wake_retry is not None:
+            self._wake_retry.set()
+
+    async def restart_daemon(self, timeout_s: float = 60.0) -> None:
+        """Shut the daemon down (its engines stop), wait until it is gone, start a new one."""
+        client = self.client
+        if client is not None:
+            pid = client.info.pid
+            with contextlib.suppress(DaemonUnavailable):
+                await client.shutdown()
+            deadline = time.monotonic() + timeout_s
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            if psutil.pid_exists(pid):
+                raise DaemonUnavailable(f"the daemon (pid {pid}) did not stop in {timeout_s:.0f} s")
+        self.request_daemon_start()
+
+    # ----------------------------------------------------------------- calls from the GUI
+
+    async def run_call(self, call_id: int, fn: Callable[[DaemonClient], Awaitable[object]]) -> None:
+        client = self.client
+        if client is None:
+            self._post(
+                CallResult(
+                    call_id,
+                    error="not connected to the traylm daemon; it reconnects on its own",
+                    error_code="daemon_unavailable",
+                )
+            )
+            return
+        await self._guarded(call_id, lambda: fn(client))
+
+    async def run_gateway(
+        self, call_id: int, fn: Callable[[GatewayHTTP], Awaitable[object]]
+    ) -> None:
+        await self._guarded(call_id, lambda: fn(self.gateway))
+
+    async def run_link(self, call_id: int, fn: Callable[[DaemonLink], Awaitable[object]]) -> None:
+        await self._guarded(call_id, lambda: fn(self))
+
+    async def _guarded(self, call_id: int, make: Callable[[], Awaitable[object]]) -> None:
+        try:
+            value = await make()
+        except asyncio.CancelledError:
+            self._post(CallResult(call_id, cancelled=True))
+            raise
+        except TraylmError as exc:
+            self._post(CallResult(call_id, error=exc.message, error_code=exc.code))
+        except Exception as exc:  # boundary: a bug must reach the GUI as an error, not vanish
+            log.exception("call %d failed", call_id)
+            self._post(CallResult(call_id, error=f"internal error: {exc}", error_code="internal"))
+        else:
+            self._post(CallResult(call_id, value=freeze(value)))
+
+    async def close(self) -> None:
+        self.closing = True
+        await self.gateway.close()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None

@@ -1,0 +1,148 @@
+"""What the app knows about the daemon, on the GUI thread. Widgets read it and listen to its
+signals; only ``AppState.on_message_received`` (fed by the bridge) changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from PySide6.QtCore import QObject, Signal
+
+from desktop.messages import (
+    ConnectionChanged,
+    EnginesLoaded,
+    LinkState,
+    ProfileEntry,
+    ProfilesLoaded,
+    SettingsLoaded,
+    StatusLoaded,
+    ThroughputSampled,
+)
+from engines.config import Settings
+from engines.events import EngineState, EngineStateChanged, EngineStatus, Event
+
+LIVE_STATES = (EngineState.STARTING, EngineState.READY, EngineState.STOPPING)
+
+
+class AppState(QObject):
+    connection_changed = Signal(object)  # ConnectionChanged
+    engines_changed = Signal()
+    profiles_changed = Signal()
+    settings_changed = Signal()
+    status_changed = Signal()
+    throughput_sampled = Signal(object)  # ThroughputSampled
+    event_received = Signal(object)  # every engines.events.Event, after state was updated
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.connection = ConnectionChanged(LinkState.CONNECTING, "connecting to the daemon…")
+        self.engines: dict[str, EngineStatus] = {}
+        self.profiles: tuple[ProfileEntry, ...] = ()
+        self.broken_profiles: tuple[str, ...] = ()
+        self.settings: Settings | None = None
+        self.docs: Mapping[str, str] = MappingProxyType({})
+        self.status: Mapping[str, object] = MappingProxyType({})
+        self.throughput: ThroughputSampled | None = None
+        self.local_streams = 0  # chat replies streaming from this app right now
+
+    # ----------------------------------------------------------------- derived facts
+
+    @property
+    def connected(self) -> bool:
+        return self.connection.state.usable
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"{self.connection.url}/v1" if self.connection.url else ""
+
+    @property
+    def busy(self) -> bool:
+        in_flight = self.throughput.in_flight if self.throughput else 0
+        return in_flight > 0 or self.local_streams > 0
+
+    def live_engines(self) -> list[EngineStatus]:
+        return [e for e in self.engines.values() if e.state in LIVE_STATES]
+
+    def served_models(self) -> list[str]:
+        return [
+            name
+            for e in self.engines.values()
+            if e.state == EngineState.READY
+            for name in e.served_names
+        ]
+
+    def profile(self, name: str) -> ProfileEntry | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    def profile_serving(self, model: str) -> ProfileEntry | None:
+        return next((p for p in self.profiles if model in p.served_names), None)
+
+    def current_profile(self) -> str:
+        """The profile the tray's Start acts on: the setting, else a live engine, else the
+        first profile."""
+        wanted = self.settings.ui.last_profile if self.settings else ""
+        if wanted and self.profile(wanted) is not None:
+            return wanted
+        live = self.live_engines()
+        if live:
+            return live[0].engine_id
+        return self.profiles[0].name if self.profiles else ""
+
+    # ----------------------------------------------------------------- updates
+
+    def on_message_received(self, message: object) -> None:
+        if isinstance(message, ConnectionChanged):
+            self._on_connection(message)
+        elif isinstance(message, EnginesLoaded):
+            self.engines = {e.engine_id: e for e in message.engines}
+            self.engines_changed.emit()
+        elif isinstance(message, ProfilesLoaded):
+            self.profiles, self.broken_profiles = message.profiles, message.broken
+            self.profiles_changed.emit()
+        elif isinstance(message, SettingsLoaded):
+            self.settings, self.docs = message.settings, message.docs
+            self.settings_changed.emit()
+        elif isinstance(message, StatusLoaded):
+            self.status = message.status
+            self.status_changed.emit()
+        elif isinstance(message, ThroughputSampled):
+            self.throughput = message
+            self.throughput_sampled.emit(message)
+        elif isinstance(message, Event):
+            if isinstance(message, EngineStateChanged):
+                self._apply_engine_event(message)
+            self.event_received.emit(message)
+
+    def _on_connection(self, message: ConnectionChanged) -> None:
+        self.connection = message
+        if not message.state.usable:
+            self.throughput = None
+            if self.engines:  # the daemon is gone: what it ran is unknown until it is back
+                self.engines = {}
+                self.engines_changed.emit()
+        self.connection_changed.emit(message)
+
+    def _apply_engine_event(self, ev: EngineStateChanged) -> None:
+        old = self.engines.get(ev.engine_id)
+        if old is None:
+            old = EngineStatus(
+                ev.engine_id, ev.engine, ev.state, ev.served_names, ev.port, ev.pid, 0, "", None,
+                None, None, ev.engine_id, "", "",
+            )  # fmt: skip
+        self.engines[ev.engine_id] = dataclasses.replace(
+            old,
+            state=ev.state,
+            served_names=ev.served_names or old.served_names,
+            port=ev.port,
+            pid=ev.pid,
+            restarts=ev.restarts,
+            detail=ev.detail,
+            diagnosis=ev.diagnosis if ev.state == EngineState.FAILED else old.diagnosis,
+        )
+        self.engines_changed.emit()
+
+    def set_local_streams(self, count: int) -> None:
+        self.local_streams = count
+        self.engines_changed.emit()  # the tray's busy state follows

@@ -1,0 +1,263 @@
+"""The tray icon, its tooltip and its menu. Without a system tray the same menu lives in the
+fallback window's menu bar (see app.py), so every action stays reachable.
+
+Menu: status line · Start/Stop/Restart · Profiles ▸ · Models ▸ · Open chat · Open dashboard ·
+Copy endpoint URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction, QActionGroup
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from desktop.actions import Actions
+from desktop.icons import TrayState, state_icon
+from desktop.messages import LinkState
+from desktop.notify import Notification, Notifier
+from desktop.state import LIVE_STATES, AppState
+from desktop.tray_state import tooltip_text, tray_state
+
+BALLOON_MS = 8000
+_LEVEL_ICONS = {
+    "info": QSystemTrayIcon.MessageIcon.Information,
+    "warning": QSystemTrayIcon.MessageIcon.Warning,
+    "error": QSystemTrayIcon.MessageIcon.Critical,
+}
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How the menu opens the app's windows and quits (provided by the app)."""
+
+    open_chat: Callable[[str], object]  # model name or ""
+    open_dashboard: Callable[[str], object]  # page key or ""
+    request_quit: Callable[[], None]
+
+
+class TrayController(QObject):
+    state_changed = Signal(object)  # TrayState
+
+    def __init__(
+        self,
+        state: AppState,
+        actions: Actions,
+        notifier: Notifier,
+        windows: Windows,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.actions = actions
+        self.windows = windows
+        self.current = TrayState.STARTING
+        self.icon = QSystemTrayIcon(state_icon(self.current), self)
+        self.menu = QMenu()
+        self.menu.setObjectName("trayMenu")
+        self._build_menu()
+        self.icon.setContextMenu(self.menu)
+        self.icon.activated.connect(self.on_icon_activated)
+        for signal in (
+            state.connection_changed,
+            state.engines_changed,
+            state.profiles_changed,
+            state.settings_changed,
+            state.status_changed,
+            state.throughput_sampled,
+        ):
+            signal.connect(self.refresh)
+        for signal in (state.engines_changed, state.profiles_changed, state.settings_changed):
+            signal.connect(self.refresh_menus)
+        notifier.notified.connect(self.on_notified)
+        self.refresh()
+        self.refresh_menus()
+
+    # ----------------------------------------------------------------- menu
+
+    def _add(self, text: str, slot: Callable[[], object], name: str) -> QAction:
+        action = QAction(text, self.menu)
+        action.setObjectName(name)
+        action.triggered.connect(lambda _checked=False: slot())
+        self.menu.addAction(action)
+        return action
+
+    def _build_menu(self) -> None:
+        self.status_action = QAction("", self.menu)
+        self.status_action.setEnabled(False)
+        self.menu.addAction(self.status_action)
+        self.menu.addSeparator()
+        self.start_action = self._add("Start", self.on_start_triggered, "start")
+        self.stop_action = self._add("Stop", self.on_stop_triggered, "stop")
+        self.restart_action = self._add("Restart", self.on_restart_triggered, "restart")
+        self.profiles_menu = self.menu.addMenu("Profiles")
+        self.profiles_menu.setObjectName("profilesMenu")
+        self.models_menu = self.menu.addMenu("Models")
+        self.models_menu.setObjectName("modelsMenu")
+        self.menu.addSeparator()
+        self._add("Open chat", lambda: self.windows.open_chat(""), "openChat")
+        self._add("Open dashboard", lambda: self.windows.open_dashboard(""), "openDashboard")
+        self.copy_action = self._add("Copy endpoint URL", self.actions.copy_endpoint, "copyUrl")
+        self.lan_action = self._add(
+            "LAN sharing: off", lambda: self.windows.open_dashboard("settings"), "lan"
+        )
+        self.daemon_menu = self.menu.addMenu("Daemon")
+        self.start_daemon_action = QAction("Start the daemon", self.daemon_menu)
+        self.start_daemon_action.triggered.connect(self.actions.start_daemon)
+        self.restart_daemon_action = QAction("Restart the daemon", self.daemon_menu)
+        self.restart_daemon_action.triggered.connect(lambda: self.actions.restart_daemon())
+        self.daemon_menu.addAction(self.start_daemon_action)
+        self.daemon_menu.addAction(self.restart_daemon_action)
+        self.menu.addSeparator()
+        self._add("Quit", self.windows.request_quit, "quit")
+        self.menu.aboutToShow.connect(self.refresh)
+        self.menu.aboutToShow.connect(self.refresh_menus)
+
+    def _fill_profiles(self) -> None:
+        self.profiles_menu.clear()
+        group = QActionGroup(self.profiles_menu)
+        current = self.state.current_profile()
+        for entry in self.state.profiles:
+            engine = self.state.engines.get(entry.name)
+            running = f"  [{engine.state}]" if engine and engine.state in LIVE_STATES else ""
+            text = f"{entry.name}{running}"
+            action = QAction(text, self.profiles_menu, checkable=True)
+            action.setChecked(entry.name == current)
+            action.setToolTip(entry.description)
+            action.setObjectName(f"profile:{entry.name}")
+            group.addAction(action)
+            action.triggered.connect(
+                lambda _checked=False, name=entry.name: self.on_profile_triggered(name)
+            )
+            self.profiles_menu.addAction(action)
+        if not self.state.profiles:
+            empty = self.profiles_menu.addAction("(no profiles: add one in the dashboard)")
+            empty.setEnabled(False)
+
+    def _fill_models(self) -> None:
+        self.models_menu.clear()
+        models = self.state.served_models()
+        for model in models:
+            action = self.models_menu.addAction(f"Chat with {model}")
+            action.setObjectName(f"model:{model}")
+            action.triggered.connect(lambda _c=False, m=model: self.windows.open_chat(m))
+        if not models:
+            self.models_menu.addAction("(no model served)").setEnabled(False)
+
+    # ----------------------------------------------------------------- refresh
+
+    def refresh(self, *_: object) -> None:
+        s = self.state
+        link = s.connection.state
+        new = tray_state(link, s.engines.values(), busy=s.busy)
+        if new != self.current:
+            self.current = new
+            self.icon.setIcon(state_icon(new))
+            self.state_changed.emit(new)
+        tokens = s.throughput.tokens_per_s if s.throughput else None
+        lan = bool(s.status.get("lan_sharing", False))
+        self.icon.setToolTip(
+            tooltip_text(
+                link=link,
+                link_message=s.connection.message,
+                endpoint=s.endpoint_url,
+                engines=s.engines.values(),
+                tokens_per_s=tokens,
+                lan_sharing=lan,
+            )
+        )
+        self._refresh_actions(link, lan)
+
+    def refresh_menus(self) -> None:
+        self._fill_profiles()
+        self._fill_models()
+
+    def _refresh_actions(self, link: LinkState, lan: bool) -> None:
+        s = self.state
+        usable = link.usable
+        status = {
+            LinkState.CONNECTING: "Connecting to the daemon…",
+            LinkState.STARTING_DAEMON: "Starting the daemon…",
+            LinkState.UNREACHABLE: "Daemon not reachable",
+            LinkState.VERSION_MISMATCH: "Daemon of another version",
+        }.get(link, "")
+        current = s.current_profile()
+        engine_id = self.actions.engine_for_current()
+        if not status:
+            live = s.live_engines()
+            status = (
+                ", ".join(f"{e.engine_id}: {e.state}" for e in live)
+                if live
+                else "No engine running"
+            )
+            if s.endpoint_url:
+                status += f"  ·  {s.endpoint_url}"
+        self.status_action.setText(status)
+        current_live = current in s.engines and s.engines[current].state in LIVE_STATES
+        self.start_action.setText(f"Start {current}" if current else "Start (no profile)")
+        self.start_action.setEnabled(usable and bool(current) and not current_live)
+        self.stop_action.setText(f"Stop {engine_id}" if engine_id else "Stop")
+        self.stop_action.setEnabled(usable and bool(engine_id))
+        self.restart_action.setText(f"Restart {engine_id}" if engine_id else "Restart")
+        self.restart_action.setEnabled(usable and bool(engine_id))
+        self.copy_action.setEnabled(bool(s.endpoint_url))
+        self.profiles_menu.setEnabled(usable)
+        if lan:
+            self.lan_action.setText("LAN sharing: ON (0.0.0.0, API key required)")
+        else:
+            self.lan_action.setText("LAN sharing: off (this computer only)")
+        self.start_daemon_action.setEnabled(link == LinkState.UNREACHABLE)
+        self.restart_daemon_action.setEnabled(usable)
+
+    # ----------------------------------------------------------------- slots
+
+    def on_start_triggered(self) -> None:
+        current = self.state.current_profile()
+        if current:
+            self.actions.start_profile(current)
+
+    def on_stop_triggered(self) -> None:
+        engine_id = self.actions.engine_for_current()
+        if engine_id:
+            self.actions.stop_engine(engine_id)
+
+    def on_restart_triggered(self) -> None:
+        engine_id = self.actions.engine_for_current()
+        if engine_id:
+            self.actions.restart_engine(engine_id)
+
+    def on_profile_triggered(self, name: str) -> None:
+        engine = self.state.engines.get(name)
+        if engine is not None and engine.state in LIVE_STATES:
+            self.actions.remember_profile(name)
+        else:
+            self.actions.start_profile(name)
+
+    def on_icon_activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason == QSystemTrayIcon.ActivationReason.Trigger:
+            self.windows.open_dashboard("")
+        elif reason == QSystemTrayIcon.ActivationReason.MiddleClick:
+            self.windows.open_chat("")
+
+    def on_notified(self, note: Notification) -> None:
+        if note.popup and self.icon.isVisible() and QSystemTrayIcon.supportsMessages():
+            self.icon.showMessage(
+                note.title,
+                note.message,
+                _LEVEL_ICONS.get(note.level, _LEVEL_ICONS["info"]),
+                BALLOON_MS,
+            )
+
+    # ----------------------------------------------------------------- visibility
+
+    def show(self) -> bool:
+        """Show the icon; False when the desktop has no system tray (use a window instead)."""
+        if not QSystemTrayIcon.isSystemTrayAvailable():
+            return False
+        self.icon.show()
+        return True
+
+    def hide(self) -> None:
+        self.icon.hide()

@@ -1,0 +1,215 @@
+"""The chat window against a real daemon and gateway with the FAKE vLLM engine: streaming,
+Stop (Esc), Ctrl+Enter, history kept by the daemon across app restarts, regenerate,
+edit-and-resend, delete, per-reply figures, and inline errors with their fix."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+
+from desktop.app import DesktopApp
+from desktop.chat.transcript import CodeBlockView, TranscriptView
+from desktop.chat.window import ChatWindow
+from engines.events import ChatMessage, EngineState
+from tests.desktop.conftest import AppFactory, ThreadedDaemon
+
+
+def _ready_chat(qtbot, app: DesktopApp, d: ThreadedDaemon, args: str = "") -> ChatWindow:
+    d.write_fake_profile("fake", args=args)
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    chat = app.open_chat("")
+    qtbot.waitUntil(lambda: chat.controller.models == ("fake",), timeout=5000)
+    assert chat.model_picker.currentText() == "fake"
+    return chat
+
+
+def _send(qtbot, chat: ChatWindow, text: str, max_tokens: int) -> None:
+    chat.max_tokens.setValue(max_tokens)
+    chat.composer.setPlainText(text)
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+
+
+def _stored(d: ThreadedDaemon, chat: ChatWindow) -> tuple[ChatMessage, ...]:
+    t = chat.controller.transcript
+    assert t is not None
+    return d.run(lambda c: c.chat(t.chat.chat_id)).messages
+
+
+def test_chat_streams_with_figures_and_is_stored(qtbot, app, daemon_thread) -> None:
+    chat = _ready_chat(qtbot, app, daemon_thread, "--token-delay 0.01")
+    _send(qtbot, chat, "hello there", 6)  # Ctrl+Enter sends
+    qtbot.waitUntil(lambda: chat.controller.streaming is not None, timeout=5000)
+    assert not chat.send_button.isEnabled() and chat.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    reply = chat.transcript.messages[1]
+    assert reply.text == "w0 w1 w2 w3 w4 w5 "
+    assert "TTFT" in reply.stats.text() and "tok/s" in reply.stats.text()
+    assert "6 tokens" in reply.stats.text()
+    stored = _stored(daemon_thread, chat)
+    assert [(m.role, m.content) for m in stored] == [
+        ("user", "hello there"),
+        ("assistant", "w0 w1 w2 w3 w4 w5 "),
+    ]
+    assert stored[1].finish_reason == "stop"  # [DONE] without a finish_reason (the FAKE's way)
+    assert stored[1].stats["completion_tokens"] == 6
+    assert stored[1].stats["ttft_s"] > 0 and stored[1].stats["tokens_per_s"] > 0
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 1)  # refreshed by the chat.changed event
+    assert chat.chat_list.item(0).text() == "hello there"
+
+
+def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
+    chat = _ready_chat(qtbot, app, daemon_thread, "--token-delay 0.05")
+    engine = daemon_thread.engine("fake")
+    assert engine is not None and engine.port
+    _send(qtbot, chat, "tell me everything", 2000)
+    qtbot.waitUntil(lambda: len(chat.controller.reply.split()) >= 3, timeout=10000)
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    stored = _stored(daemon_thread, chat)
+    assert stored[1].finish_reason == "stopped"  # the partial reply is kept
+    assert 3 <= len(stored[1].content.split()) < 200
+    assert "stopped" in chat.transcript.messages[1].stats.text()
+    # the gateway closed the upstream request, so the engine stopped generating for nobody
+    stats_url = f"http://127.0.0.1:{engine.port}/fake/stats"
+    qtbot.waitUntil(
+        lambda: json.loads(urllib.request.urlopen(stats_url).read())["aborted"] == 1,
+        timeout=5000,
+    )
+
+
+def test_history_survives_a_restart_of_the_app(
+    qtbot, daemon_thread, app_factory: AppFactory
+) -> None:
+    first = app_factory()
+    chat = _ready_chat(qtbot, first, daemon_thread)
+    chat.system_prompt.setPlainText("Answer in numbered words.")
+    chat.temperature.setValue(0.3)
+    _send(qtbot, chat, "remember this", 3)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    first.shutdown()
+
+    second = app_factory()
+    chat2 = second.open_chat("")
+    qtbot.waitUntil(lambda: chat2.chat_list.count() == 1, timeout=5000)
+    chat2.on_chat_clicked(chat2.chat_list.item(0))
+    qtbot.waitUntil(lambda: len(chat2.transcript.messages) == 2, timeout=5000)
+    assert [m.text for m in chat2.transcript.messages] == ["remember this", "w0 w1 w2 "]
+    assert "TTFT" in chat2.transcript.messages[1].stats.text()
+    assert chat2.system_prompt.toPlainText() == "Answer in numbered words."
+    assert chat2.temperature.value() == 0.3 and chat2.max_tokens.value() == 3
+
+
+def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
+    chat = _ready_chat(qtbot, app, daemon_thread)
+    _send(qtbot, chat, "first question", 2)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    assert chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+    chat.max_tokens.setValue(4)
+    chat.controller.options = chat.options()
+    chat.transcript.messages[1].buttons["regenerate"].click()
+    qtbot.waitUntil(
+        lambda: (
+            len(chat.transcript.messages) == 2
+            and chat.transcript.messages[1].text == "w0 w1 w2 w3 "
+        ),
+        timeout=10000,
+    )
+    assert [m.content for m in _stored(daemon_thread, chat)] == ["first question", "w0 w1 w2 w3 "]
+
+    chat.transcript.messages[0].buttons["edit"].click()
+    assert chat.composer.toPlainText() == "first question" and chat.edit_note.isVisible()
+    chat.composer.setPlainText("edited question")
+    chat.max_tokens.setValue(1)
+    chat.on_send_clicked()
+    qtbot.waitUntil(
+        lambda: [m.text for m in chat.transcript.messages] == ["edited question", "w0 "],
+        timeout=10000,
+    )
+    assert [m.content for m in _stored(daemon_thread, chat)] == ["edited question", "w0 "]
+
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 1)
+    chat.chat_list.setCurrentRow(0)
+    chat.delete_button.click()
+    assert chat.delete_button.text() == "Confirm delete"  # a second click deletes
+    chat.delete_button.click()
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 0, timeout=5000)
+    assert daemon_thread.run(lambda c: c.chats()) == []
+    assert chat.controller.transcript is None
+
+
+def test_engine_not_running_shows_a_start_button_that_fixes_it(qtbot, app, daemon_thread):
+    daemon_thread.write_fake_profile("fake")
+    app.actions.reload_profiles()
+    qtbot.waitUntil(lambda: app.state.profile("fake") is not None)
+    chat = app.open_chat("")
+    qtbot.waitUntil(lambda: chat.controller.models_error is None and chat.isVisible())
+    chat.select_model("fake")  # a conversation with this model, its engine not running
+    _send(qtbot, chat, "are you there?", 2)
+    card = chat.transcript.error_card
+    qtbot.waitUntil(card.isVisible, timeout=5000)
+    assert "not served" in card.message.text()
+    start = card.button("startEngine")
+    assert start is not None and start.text() == "Start fake"
+    start.click()  # starts the engine, and the reply follows once it serves the model
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=20000)
+    assert chat.transcript.messages[1].text == "w0 w1 "
+    assert not card.isVisible()
+    assert daemon_thread.engine_state("fake") == EngineState.READY
+
+
+def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daemon_thread):
+    chat = _ready_chat(qtbot, app, daemon_thread, "--crash-after-tokens 3 --token-delay 0.02")
+    _send(qtbot, chat, "crash please", 50)
+    card = chat.transcript.error_card
+    qtbot.waitUntil(card.isVisible, timeout=10000)
+    assert "stopped in the middle of the reply" in card.message.text()
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
+    stored = _stored(daemon_thread, chat)
+    assert stored[1].finish_reason == "error" and stored[1].content == "w0 w1 w2 "
+    # the supervisor restarts the engine; Retry replaces the interrupted reply
+    qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    chat.max_tokens.setValue(2)
+    chat.controller.options = chat.options()
+    card.button("retry").click()
+    qtbot.waitUntil(lambda: chat.transcript.messages[-1].text == "w0 w1 ", timeout=10000)
+    assert not card.isVisible()
+
+
+def test_lost_daemon_mid_reply_recovers_on_its_own(qtbot, app, daemon_thread) -> None:
+    chat = _ready_chat(qtbot, app, daemon_thread, "--token-delay 0.05")
+    _send(qtbot, chat, "long answer", 2000)
+    qtbot.waitUntil(lambda: len(chat.controller.reply.split()) >= 3, timeout=10000)
+    daemon_thread.stop()  # the daemon goes away in the middle of the reply
+    card = chat.transcript.error_card
+    qtbot.waitUntil(card.isVisible, timeout=15000)
+    qtbot.waitUntil(chat.banner.isVisible, timeout=5000)  # "lost the daemon …; waiting …"
+    partial = chat.transcript.streaming
+    assert partial is not None and len(partial.text.split()) >= 3  # still on screen
+    qtbot.waitUntil(lambda: len(chat.controller.pending_replies) == 1, timeout=5000)
+
+    daemon_thread.start()  # it comes back: the app reconnects and stores the kept reply
+    qtbot.waitUntil(lambda: not chat.banner.isVisible(), timeout=15000)
+    qtbot.waitUntil(lambda: chat.controller.pending_replies == [], timeout=5000)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
+    stored = _stored(daemon_thread, chat)
+    assert stored[1].finish_reason == "error" and len(stored[1].content.split()) >= 3
+
+
+def test_markdown_code_block_has_a_working_copy_button(qtbot) -> None:
+    view = TranscriptView()
+    qtbot.addWidget(view)
+    text = "Try this:\n\n```python\nprint('hi')\nx = 1\n```\n\nThen **run** it."
+    message = ChatMessage(1, 1, 0, "assistant", text, "m", {"ttft_s": 0.25}, "stop", 0.0)
+    view.set_messages([message], "m")
+    view.show()
+    (code,) = view.findChildren(CodeBlockView)
+    assert code.language.text() == "python"
+    code.copy_button.click()
+    assert QGuiApplication.clipboard().text() == "print('hi')\nx = 1"
+    labels = [w.text() for w in view.messages[0].findChildren(type(view.placeholder))]
+    assert "Try this:" in labels and "Then **run** it." in labels
+    assert view.messages[0].stats.text() == "TTFT 0.25 s"

@@ -1,0 +1,180 @@
+"""Bad input around the daemon: none reachable, one of another version, one that goes away and
+comes back, one the app has to start itself (and one that cannot start); and the single-instance
+handshake of a second ``traylm``. Each shows a clear state and recovers on its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+import pytest
+
+from desktop.icons import TrayState
+from desktop.instance import InstanceServer, PrimaryLock
+from desktop.messages import LinkState
+from engines.config import Paths
+from engines.events import EngineState
+from engines.procs import free_loopback_port
+from tests.conftest import fast_settings
+from tests.desktop.conftest import AppFactory, ThreadedDaemon
+
+
+def test_no_daemon_shows_it_and_connects_when_one_appears(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    app = app_factory(connect=False)
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.UNREACHABLE, timeout=5000)
+    assert app.tray.current == TrayState.ERROR
+    assert "daemon is not running" in app.tray.icon.toolTip()
+    assert app.dashboard is not None  # offscreen: the fallback window shows the banner
+    banner = app.dashboard.findChild(type(app.dashboard.fallback_note), "bannerText")
+    assert banner is not None and "not running" in banner.text()
+    assert app.tray.start_daemon_action.isEnabled()
+    assert not app.tray.start_action.isEnabled()
+
+    d = ThreadedDaemon(paths, fast_settings(free_loopback_port())).start()
+    try:
+        qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=10000)
+        assert app.tray.current == TrayState.STOPPED
+        assert app.state.endpoint_url == f"{d.url}/v1"
+    finally:
+        d.stop()
+
+
+def test_daemon_of_another_version_is_reported_then_recovers(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engines.daemon
+    import engines.gateway.control
+
+    monkeypatch.setattr(engines.daemon, "__version__", "9.9.9")
+    monkeypatch.setattr(engines.gateway.control, "__version__", "9.9.9")
+    settings = fast_settings(free_loopback_port())
+    d = ThreadedDaemon(paths, settings).start()
+    app = app_factory(connect=False)
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.VERSION_MISMATCH, timeout=10000)
+    message = app.state.connection.message
+    assert "traylm 9.9.9" in message and "restart the daemon" in message.lower()
+    assert app.tray.current == TrayState.ERROR
+    assert "9.9.9" in app.tray.icon.toolTip()
+    assert app.tray.restart_daemon_action.isEnabled()
+    # the daemon is replaced by one of this version (an upgrade): the app follows on its own
+    d.stop()
+    monkeypatch.undo()
+    d = ThreadedDaemon(paths, settings).start()
+    try:
+        qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=10000)
+        assert app.tray.current == TrayState.STOPPED
+    finally:
+        d.stop()
+
+
+def test_daemon_restart_reloads_what_it_runs(
+    qtbot, daemon_thread: ThreadedDaemon, app_factory: AppFactory
+) -> None:
+    app = app_factory()
+    daemon_thread.write_fake_profile("fake")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=20000)
+    messages: list[str] = []
+    app.state.connection_changed.connect(lambda c: messages.append(c.message))
+    daemon_thread.stop()
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.UNREACHABLE, timeout=10000)
+    assert app.state.engines == {}  # unknown while the daemon is away
+    assert any(m.startswith("lost the daemon") for m in messages)
+    daemon_thread.start()
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=10000)
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=20000)
+
+
+def _write_port(paths: Paths, port: int) -> None:
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text(f"[gateway]\nport = {port}\n")
+
+
+@pytest.mark.slow
+def test_starts_the_daemon_detached_when_none_runs(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    port = free_loopback_port()
+    _write_port(paths, port)
+    app = app_factory(spawn_daemon=True, connect=False)
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=30000)
+    conn = app.state.connection
+    assert conn.spawned and conn.url == f"http://127.0.0.1:{port}"
+    assert conn.daemon_pid is not None and conn.daemon_pid != os.getpid()
+    daemon = psutil.Process(conn.daemon_pid)
+    assert daemon.cmdline()[-3:] == ["-m", "engines", "serve"]
+    assert os.getsid(conn.daemon_pid) == conn.daemon_pid  # its own session: outlives the app
+    with qtbot.waitSignal(app.finished, timeout=30000):
+        app.quit_with("stop")
+    daemon.wait(30)  # the daemon stopped (and was reaped)
+
+
+@pytest.mark.slow
+def test_a_daemon_that_cannot_start_says_why(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    _write_port(paths, holder.getsockname()[1])
+    try:
+        app = app_factory(spawn_daemon=True, connect=False)
+        qtbot.waitUntil(lambda: "exited with code" in app.state.connection.message, timeout=30000)
+        message = app.state.connection.message
+        assert app.state.connection.state == LinkState.UNREACHABLE
+        assert f"port {holder.getsockname()[1]} is held by" in message  # the daemon's own words
+        assert "gateway.port" in message
+    finally:
+        holder.close()
+
+
+def test_second_instance_shows_the_windows_of_the_first(qtbot, paths: Paths) -> None:
+    lock = PrimaryLock.try_acquire(paths)
+    assert lock is not None
+    assert PrimaryLock.try_acquire(paths) is None  # one app per user and TRAYLM_HOME
+    commands: list[dict[str, Any]] = []
+
+    def handle(command: dict[str, Any]) -> dict[str, Any]:
+        commands.append(command)
+        return {"ok": True}
+
+    server = InstanceServer(paths, handle)
+    assert server.listen()
+    try:
+        second = subprocess.Popen(
+            [sys.executable, "-m", "desktop", "--show", "chat"],
+            env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        )
+        qtbot.waitUntil(lambda: second.poll() is not None, timeout=30000)
+        assert second.returncode == 0
+        assert commands == [{"cmd": "show", "what": "chat", "page": ""}]
+    finally:
+        server.close()
+        lock.release()
+
+
+def test_status_command_describes_the_app(qtbot, app, daemon_thread) -> None:
+    status = app.handle_command({"cmd": "status"})
+    assert status["link"] == "connected" and status["tray_state"] == "stopped"
+    assert status["fallback"] is True and status["dashboard_visible"] is True
+    assert app.handle_command({"cmd": "nope"})["ok"] is False
+    app.handle_command({"cmd": "show", "what": "chat"})
+    assert app.chat_window is not None and app.chat_window.isVisible()
+
+
+def test_engine_state_survives_a_fresh_app(qtbot, daemon_thread, app_factory: AppFactory):
+    first = app_factory()
+    daemon_thread.write_fake_profile("fake")
+    first.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: first.tray.current == TrayState.READY, timeout=20000)
+    first.shutdown()  # "leave serving": the engine keeps running
+    second = app_factory()
+    qtbot.waitUntil(lambda: second.tray.current == TrayState.READY, timeout=5000)
+    assert daemon_thread.engine_state("fake") == EngineState.READY

@@ -1,0 +1,168 @@
+"""The tray (offscreen: its menu and state, without a panel) against a real daemon with the FAKE
+vLLM env: the icon follows engine state, the menu starts, stops and restarts engines,
+notifications say ready/failed with the diagnosis, and Quit asks and is remembered."""
+
+from __future__ import annotations
+
+import shlex
+
+from PySide6.QtGui import QAction, QGuiApplication
+
+from desktop.app import DesktopApp
+from desktop.icons import TrayState
+from desktop.notify import Notification
+from engines.events import EngineState
+from tests.desktop.conftest import AppFactory, ThreadedDaemon
+
+
+def _engine_state(app: DesktopApp, engine_id: str) -> EngineState | None:
+    engine = app.state.engines.get(engine_id)
+    return engine.state if engine else None
+
+
+def _menu_action(app: DesktopApp, name: str) -> QAction:
+    app.tray.menu.aboutToShow.emit()  # the menu refreshes itself when it opens
+    for action in [*app.tray.menu.actions(), *app.tray.profiles_menu.actions()]:
+        if action.objectName() == name:
+            return action
+    raise AssertionError(f"no menu action {name}")
+
+
+def test_tray_follows_engine_state_and_menu_starts_and_stops(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+) -> None:
+    daemon_thread.write_fake_profile("fake", args="--startup-delay 0.5")
+    app.actions.reload_profiles()
+    qtbot.waitUntil(lambda: app.state.profile("fake") is not None)
+    assert app.tray.current == TrayState.STOPPED
+    assert "no engine running" in app.tray.icon.toolTip()
+
+    states: list[TrayState] = []
+    app.tray.state_changed.connect(states.append)
+    with qtbot.waitSignal(app.notifier.notified, timeout=20000) as ready_note:
+        _menu_action(app, "profile:fake").trigger()  # Profiles ▸ fake starts it
+    note = ready_note.args[0]
+    assert isinstance(note, Notification) and note.title == "fake is ready"
+    assert app.tray.current == TrayState.READY
+    assert TrayState.STARTING in states  # it passed through starting
+    assert daemon_thread.engine_state("fake") == EngineState.READY
+    tooltip = app.tray.icon.toolTip()
+    assert f"{daemon_thread.url}/v1" in tooltip and "fake: ready" in tooltip
+    assert app.state.settings is not None
+    qtbot.waitUntil(lambda: app.state.settings.ui.last_profile == "fake")  # remembered
+
+    stop = _menu_action(app, "stop")
+    assert stop.text() == "Stop fake" and stop.isEnabled()
+    stop.trigger()
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.STOPPED, timeout=20000)
+    assert daemon_thread.engine_state("fake") == EngineState.STOPPED
+
+    start = _menu_action(app, "start")
+    assert start.text() == "Start fake" and start.isEnabled()
+    start.trigger()
+    qtbot.waitUntil(lambda: _engine_state(app, "fake") == EngineState.READY, timeout=20000)
+    restarted: list[EngineState] = []
+    app.state.engines_changed.connect(lambda: restarted.append(_engine_state(app, "fake")))
+    _menu_action(app, "restart").trigger()
+    qtbot.waitUntil(
+        lambda: EngineState.STOPPED in restarted and restarted[-1] == EngineState.READY,
+        timeout=20000,
+    )
+
+
+def test_failed_engine_turns_the_tray_red_and_notifies_the_diagnosis(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+) -> None:
+    line = (
+        "ValueError: To serve at least one request with the model's max seq len (8192), "
+        "(1.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(0.5 GiB). Based on the available memory, the estimated maximum model length is 4096."
+    )
+    daemon_thread.write_fake_profile(
+        "broken", args=f"--print {shlex.quote(line)} --exit-after-print 1"
+    )
+    notes: list[Notification] = []
+    app.notifier.notified.connect(notes.append)
+    app.actions.start_profile("broken")
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.ERROR, timeout=20000)
+    qtbot.waitUntil(lambda: any(n.title == "broken failed" for n in notes))
+    failed = next(n for n in notes if n.title == "broken failed")
+    assert failed.level == "error"
+    assert "max_model_len" in failed.message  # the diagnosis's advice, not just "failed"
+    assert "broken: failed" in app.tray.icon.toolTip()
+
+
+def test_busy_while_a_reply_streams(qtbot, app: DesktopApp, daemon_thread) -> None:
+    daemon_thread.write_fake_profile("fake", args="--token-delay 0.05")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=20000)
+    chat = app.open_chat("fake")
+    qtbot.waitUntil(lambda: "fake" in chat.controller.models, timeout=5000)
+    chat.max_tokens.setValue(400)
+    chat.composer.setPlainText("go")
+    chat.on_send_clicked()
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.BUSY, timeout=5000)
+    chat.controller.stop()
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=5000)
+
+
+def test_copy_endpoint_and_lan_state(qtbot, app: DesktopApp, daemon_thread) -> None:
+    _menu_action(app, "copyUrl").trigger()
+    assert QGuiApplication.clipboard().text() == f"{daemon_thread.url}/v1"
+    lan = _menu_action(app, "lan")
+    assert lan.text().startswith("LAN sharing: off")
+    lan.trigger()
+    assert app.dashboard is not None
+    qtbot.waitUntil(lambda: app.dashboard.current_key() == "settings")
+
+
+def test_models_submenu_opens_the_chat_with_that_model(qtbot, app: DesktopApp, daemon_thread):
+    daemon_thread.write_fake_profile("fake")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    app.tray.menu.aboutToShow.emit()
+    (action,) = [a for a in app.tray.models_menu.actions() if a.objectName() == "model:fake"]
+    action.trigger()
+    assert app.chat_window is not None and app.chat_window.isVisible()
+    assert app.chat_window.model_picker.currentText() == "fake"
+
+
+def test_without_a_system_tray_the_dashboard_is_the_main_window(
+    qtbot, daemon_thread, app_factory: AppFactory
+) -> None:
+    app = app_factory()  # offscreen has no system tray
+    assert app.fallback
+    assert app.dashboard is not None and app.dashboard.isVisible()
+    assert app.dashboard.fallback_note.isVisible()
+    menus = [a.text() for a in app.dashboard.menuBar().actions()]
+    assert menus == ["traylm"]  # the tray's menu, in the menu bar
+    daemon_thread.run(lambda c: c.update_settings({"ui.quit_action": "leave"}))
+    app.actions.reload_profiles()
+    app.bridge.call(app.bridge.link.load_settings)
+    qtbot.waitUntil(lambda: app.state.settings.ui.quit_action == "leave")
+    with qtbot.waitSignal(app.finished, timeout=10000):
+        app.dashboard.close()  # closing the main window quits (here: leave serving)
+    assert daemon_thread.run(lambda c: c.status())["version"]  # the daemon still serves
+
+
+def test_quit_asks_and_remembers_stop(qtbot, daemon_thread, app_factory: AppFactory) -> None:
+    app = app_factory()
+    daemon_thread.write_fake_profile("fake")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: _engine_state(app, "fake") == EngineState.READY, timeout=20000)
+    app.request_quit()
+    dialog = app.quit_dialog
+    assert dialog is not None and dialog.isVisible()
+    assert "1 engine running (fake)" in dialog.informativeText()
+    dialog.cancel_button.click()
+    assert not app._finished
+    app.request_quit()
+    dialog = app.quit_dialog
+    assert dialog is not None
+    dialog.remember.setChecked(True)
+    with qtbot.waitSignal(app.finished, timeout=30000):
+        dialog.stop_button.click()
+    # remembered, and the daemon was asked to stop (it stops its engines first)
+    config = daemon_thread.paths.config_file.read_text()
+    assert 'quit_action = "stop"' in config
+    qtbot.waitUntil(lambda: not daemon_thread.paths.daemon_json.exists(), timeout=30000)

@@ -1,0 +1,218 @@
+"""The pure parts of the desktop app: Markdown splitting, throughput from Prometheus text, the
+tray's state and tooltip, the SSE collector, the autostart entry, the profile form; and the
+PySide6 signal refcount regression that made 6.12.0 unusable."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import MappingProxyType
+
+import pytest
+from PySide6.QtCore import QObject, Signal
+
+from desktop import autostart
+from desktop.chat.markdown import Block, split_blocks
+from desktop.chat.stream import ChatRequest, _Collector, error_from_body
+from desktop.dashboard.profile_form import ProfileForm
+from desktop.icons import TrayState
+from desktop.messages import LinkState, ProfileEntry, freeze
+from desktop.throughput import ThroughputMeter, parse_samples
+from desktop.tray_state import tooltip_text, tray_state
+from engines.events import EngineState, EngineStatus
+
+
+def test_markdown_blocks() -> None:
+    text = "Intro **bold**\n\n```py\nx = 1\n```\nmiddle\n~~~\nopen"
+    assert split_blocks(text) == (
+        Block("text", "Intro **bold**"),
+        Block("code", "x = 1", "py"),
+        Block("text", "middle"),
+        Block("code", "open", "", closed=False),  # still streaming
+    )
+    assert split_blocks("````md\n```py\ninner\n```\n````") == (
+        Block("code", "```py\ninner\n```", "md"),
+    )
+    assert split_blocks("") == ()
+
+
+GATEWAY_TEXT = """# HELP traylm_generation_tokens_total Generated tokens
+# TYPE traylm_generation_tokens_total counter
+traylm_generation_tokens_total{model="a"} %d
+traylm_generation_tokens_total{model="b \\"quoted\\""} %d
+traylm_requests_in_flight{engine="a"} %d
+traylm_requests_total{route="/v1/chat/completions",status="200"} 9
+"""
+
+
+def test_throughput_from_metrics() -> None:
+    samples = parse_samples(GATEWAY_TEXT % (1, 2, 3), frozenset({"traylm_requests_in_flight"}))
+    assert samples == [("traylm_requests_in_flight", {"engine": "a"}, 3.0)]
+    meter = ThroughputMeter(window_s=10)
+    first = meter.add(GATEWAY_TEXT % (100, 0, 0), now_s=0.0)
+    assert first.tokens_per_s == 0 and first.in_flight == 0
+    second = meter.add(GATEWAY_TEXT % (150, 30, 2), now_s=5.0)
+    assert second.per_model == {"a": 10.0, 'b \\"quoted\\"': 6.0}
+    assert second.tokens_per_s == 16.0 and second.in_flight == 2
+    third = meter.add(GATEWAY_TEXT % (150, 30, 0), now_s=20.0)  # idle: the window moves on
+    assert third.tokens_per_s == 0.0
+    assert meter.add(GATEWAY_TEXT % (5, 0, 0), 25.0).tokens_per_s == 0  # daemon restarted
+
+
+def _status(engine_id: str, state: EngineState) -> EngineStatus:
+    return EngineStatus(
+        engine_id, "vllm", state, (engine_id,), 1234, 99, 0, "", None, None, None, engine_id,
+        "cpu", "0.32.0",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("link", "states", "busy", "hot", "expected"),
+    [
+        (LinkState.CONNECTED, [], False, False, TrayState.STOPPED),
+        (LinkState.CONNECTED, [EngineState.STOPPED], False, False, TrayState.STOPPED),
+        (LinkState.CONNECTED, [EngineState.STARTING], False, False, TrayState.STARTING),
+        (LinkState.CONNECTED, [EngineState.READY], False, False, TrayState.READY),
+        (LinkState.CONNECTED, [EngineState.READY], True, False, TrayState.BUSY),
+        (LinkState.CONNECTED, [EngineState.READY, EngineState.FAILED], True, False, "error"),
+        (LinkState.CONNECTED, [EngineState.READY], True, True, TrayState.HOT),
+        (LinkState.UNREACHABLE, [EngineState.READY], False, False, TrayState.ERROR),
+        (LinkState.VERSION_MISMATCH, [], False, False, TrayState.ERROR),
+        (LinkState.STARTING_DAEMON, [], False, False, TrayState.STARTING),
+    ],
+)
+def test_tray_state_priorities(link, states, busy, hot, expected) -> None:
+    engines = [_status(f"e{i}", s) for i, s in enumerate(states)]
+    assert tray_state(link, engines, busy=busy, hot=hot) == expected
+
+
+def test_tooltip_text() -> None:
+    text = tooltip_text(
+        link=LinkState.CONNECTED,
+        link_message="",
+        endpoint="http://127.0.0.1:8000/v1",
+        engines=[_status("llama", EngineState.READY), _status("old", EngineState.STOPPED)],
+        tokens_per_s=41.26,
+        lan_sharing=True,
+    )
+    assert text == "traylm — http://127.0.0.1:8000/v1 (LAN)\nllama: ready\n41.3 tokens/s"
+    down = tooltip_text(
+        link=LinkState.UNREACHABLE,
+        link_message="the daemon is not running",
+        endpoint="",
+        engines=[],
+        tokens_per_s=None,
+        lan_sharing=False,
+    )
+    assert down == "traylm — the daemon is not running"
+
+
+def _collector(posted: list[object]) -> _Collector:
+    return _Collector(ChatRequest(7, "m", (("user", "hi"),), 0.7, 1.0, 16), posted.append)
+
+
+def _line(data: object) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n"
+
+
+def test_sse_collector_counts_tokens_and_reads_errors() -> None:
+    posted: list[object] = []
+    c = _collector(posted)
+    assert c.feed(b": keep-alive\n")
+    assert c.feed(_line({"choices": [{"delta": {"role": "assistant"}}]}))
+    for word in ("Hel", "lo", "!"):
+        assert c.feed(_line({"choices": [{"delta": {"content": word}}]}))
+    assert c.feed(_line({"choices": [{"delta": {}, "finish_reason": "length"}]}))
+    assert c.feed(_line({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert not c.feed(b"data: [DONE]\n")
+    ended = c.ended("")
+    assert ended.content == "Hello!" and ended.finish_reason == "length"
+    assert ended.completion_tokens == 4  # usage wins over counted chunks
+    assert ended.ttft_s is not None and ended.ttft_s >= 0
+    assert "".join(getattr(p, "text", "") for p in posted) == "Hello!"  # nothing lost
+
+    broken = _collector([])
+    broken.feed(_line({"choices": [{"delta": {"content": "w0 "}}]}))
+    broken.feed(_line({"error": {"message": "engine fake stopped in the middle of the reply"}}))
+    ended = broken.ended("")
+    assert ended.finish_reason == "error" and ended.content == "w0 "
+    assert ended.error is not None and ended.error.kind == "engine_error"
+
+
+def test_gateway_errors_become_kinds() -> None:
+    body = json.dumps({"error": {"message": "m is starting", "type": "engine_starting"}})
+    assert error_from_body(503, body.encode()).kind == "engine_starting"
+    assert error_from_body(401, b'{"error": {"message": "key"}}').kind == "unauthorized"
+    assert error_from_body(404, b"not json").kind == "model_not_found"
+    assert error_from_body(500, b"boom").kind == "http_error"
+
+
+def test_freeze_makes_everything_read_only() -> None:
+    frozen = freeze({"a": [1, {"b": [2]}]})
+    assert isinstance(frozen, MappingProxyType)
+    inner = frozen["a"]
+    assert inner == (1, MappingProxyType({"b": (2,)}))
+    with pytest.raises(TypeError):
+        frozen["c"] = 1  # type: ignore[index]
+
+
+def test_profile_entry_served_names() -> None:
+    entry = ProfileEntry("p", False, freeze({"model": "org/Name-7B", "aliases": ["x"]}))  # type: ignore[arg-type]
+    assert entry.served_names == ("Name-7B", "x")
+    named = ProfileEntry("p", False, freeze({"model": "org/y", "served_name": "s"}))  # type: ignore[arg-type]
+    assert named.served_names == ("s",)
+
+
+def test_autostart_entry(tmp_path) -> None:
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "HOME": str(tmp_path)}
+    assert autostart.autostart_path(env) == tmp_path / "cfg" / "autostart" / "traylm.desktop"
+    assert autostart.autostart_path({"HOME": str(tmp_path)}) == (
+        tmp_path / ".config" / "autostart" / "traylm.desktop"
+    )
+    assert not autostart.is_enabled(env)
+    path = autostart.set_enabled(True, env)
+    assert autostart.is_enabled(env)
+    text = path.read_text()
+    assert text.startswith("[Desktop Entry]\nType=Application\n")
+    assert "\nExec=" in text and "traylm.svg" in text
+    autostart.set_enabled(False, env)
+    assert not path.exists() and not autostart.is_enabled(env)
+
+
+def test_profile_form_round_trip(qtbot) -> None:
+    form = ProfileForm()
+    qtbot.addWidget(form)
+    form.load(
+        {
+            "model": "org/m",
+            "gpus": (0, 1),
+            "tensor_parallel_size": 2,
+            "extra_flags": ("--max-num-seqs", "8", "--enforce-eager"),
+            "env": MappingProxyType({"A": "1"}),
+            "max_model_len": None,
+        }
+    )
+    values, problems = form.values()
+    assert problems == []
+    assert values["gpus"] == [0, 1] and values["tensor_parallel_size"] == 2
+    assert values["extra_flags"] == ["--max-num-seqs", "8", "--enforce-eager"]
+    assert values["env"] == {"A": "1"} and values["max_model_len"] is None
+    form.widgets["env"].setPlainText("NOEQUALS")  # type: ignore[union-attr]
+    _, problems = form.values()
+    assert problems == ["env line 'NOEQUALS' needs KEY=VALUE"]
+
+
+class _Emitter(QObject):
+    fired = Signal(object)
+
+
+def test_signal_emit_keeps_refcounts() -> None:
+    """PySide6 6.12.0 drops a reference to True on every Python emit(); on CPython < 3.12 the
+    app then aborts with 'deallocating True' after a few hundred signals. pyproject excludes
+    that version; this test fails on it."""
+    emitter = _Emitter()
+    emitter.fired.connect(lambda _v: None)
+    before = sys.getrefcount(True)
+    for _ in range(200):
+        emitter.fired.emit(object())
+    assert sys.getrefcount(True) >= before - 5

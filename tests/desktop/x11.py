@@ -1,0 +1,156 @@
+"""A real X desktop for the tray tests, the screenshot script and the desktop benchmark: Xvfb,
+an XEmbed system tray (trayer), and a real daemon process (``python -m engines serve``) with the
+FAKE vLLM env. Every process is started here and stopped by ``close`` in reverse order."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+X_TOOLS = ("Xvfb", "trayer", "xdotool", "import")
+
+
+def missing_x_tools() -> list[str]:
+    return [tool for tool in X_TOOLS if shutil.which(tool) is None]
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``cond`` (another process's state: no signal to wait on) until true."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, argv: list[str], env: Mapping[str, str], log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        out = log.open("ab") if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        self.procs.clear()
+
+
+class XDesktop(Processes):
+    """Xvfb on a free display plus trayer; ``env`` points Qt's xcb plugin at it."""
+
+    def __init__(self, width: int = 1400, height: int = 900) -> None:
+        super().__init__()
+        self.size = (width, height)
+        self.display = ""
+
+    def start_x(self) -> XDesktop:
+        number = next(n for n in range(120, 400) if not Path(f"/tmp/.X11-unix/X{n}").exists())
+        self.display = f":{number}"
+        self.start(
+            ["Xvfb", self.display, "-screen", "0", f"{self.size[0]}x{self.size[1]}x24",
+             "-nolisten", "tcp"],
+            os.environ,
+        )  # fmt: skip
+        wait_until(lambda: Path(f"/tmp/.X11-unix/X{number}").exists(), 10, "Xvfb")
+        self.start(
+            ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel", "--width",
+             "160", "--height", "30", "--transparent", "false", "--SetDockType", "true"],
+            self.env,
+        )  # fmt: skip
+        wait_until(self._tray_mapped, 10, "the trayer panel")
+        return self
+
+    def _tray_mapped(self) -> bool:
+        out = subprocess.run(
+            ["xdotool", "search", "--onlyvisible", "--class", "trayer"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return bool(out.stdout.strip())
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DISPLAY": self.display, "QT_QPA_PLATFORM": "xcb"}
+
+    def xdotool(self, *args: str) -> None:
+        subprocess.run(["xdotool", *args], env=self.env, check=True)
+
+    def click(self, x: int, y: int, button: int = 1) -> None:
+        self.xdotool("mousemove", str(x), str(y), "click", str(button))
+
+    def screenshot(self, path: Path) -> Path:
+        subprocess.run(["import", "-window", "root", str(path)], env=self.env, check=True)
+        return path
+
+
+def start_daemon(procs: Processes, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m engines serve`` with TRAYLM_HOME from ``env``; returns once daemon.json
+    names it."""
+    from engines.config import Paths
+
+    proc = procs.start([sys.executable, "-m", "engines", "serve"], env, log)
+    daemon_json = Paths.from_env(env).daemon_json
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited with {proc.returncode}; see {log}")
+        try:
+            return bool(json.loads(daemon_json.read_text())["pid"] == proc.pid)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wait_until(serving, 30, "the daemon")
+    return proc
+
+
+def prepare_home(home: Path, port: int, profiles: Mapping[str, str]) -> dict[str, str]:
+    """A private TRAYLM_HOME with the FAKE vLLM env, ``gateway.port`` and profiles (TOML text);
+    returns the environment for the daemon and the app."""
+    from engines.config import Paths
+    from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+    env = {
+        **os.environ,
+        "TRAYLM_HOME": str(home / "home"),
+        "TRAYLM_ENVS_DIR": str(home / "envs"),
+        "XDG_CONFIG_HOME": str(home / "xdg"),
+        "HF_HOME": str(home / "hf"),
+    }
+    paths = Paths.from_env(env)
+    make_fake_vllm_env(paths.envs_dir)
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text(
+        f"[gateway]\nport = {port}\n\n[engines]\nready_timeout_s = 30\nstop_timeout_s = 3\n"
+    )
+    paths.profiles_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in profiles.items():
+        (paths.profiles_dir / f"{name}.toml").write_text(text)
+    return env
+
+
+FAKE_PROFILE = (
+    'model = "org/fake"\nserved_name = "fake"\ndevice = "cpu"\n'
+    'description = "FAKE engine (tests/fakes)"\n[env]\nFAKE_ENGINE_ARGS = "{args}"\n'
+)
