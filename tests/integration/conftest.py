@@ -50,6 +50,11 @@ def traylm(
     return proc
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `destructive` (they kill the shared daemon on purpose) run last."""
+    items.sort(key=lambda item: item.get_closest_marker("destructive") is not None)
+
+
 @pytest.fixture(scope="session")
 def vllm_env() -> EnvInfo:
     """The CPU vLLM env, installed by the real CLI the first time (about 2 minutes)."""
@@ -164,7 +169,7 @@ def vllm_daemon(
             "aliases": ["tiny-alias"],
             "device": "cpu",
             "dtype": "bfloat16",
-            "max_model_len": 512,
+            "max_model_len": 2048,
             "cpu_kv_cache_gib": 1,
             # vLLM then logs "Request <id> aborted." (how the disconnect test sees the abort)
             "extra_flags": ["--enable-log-requests"],
