@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -158,37 +157,6 @@ class Store:
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(r) for r in self._db.execute(sql, params).fetchall()]
-
-    # ----------------------------------------------------------------- usage log
-
-    def log_usage(
-        self,
-        *,
-        model: str,
-        engine_id: str,
-        route: str,
-        remote: bool,
-        status: int,
-        prompt_tokens: int | None,
-        completion_tokens: int | None,
-        duration_s: float,
-    ) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO usage (ts_s, model, engine_id, route, remote, status, prompt_tokens,"
-                " completion_tokens, duration_s) VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    time.time(),
-                    model,
-                    engine_id,
-                    route,
-                    int(remote),
-                    status,
-                    prompt_tokens,
-                    completion_tokens,
-                    duration_s,
-                ),
-            )
 
 
 def _split_sql(script: str) -> list[str]:

@@ -73,8 +73,7 @@ class UsageRecorder:
                 log.exception("writing the usage log failed")
 
     def _write(self, rows: list[UsageRecord]) -> None:
-        """One transaction per batch (Store.log_usage commits each row; a batch of them would
-        cost a commit each)."""
+        """One transaction (one commit) per batch of requests."""
         with self._store.transaction() as db:
             db.executemany(
                 "INSERT INTO usage (ts_s, model, engine_id, route, remote, status, prompt_tokens,"
