@@ -156,9 +156,9 @@ def test_client_disconnect_aborts_the_request_in_vllm(vllm_daemon: DaemonProcess
         "model": "tiny",
         "messages": [{"role": "user", "content": "go"}],
         "stream": True,
-        "max_tokens": 480,
+        "max_tokens": 1900,
         "ignore_eos": True,
-        "n": 8,
+        "n": 16,  # 30k tokens: still generating when the client hangs up
     }
     with httpx.stream("POST", vllm_daemon.url + "/v1/chat/completions", json=body, timeout=60) as r:
         first = next(r.iter_lines())
