@@ -22,6 +22,7 @@ from desktop.messages import (
     CallResult,
     ConnectionChanged,
     EnginesLoaded,
+    GPUsLoaded,
     LinkState,
     ProfileEntry,
     ProfilesLoaded,
@@ -216,6 +217,15 @@ class DaemonLink:
         await self.load_engines(client)
         await self.load_profiles(client)
         await self.load_settings(client)
+        await self.load_gpus(client)
+
+    async def load_gpus(self, client: DaemonClient) -> None:
+        try:
+            overview = await client.gpus()
+        except ControlAPIError as exc:  # a daemon without GPU telemetry: the pages say so
+            self._post(GPUsLoaded(None, exc.message))
+            return
+        self._post(GPUsLoaded(overview))
 
     async def load_engines(self, client: DaemonClient) -> None:
         engines = tuple(await client.engines())

@@ -13,6 +13,18 @@ from dataclasses import dataclass
 from desktop.dashboard.page import Page, PageContext
 
 
+def _gpus(ctx: PageContext) -> Page:
+    from desktop.dashboard.gpus_page import GPUsPage
+
+    return GPUsPage(ctx)
+
+
+def _fans(ctx: PageContext) -> Page:
+    from desktop.dashboard.fans_page import FansPage
+
+    return FansPage(ctx)
+
+
 def _engines(ctx: PageContext) -> Page:
     from desktop.dashboard.engines_page import EnginesPage
 
@@ -42,7 +54,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec(
         "gpus",
         "GPUs",
-        None,
+        _gpus,
         "A card per GPU with live charts (temperature, power against the limit, fan %, "
         "utilization, VRAM, clocks), clock-event reasons in words, PCIe link and energy per "
         "token; 'simulated' shown when the simulator is the source.",
@@ -66,7 +78,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec(
         "fans",
         "Fans & power",
-        None,
+        _fans,
         "A fan-curve editor per GPU, a power-limit slider within the card's limits, thermal "
         "guard thresholds, and the traylm-gpud helper's status.",
         "fan curves, power limits and the thermal guard (issue 3): /api/gpus/{i}/fans, "

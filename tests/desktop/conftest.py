@@ -11,6 +11,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from desktop.app import DesktopApp
 from desktop.messages import LinkState
 from engines.client import DaemonClient
-from engines.config import Paths, Settings, write_toml_atomic
+from engines.config import EnergySettings, GPUSettings, Paths, Settings, write_toml_atomic
 from engines.daemon import Daemon
 from engines.events import EngineState, EngineStatus
 from engines.procs import free_loopback_port
@@ -132,6 +133,26 @@ class ThreadedDaemon:
         engine = self.engine(engine_id)
         return engine.state if engine else None
 
+    def feature(self, name: str) -> Any:
+        """The daemon's feature object called ``name`` (gpu, hub, bench, engines)."""
+        assert self.daemon is not None
+        return next(f for f in self.daemon.features if f.name == name)
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the daemon's loop (the simulator and features live there)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn)
+
+
+def sim_settings(**gpu: Any) -> Settings:
+    """Two SIMULATED RTX 4090s (`traylm serve --simulate-gpus 2`), sampled twice a second."""
+    values = {"simulate_gpus": 2, "sample_interval_s": 0.5, "history_resolution_s": 1.0, **gpu}
+    return dataclasses.replace(
+        fast_settings(free_loopback_port()),
+        gpu=GPUSettings(**values),
+        energy=EnergySettings(window_s=5.0),
+    )
+
 
 @pytest.fixture(autouse=True)
 def private_desktop_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,6 +166,14 @@ def private_desktop_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.fixture
 def daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
     d = ThreadedDaemon(paths, fast_settings(free_loopback_port())).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def sim_daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
+    """A real daemon on two SIMULATED GPUs, with its in-process traylm-gpud."""
+    d = ThreadedDaemon(paths, sim_settings()).start()
     yield d
     d.stop()
 
@@ -177,3 +206,10 @@ def app_factory(qtbot: Any, paths: Paths) -> Iterator[AppFactory]:
 def app(daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
     """The app connected to ``daemon_thread`` (set up after it, so it is closed before it)."""
     return app_factory()
+
+
+@pytest.fixture
+def sim_app(sim_daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
+    """The app connected to ``sim_daemon_thread``, with the GPU overview loaded."""
+    app = app_factory()
+    return app
