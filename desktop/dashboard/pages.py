@@ -25,6 +25,12 @@ def _fans(ctx: PageContext) -> Page:
     return FansPage(ctx)
 
 
+def _models(ctx: PageContext) -> Page:
+    from desktop.dashboard.models_page import ModelsPage
+
+    return ModelsPage(ctx)
+
+
 def _engines(ctx: PageContext) -> Page:
     from desktop.dashboard.engines_page import EnginesPage
 
@@ -69,7 +75,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec(
         "models",
         "Models",
-        None,
+        _models,
         "Hub search, model details, fit badges for 1×/2× GPU and each engine, the download "
         "queue with progress/pause/cancel, and the local library with delete/verify.",
         "the model hub in the daemon (issue 4): /api/models and /api/downloads with progress "

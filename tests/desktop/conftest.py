@@ -27,6 +27,7 @@ from engines.daemon import Daemon
 from engines.events import EngineState, EngineStatus
 from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
+from tests.fakes.hub_server import FakeHub, tiny_llama_repo
 
 T = TypeVar("T")
 
@@ -174,6 +175,32 @@ def daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
 def sim_daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
     """A real daemon on two SIMULATED GPUs, with its in-process traylm-gpud."""
     d = ThreadedDaemon(paths, sim_settings()).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """The FAKE Hugging Face Hub on loopback (tests/fakes/hub_server.py), reached by the REAL
+    huggingface_hub client in the daemon through HF_ENDPOINT."""
+    hub = FakeHub(page_size=4).start()
+    hub.add_repo(tiny_llama_repo())
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def hub_daemon_thread(paths: Paths, fake_env: Path, fake_hub: FakeHub) -> Iterator[ThreadedDaemon]:
+    """A real daemon using the FAKE Hub (fast retries, no free-space floor), on two SIMULATED
+    GPUs so that fit badges cover one and two GPUs."""
+    from engines.config import HubSettings
+
+    hub = HubSettings(
+        retry_max=3, retry_backoff_s=0.05, retry_backoff_max_s=0.2, stall_timeout_s=30,
+        read_timeout_s=5, min_free_gib=0.0, parallel_files=1,
+    )  # fmt: skip
+    d = ThreadedDaemon(paths, dataclasses.replace(sim_settings(), hub=hub)).start()
     yield d
     d.stop()
 
