@@ -31,6 +31,12 @@ def _models(ctx: PageContext) -> Page:
     return ModelsPage(ctx)
 
 
+def _bench(ctx: PageContext) -> Page:
+    from desktop.dashboard.bench_page import BenchPage
+
+    return BenchPage(ctx)
+
+
 def _engines(ctx: PageContext) -> Page:
     from desktop.dashboard.engines_page import EnginesPage
 
@@ -93,7 +99,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec(
         "bench",
         "Benchmarks",
-        None,
+        _bench,
         "Benchmark runs and comparisons (throughput, TTFT, energy per token).",
         "the benchmark feature: an API that lists `traylm bench` runs (bench_runs table).",
     ),
