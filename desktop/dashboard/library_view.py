@@ -80,7 +80,7 @@ class LibraryView(QWidget):
         layout.addLayout(row)
         self.result = ResultLabel("libraryResult")
         layout.addWidget(self.result)
-        self._live: frozenset[str] = frozenset()
+        self._live: frozenset[tuple[str, str]] = frozenset()
         ctx.state.event_received.connect(self.on_event_received)
         ctx.state.engines_changed.connect(self.on_engines_changed)
         self.on_selection_changed()
@@ -92,10 +92,8 @@ class LibraryView(QWidget):
         return any(m.trust_remote_code for m in self.models if m.repo_id == repo_id)
 
     def on_engines_changed(self) -> None:
-        """ "Served by" follows the engines: read the library again when one starts or stops."""
-        live = frozenset(
-            e.engine_id for e in self.ctx.state.engines.values() if e.state != "stopped"
-        )
+        """ "Served by" follows the engines: read the library again when one changes state."""
+        live = frozenset((e.engine_id, str(e.state)) for e in self.ctx.state.engines.values())
         if live != self._live:
             self._live = live
             if self.isVisible():
