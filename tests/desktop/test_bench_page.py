@@ -72,7 +72,7 @@ def test_start_a_run_see_progress_and_results(qtbot, sim_app, sim_daemon_thread)
     assert row["J/token"].endswith("(sim)") and row["Mean W"].endswith("(sim)")
     assert "TPOT = (E2EL − TTFT) / (output tokens − 1)" in results.definitions.text()
     assert "AIPerf calls this TPOT 'ITL'" in results.definitions.text()
-    assert "#%d first" % run_id in results.heading.text()
+    assert f"#{run_id} first" in results.heading.text()
 
 
 def test_cancel_compare_and_report(qtbot, sim_app, sim_daemon_thread, tmp_path: Path) -> None:
