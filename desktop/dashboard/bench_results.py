@@ -80,8 +80,9 @@ class BenchResults(QWidget):
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         for i, name in enumerate(COLUMNS):
             tip = HEADER_TIPS.get(name) or HEADER_TIPS.get(name.replace("p99", "p50"))
-            if tip:
-                self.table.horizontalHeaderItem(i).setToolTip(tip.replace("median", name[-3:]))
+            header_item = self.table.horizontalHeaderItem(i)
+            if tip and header_item is not None:
+                header_item.setToolTip(tip.replace("median", name[-3:]))
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)

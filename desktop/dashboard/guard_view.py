@@ -84,9 +84,9 @@ class GuardView(QGroupBox):
         self.meaning.setWordWrap(True)
         right.addWidget(self.meaning)
         right.addWidget(QLabel("Recent actions"))
-        self.actions = QListWidget()
-        self.actions.setObjectName("guardActions")
-        right.addWidget(self.actions, 1)
+        self.action_list = QListWidget()
+        self.action_list.setObjectName("guardActions")
+        right.addWidget(self.action_list, 1)
         layout.addLayout(right, 1)
         ctx.state.gpu.guard_acted.connect(self.on_guard_acted)
         ctx.state.settings_changed.connect(self._tooltips)
@@ -116,7 +116,7 @@ class GuardView(QGroupBox):
             self._loading = False
         if s.problem:
             self.validation.error(s.problem)
-        self.actions.clear()
+        self.action_list.clear()
         for action in s.actions:
             self._add_action(action)
         self._show_meaning()
@@ -157,9 +157,9 @@ class GuardView(QGroupBox):
     def _add_action(self, event: GPUGuardAction) -> None:
         when = time.strftime("%H:%M:%S", time.localtime(event.ts_s))
         text = f"{when}  GPU {event.gpu_index} · {event.action}: {event.detail}"
-        self.actions.insertItem(0, text)
+        self.action_list.insertItem(0, text)
         if not event.ok:
-            self.actions.item(0).setForeground(QColor("#d62828"))
+            self.action_list.item(0).setForeground(QColor("#d62828"))
 
     # ----------------------------------------------------------------- widgets → daemon
 

@@ -1,8 +1,8 @@
 """The dashboard's pages, in menu order: a plain registry.
 
-A page with ``build=None`` waits for a daemon API that other features add; the dashboard shows
-it as "not available in this daemon yet" with what it waits for. Adding the real page later is
-one entry here: a ``build`` function that returns a ``Page``.
+Adding a page is one entry here: a ``build`` function that returns a ``Page``. A page whose
+daemon API does not exist yet gets ``build=None`` and ``waits_for``; the dashboard then shows it
+as "not available in this daemon yet" with what it waits for (desktop/dashboard/unavailable.py).
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ PAGES: tuple[PageSpec, ...] = (
         "A card per GPU with live charts (temperature, power against the limit, fan %, "
         "utilization, VRAM, clocks), clock-event reasons in words, PCIe link and energy per "
         "token; 'simulated' shown when the simulator is the source.",
-        "GPU telemetry in the daemon (issue 3): GET /api/gpus and the gpu.* events.",
     ),
     PageSpec(
         "engines",
         "Engines",
         _engines,
-        "Engine status, start/stop, profiles, logs with diagnoses, engine environments.",
+        "Engine status, start/stop, profiles, logs with diagnoses, engine environments (install "
+        "with progress), TensorRT-LLM builds and engine cache, the remote fallback.",
     ),
     PageSpec(
         "models",
@@ -84,24 +84,20 @@ PAGES: tuple[PageSpec, ...] = (
         _models,
         "Hub search, model details, fit badges for 1×/2× GPU and each engine, the download "
         "queue with progress/pause/cancel, and the local library with delete/verify.",
-        "the model hub in the daemon (issue 4): /api/models and /api/downloads with progress "
-        "events.",
     ),
     PageSpec(
         "fans",
         "Fans & power",
         _fans,
-        "A fan-curve editor per GPU, a power-limit slider within the card's limits, thermal "
-        "guard thresholds, and the traylm-gpud helper's status.",
-        "fan curves, power limits and the thermal guard (issue 3): /api/gpus/{i}/fans, "
-        "/api/gpus/{i}/power and traylm-gpud.",
+        "A fan-curve editor per GPU and fan, a power-limit slider within the card's limits, "
+        "thermal guard thresholds, and the traylm-gpud helper's status.",
     ),
     PageSpec(
         "bench",
         "Benchmarks",
         _bench,
-        "Benchmark runs and comparisons (throughput, TTFT, energy per token).",
-        "the benchmark feature: an API that lists `traylm bench` runs (bench_runs table).",
+        "Benchmark runs: start one, follow it, compare two (tokens/s, TTFT/TPOT/ITL/E2EL, "
+        "energy per token), HTML reports.",
     ),
     PageSpec(
         "settings",

@@ -166,10 +166,12 @@ class TRTView(QWidget):
             self.bars[b.engine_id] = bar
             self.builds_box.addWidget(bar)
         self.builds[b.engine_id] = b
-        done = b.step_index - 1 if b.state == "running" else b.steps_total
-        if b.state == "running" and b.eta_s:
-            done += min(0.95, b.elapsed_s / max(b.elapsed_s + b.eta_s, 1))
-        bar.setValue(round(1000 * done / max(b.steps_total, 1)))
+        if b.state == "done":
+            bar.setValue(1000)
+        elif b.state == "running" and b.eta_s:  # learnt from past builds: time is the measure
+            bar.setValue(round(1000 * b.elapsed_s / (b.elapsed_s + b.eta_s)))
+        elif b.state == "running":
+            bar.setValue(round(1000 * (b.step_index - 1) / max(b.steps_total, 1)))
         eta = f", about {fmt_duration(b.eta_s)} left" if b.eta_s and b.state == "running" else ""
         step = f"step {b.step_index}/{b.steps_total} {b.step}" if b.step else b.state
         bar.setFormat(f"{b.engine_id}: {step} · {fmt_duration(b.elapsed_s)}{eta} · {b.state}")
