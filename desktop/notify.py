@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop.formatting import fmt_bytes
 from desktop.state import AppState
 from engines.events import (
     DownloadState,
@@ -65,7 +66,7 @@ class Notifier(QObject):
         if d.state == ev.previous:
             return
         if d.state == DownloadState.READY:
-            size = f"{d.total_bytes / 1e9:.2f} GB" if d.total_bytes else "nothing new"
+            size = fmt_bytes(d.total_bytes) if d.total_bytes else "nothing new"
             self.notify("info", "Download finished", f"{d.repo_id} is ready ({size}, verified)")
         elif d.state == DownloadState.FAILED:
             self.notify("error", f"Download of {d.repo_id} failed", d.message)

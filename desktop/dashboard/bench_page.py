@@ -44,7 +44,7 @@ from engines.events import (
     Event,
 )
 
-COLUMNS = ("ID", "Name", "State", "Model", "Workload", "In / out", "Concurrency", "Best tok/s",
+COLUMNS = ("ID", "Name", "State", "Model", "Workload, in / out", "Concurrency", "Best tok/s",
            "J/token", "Engine", "Started")  # fmt: skip
 STATE_COLORS = {
     BenchState.DONE: "#2f9e44",
@@ -77,8 +77,10 @@ class BenchPage(Page):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         top = QHBoxLayout()
-        top.addWidget(self._start_group(), 2)
-        top.addWidget(self._runs_group(), 3)
+        start = self._start_group()
+        start.setMaximumWidth(380)
+        top.addWidget(start)
+        top.addWidget(self._runs_group(), 1)
         split = QSplitter(Qt.Orientation.Vertical)
         head = QWidget()
         head.setLayout(top)
@@ -111,7 +113,7 @@ class BenchPage(Page):
         form.addRow("Output length", self.output_len)
         self.requests = QSpinBox(minimum=0, maximum=100000, value=0)
         self.requests.setObjectName("benchRequests")
-        self.requests.setSpecialValueText("auto (max(32, 4 × concurrency))")
+        self.requests.setSpecialValueText("auto: max(32, 4 × level)")
         form.addRow("Requests per level", self.requests)
         self.workload = QComboBox()
         self.workload.setObjectName("benchWorkload")
@@ -198,8 +200,9 @@ class BenchPage(Page):
             best = f"{s.best_output_throughput_tps:.1f} @ {s.best_concurrency}" if (
                 s.best_output_throughput_tps is not None) else "–"  # fmt: skip
             joules = f"{s.joules_per_token:.2f}" if s.joules_per_token is not None else "–"
-            values = (str(s.id), s.name, str(s.state), s.model, s.workload,
-                      f"{s.input_len} / {s.output_len}", ",".join(map(str, s.concurrency)), best,
+            values = (str(s.id), s.name, str(s.state), s.model,
+                      f"{s.workload}, {s.input_len} / {s.output_len}",
+                      ",".join(map(str, s.concurrency)), best,
                       joules + (" (sim)" if s.simulated and s.joules_per_token else ""),
                       s.engine, fmt_when(s.created_s))  # fmt: skip
             for c, value in enumerate(values):

@@ -23,19 +23,24 @@ from engines.events import BenchLevel, BenchRun, LatencyStats
 
 COLUMNS = (
     "Run", "Concurrency", "Done / failed", "Output tok/s", "Total tok/s",
-    "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99",
-    "E2EL p50", "E2EL p99", "J/token", "Peak °C", "Mean W",
+    "TTFT p50 / p99", "TPOT p50 / p99", "ITL p50 / p99", "E2EL p50 / p99",
+    "J/token", "Peak °C", "Mean W",
 )  # fmt: skip
 HEADER_TIPS = {
-    "TTFT p50": "time to first token, ms (median)",
-    "TPOT p50": "time per output token after the first, ms (vLLM's TPOT; AIPerf calls it ITL)",
-    "ITL p50": "inter-token latency, every gap between chunks pooled, ms",
-    "E2EL p50": "end-to-end latency of a request, ms",
+    "TTFT p50 / p99": "time to first token, ms: median / 99th percentile",
+    "TPOT p50 / p99": "time per output token after the first, ms (vLLM's TPOT; AIPerf calls it "
+    "ITL): median / 99th percentile",
+    "ITL p50 / p99": "inter-token latency, every gap between chunks pooled, ms: median / p99",
+    "E2EL p50 / p99": "end-to-end latency of a request, ms: median / 99th percentile",
 }
 
 
 def _p(stats: LatencyStats, pct: str) -> float | None:
     return stats.percentiles_s.get(pct)
+
+
+def _pair(stats: LatencyStats) -> str:
+    return f"{fmt_ms(_p(stats, '50'))} / {fmt_ms(_p(stats, '99'))}"
 
 
 def level_cells(run: BenchRun, level: BenchLevel) -> list[str]:
@@ -47,14 +52,10 @@ def level_cells(run: BenchRun, level: BenchLevel) -> list[str]:
         f"{level.completed} / {level.failed}",
         f"{level.output_throughput_tps:.1f}",
         f"{level.total_throughput_tps:.1f}",
-        fmt_ms(_p(level.ttft, "50")),
-        fmt_ms(_p(level.ttft, "99")),
-        fmt_ms(_p(level.tpot, "50")),
-        fmt_ms(_p(level.tpot, "99")),
-        fmt_ms(_p(level.itl, "50")),
-        fmt_ms(_p(level.itl, "99")),
-        fmt_ms(_p(level.e2el, "50")),
-        fmt_ms(_p(level.e2el, "99")),
+        _pair(level.ttft),
+        _pair(level.tpot),
+        _pair(level.itl),
+        _pair(level.e2el),
         f"{t.joules_per_token:.2f}{sim}" if t.joules_per_token is not None else "–",
         f"{t.temperature_peak_c:.0f}{sim}" if t.temperature_peak_c is not None else "–",
         f"{t.power_mean_w:.0f}{sim}" if t.power_mean_w is not None else "–",
@@ -79,10 +80,9 @@ class BenchResults(QWidget):
         self.table.setObjectName("benchResults")
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         for i, name in enumerate(COLUMNS):
-            tip = HEADER_TIPS.get(name) or HEADER_TIPS.get(name.replace("p99", "p50"))
             header_item = self.table.horizontalHeaderItem(i)
-            if tip and header_item is not None:
-                header_item.setToolTip(tip.replace("median", name[-3:]))
+            if name in HEADER_TIPS and header_item is not None:
+                header_item.setToolTip(HEADER_TIPS[name])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
@@ -112,7 +112,8 @@ class BenchResults(QWidget):
         self.heading.setText("<br>".join(_run_line(run) for run in runs))
         definitions = next((run.definitions for run in runs if run.definitions), "")
         self.definitions.setText(
-            definitions or "Latency definitions: not stated by this daemon (older run)."
+            "Latencies in milliseconds. "
+            + (definitions or "Latency definitions: not stated by this daemon (older run).")
         )
         self.comparison.setText(compare_html(runs[0], runs[1]) if len(runs) == 2 else "")
         telemetry = [lv.telemetry for run in runs for lv in run.levels]

@@ -64,6 +64,7 @@ class EnginesPage(Page):
         ctx.state.profiles_changed.connect(self.on_profiles_changed)
         ctx.state.throughput_sampled.connect(self.on_throughput_sampled)
         ctx.state.connection_changed.connect(self.on_selection_changed)
+        ctx.state.connection_changed.connect(self.on_status_changed)
         ctx.state.status_changed.connect(self.on_status_changed)
         self.on_profiles_changed()
         self.on_status_changed()
@@ -196,9 +197,9 @@ class EnginesPage(Page):
             )
         self.detail.setText(text)
 
-    def on_status_changed(self) -> None:
+    def on_status_changed(self, *_: object) -> None:
         remote = self.ctx.state.remote
-        if remote is None:
+        if remote is None or not self.ctx.state.connected:
             self.remote.setText("")
         elif not remote.enabled:
             self.remote.setText(

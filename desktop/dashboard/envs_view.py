@@ -55,6 +55,7 @@ class EnvsView(QWidget):
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")
@@ -104,6 +105,7 @@ class EnvsView(QWidget):
         self.install_bar.setRange(0, len(PHASES))
         self.install_bar.setValue(0)
         self.install_bar.setFormat("")
+        self.install_bar.setVisible(False)  # until an install starts
         layout.addWidget(self.install_bar)
         self.install_status = ResultLabel("installStatus")
         layout.addWidget(self.install_status)
@@ -137,6 +139,7 @@ class EnvsView(QWidget):
     def on_event_received(self, event: Event) -> None:
         if not isinstance(event, EnvInstallProgress):
             return
+        self.install_bar.setVisible(True)
         self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
         self.install_button.setEnabled(event.phase in ("done", "failed"))
         if event.phase in PHASES:

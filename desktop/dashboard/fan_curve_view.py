@@ -66,6 +66,7 @@ class FanCurveView(QGroupBox):
         presets.addWidget(load)
         form.addRow("Preset", presets)
         self.fans_row = QHBoxLayout()
+        self.fans_row.addStretch(1)
         self.fan_boxes: list[QCheckBox] = []
         form.addRow("Fans", self.fans_row)
         self.hysteresis = self._spin(0, 15, " °C", "Hysteresis: on the way down the duty holds "
@@ -130,7 +131,7 @@ class FanCurveView(QGroupBox):
             box.setObjectName(f"fan{i}")
             box.setChecked(True)
             box.toggled.connect(self.on_curve_edited)
-            self.fans_row.addWidget(box)
+            self.fans_row.insertWidget(i, box)
             self.fan_boxes.append(box)
         self.editor.floor_pct = float(info.fan_min_pct) if info and info.fan_min_pct else None
         self.editor.set_live(None, None)

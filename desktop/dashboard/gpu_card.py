@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QVBoxLay
 from desktop.widgets.chart import LiveChart
 from engines.events import (
     EngineEnergy,
+    FanControl,
     GPUHistory,
     GPUInfo,
     GPUSnapshot,
@@ -146,8 +147,14 @@ class GPUCard(QFrame):
     # ----------------------------------------------------------------- data → widgets
 
     def show_snapshot(
-        self, snap: GPUSnapshot, level: GuardLevel, energy: list[EngineEnergy]
+        self,
+        snap: GPUSnapshot,
+        level: GuardLevel,
+        energy: list[EngineEnergy],
+        controls: tuple[FanControl, ...] = (),
     ) -> None:
+        """``controls``: what traylm-gpud does with this GPU's fans (curve, or another
+        program's manual setting)."""
         self._show_guard(level)
         f = self.facts
         if snap.state != GPUState.OK:
@@ -161,7 +168,7 @@ class GPUCard(QFrame):
             return
         f["Temperature"].setText(self._temperature(snap))
         f["Power"].setText(self._power(snap))
-        f["Fans"].setText(_fans(snap))
+        f["Fans"].setText(_fans(snap, controls))
         f["Load"].setText(
             f"GPU {_pct(snap.utilization_gpu_pct)} · memory bus {_pct(snap.utilization_memory_pct)}"
         )
@@ -271,19 +278,25 @@ def energy_html(energy: list[EngineEnergy]) -> str:
             if e.cost_per_mtok is not None
             else ""
         )
+        gpus = f" on {len(e.gpus)} GPUs" if len(e.gpus) > 1 else ""
         parts.append(
             f"{html.escape(e.engine_id)}: <b>{e.joules_per_token:.2f} J/token</b>{cost} "
-            f"({e.power_w:.0f} W over {e.window_s:.0f} s)"
+            f"({e.power_w:.0f} W{gpus} over {e.window_s:.0f} s)"
         )
     return "<br>".join(parts)
 
 
-def _fans(snap: GPUSnapshot) -> str:
+def _fans(snap: GPUSnapshot, controls: tuple[FanControl, ...]) -> str:
     if not snap.fans:
         return "N/A on this card"
     parts = []
     for fan in snap.fans:
+        control = next((c for c in controls if c.fan == fan.index), None)
         mode = {True: "manual", False: "auto", None: "?"}[fan.manual]
+        if control is not None and control.mode == "curve":
+            mode = "traylm curve" if fan.manual else "curve; firmware below its first point"
+        elif control is not None and control.mode == "foreign":
+            mode = "<b style='color:#b7791f'>set by another program</b>"
         parts.append(f"fan {fan.index}: {_pct(fan.speed_pct)} ({mode})")
     return " · ".join(parts)
 

@@ -111,8 +111,10 @@ class GPUsPage(Page):
             lines.append(
                 "Fan and power control: off (traylm-gpud not running); see Fans &amp; power."
             )
-        if not ov.energy:
-            lines.append("Energy per token appears once an engine on these GPUs generates tokens.")
+        energy = "" if ov.energy else " Energy per token appears once an engine on them generates."
+        span_s = HISTORY_POINTS * ov.sample_interval_s
+        span = f"{span_s / 60:g} minutes" if span_s >= 120 else f"{span_s:.0f} seconds"
+        lines.append(f"Charts: the last {span}, one point per sample.{energy}")
         return "<br>".join(lines)
 
     def _rebuild(self, infos: list[GPUInfo]) -> None:
@@ -140,7 +142,9 @@ class GPUsPage(Page):
         snap = gpu.latest.get(uuid)
         if snap is not None:
             level = gpu.guard_levels.get(uuid, GuardLevel.NORMAL)
-            card.show_snapshot(snap, level, gpu.energy_for(uuid))
+            helper = gpu.overview.helper if gpu.overview is not None else None
+            controls = tuple(c for c in helper.fans if c.uuid == uuid) if helper else ()
+            card.show_snapshot(snap, level, gpu.energy_for(uuid), controls)
 
     # ----------------------------------------------------------------- history
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -82,10 +82,12 @@ class GuardView(QGroupBox):
         self.meaning = QLabel("")
         self.meaning.setObjectName("guardMeaning")
         self.meaning.setWordWrap(True)
+        self.meaning.setTextFormat(Qt.TextFormat.RichText)
         right.addWidget(self.meaning)
         right.addWidget(QLabel("Recent actions"))
         self.action_list = QListWidget()
         self.action_list.setObjectName("guardActions")
+        self.action_list.setMaximumHeight(170)
         right.addWidget(self.action_list, 1)
         layout.addLayout(right, 1)
         ctx.state.gpu.guard_acted.connect(self.on_guard_acted)
@@ -132,7 +134,7 @@ class GuardView(QGroupBox):
             slowdown = slowdowns.get(info.uuid) or info.slowdown_temperature_c or 90
             level = next((g.level for g in s.gpus if g.uuid == info.uuid), GuardLevel.NORMAL)
             steps = " · ".join(
-                f"{name} at {slowdown - th[key]:.0f} °C"
+                f"{name} {slowdown - th[key]:.0f} °C"
                 for key, name in (
                     ("guard_notice_margin_c", "notify"),
                     ("guard_power_margin_c", "lower power"),
@@ -142,7 +144,8 @@ class GuardView(QGroupBox):
             )
             now = f"<b style='color:#d62828'>{level.name.lower()}</b>" if level else "normal"
             lines.append(
-                f"GPU {info.index} slows down at {slowdown} °C: {steps}. Level now: {now}."
+                f"<b>GPU {info.index}</b> (slows down at {slowdown} °C): {steps}<br>"
+                f"&nbsp;&nbsp;level now: {now}"
             )
         if not self.enabled.isChecked():
             lines.insert(0, "<b>The guard is off: nothing acts when a GPU gets hot.</b>")

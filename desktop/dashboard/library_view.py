@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
     QHeaderView,
+    QLabel,
     QMessageBox,
     QPushButton,
     QTableWidget,
@@ -78,6 +79,9 @@ class LibraryView(QWidget):
             row.addWidget(w)
         row.addStretch(1)
         layout.addLayout(row)
+        self.summary = QLabel("")
+        self.summary.setObjectName("librarySummary")
+        layout.addWidget(self.summary)
         self.result = ResultLabel("libraryResult")
         layout.addWidget(self.result)
         self._live: frozenset[tuple[str, str]] = frozenset()
@@ -129,6 +133,11 @@ class LibraryView(QWidget):
                 if c == 4:
                     item.setForeground(QColor(VERIFIED_COLORS.get(m.verified, "#6c737d")))
                 self.table.setItem(r, c, item)
+        total = sum(m.size_bytes for m in self.models)
+        self.summary.setText(
+            f"{len(self.models)} model revisions, {fmt_bytes(total)} in the shared Hugging Face "
+            "cache (other tools that use it see the same files)."
+        )
         keys = [(m.repo_id, m.commit_sha) for m in self.models]
         if selected is not None and (selected.repo_id, selected.commit_sha) in keys:
             self.table.selectRow(keys.index((selected.repo_id, selected.commit_sha)))

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -53,10 +54,14 @@ class SearchView(QWidget):
         self.details: ModelDetails | None = None
         layout = QVBoxLayout(self)
         layout.addLayout(self._bar())
+        status = QHBoxLayout()
         self.access = QLabel("")
         self.access.setObjectName("hubAccess")
         self.access.setWordWrap(True)
-        layout.addWidget(self.access)
+        status.addWidget(self.access, 1)
+        self.status = ResultLabel("searchStatus")
+        status.addWidget(self.status)
+        layout.addLayout(status)
         split = QSplitter(Qt.Orientation.Vertical)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("modelResults")
@@ -70,8 +75,12 @@ class SearchView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.itemSelectionChanged.connect(self.on_result_selected)
         split.addWidget(self.table)
-        split.addWidget(self._details_panel())
-        split.setSizes([260, 380])
+        details = QScrollArea()
+        details.setWidgetResizable(True)
+        details.setFrameShape(QScrollArea.Shape.NoFrame)
+        details.setWidget(self._details_panel())
+        split.addWidget(details)
+        split.setSizes([190, 450])
         layout.addWidget(split, 1)
 
     def _bar(self) -> QHBoxLayout:
@@ -157,7 +166,7 @@ class SearchView(QWidget):
             self.sort.currentText(),
             self.quant.currentData(),
         )
-        self.result.neutral("Searching…")
+        self.status.neutral("Searching…")
         self.search_button.setEnabled(False)
         self.ctx.bridge.call(
             lambda c: c.search_models(query, sort=sort, quant=quant or None, limit=30),
@@ -167,10 +176,10 @@ class SearchView(QWidget):
     def _on_results(self, result: CallResult) -> None:
         self.search_button.setEnabled(True)
         if not result.ok or not isinstance(result.value, tuple):
-            self.result.error(result.error)
+            self.status.error(result.error)
             return
         self.results = tuple(m for m in result.value if isinstance(m, ModelSummary))
-        self.result.neutral(f"{len(self.results)} models")
+        self.status.neutral(f"{len(self.results)} models")
         self.table.setRowCount(len(self.results))
         for r, m in enumerate(self.results):
             values = (
@@ -249,13 +258,22 @@ class SearchView(QWidget):
 
 
 def details_html(d: ModelDetails) -> str:
+    if d.architecture:
+        architecture = f"{d.architecture} ({d.model_type})"
+    else:
+        architecture = "unknown: config.json could not be read" + (
+            " (gated: accept the terms on the Hub and save your token in Settings)"
+            if d.gated
+            else ""
+        )
     rows = [
-        ("Architecture", f"{d.architecture} ({d.model_type})"),
+        ("Architecture", architecture),
         ("Parameters", fmt_count(d.parameters)),
         ("Context", f"{d.max_context:,} tokens" if d.max_context else "?"),
-        ("Weights", f"{d.dtype}" + (f", {d.quantization}" if d.quantization else "")),
+        ("Weights", (d.dtype or "?") + (f", {d.quantization}" if d.quantization else "")),
         ("Layers · heads · KV heads",
-         f"{d.num_layers} · {d.num_attention_heads} · {d.num_kv_heads}"),
+         " · ".join(str(v) if v else "?" for v in (d.num_layers, d.num_attention_heads,
+                                                  d.num_kv_heads))),
         ("Download", f"{fmt_bytes(d.download_bytes)} in {len(d.files)} files"),
         ("License", d.license or "?"),
         ("Access", {"": "open", "auto": "gated: accept the terms on the Hub",

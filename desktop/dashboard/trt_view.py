@@ -172,9 +172,12 @@ class TRTView(QWidget):
             bar.setValue(round(1000 * b.elapsed_s / (b.elapsed_s + b.eta_s)))
         elif b.state == "running":
             bar.setValue(round(1000 * (b.step_index - 1) / max(b.steps_total, 1)))
-        eta = f", about {fmt_duration(b.eta_s)} left" if b.eta_s and b.state == "running" else ""
-        step = f"step {b.step_index}/{b.steps_total} {b.step}" if b.step else b.state
-        bar.setFormat(f"{b.engine_id}: {step} · {fmt_duration(b.elapsed_s)}{eta} · {b.state}")
+        if b.state == "running":
+            eta = f", about {fmt_duration(b.eta_s)} left" if b.eta_s else ""
+            step = f"step {b.step_index}/{b.steps_total} {b.step}" if b.step else "starting"
+            bar.setFormat(f"{b.engine_id}: {step} · {fmt_duration(b.elapsed_s)}{eta}")
+        else:
+            bar.setFormat(f"{b.engine_id}: build {b.state} after {fmt_duration(b.elapsed_s)}")
         bar.setToolTip(b.detail)
         self.no_builds.setVisible(not any(x.state == "running" for x in self.builds.values()))
 

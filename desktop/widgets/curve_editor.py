@@ -55,7 +55,7 @@ class CurveEditor(QWidget):
     # ----------------------------------------------------------------- geometry
 
     def plot_rect(self) -> QRectF:
-        return QRectF(self.rect()).adjusted(46, 14, -16, -34)
+        return QRectF(self.rect()).adjusted(46, 26, -16, -34)
 
     def to_pixel(self, point: Point) -> QPointF:
         r = self.plot_rect()
@@ -139,10 +139,10 @@ class CurveEditor(QWidget):
             first = self.to_pixel(self.points[0])
             firmware = QRectF(r.left(), r.top(), max(0.0, first.x() - r.left()), r.height())
             p.fillRect(firmware, QColor(127, 127, 127, 40))
-            if firmware.width() > 70:
+            if firmware.width() > 40:  # the words sit mid-height, clear of the live label
                 p.setPen(self.palette().placeholderText().color())
-                p.drawText(firmware.adjusted(4, 4, -4, -4), Qt.AlignmentFlag.AlignLeft,
-                           "firmware\ncontrol")  # fmt: skip
+                middle = QRectF(r.left() + 3, r.top() + r.height() * 0.35, 200, 36)
+                p.drawText(middle, Qt.AlignmentFlag.AlignLeft, "firmware\ncontrol")
         if self.floor_pct:
             y = self.to_pixel((T_MIN_C, self.floor_pct)).y()
             p.fillRect(QRectF(r.left(), y, r.width(), r.bottom() - y), QColor(214, 40, 40, 28))
@@ -186,9 +186,9 @@ class CurveEditor(QWidget):
             p.drawEllipse(px, 7 if active else 5.5, 7 if active else 5.5)
             p.setBrush(Qt.BrushStyle.NoBrush)
             p.setPen(self.palette().text().color())
-            label_y = px.y() - 20 if px.y() - 20 > r.top() else px.y() + 8
-            p.drawText(QRectF(px.x() - 40, label_y, 80, 14), Qt.AlignmentFlag.AlignCenter,
-                       f"{t:.0f}°→{d:.0f}%")  # fmt: skip
+            # below-right of the point: the curve rises to the right, so that corner is free
+            label = QRectF(min(px.x() + 8, r.right() - 70), px.y() + 4, 70, 14)
+            p.drawText(label, Qt.AlignmentFlag.AlignLeft, f"{t:.0f}°→{d:.0f}%")
 
     def _paint_live(self, p: QPainter, r: QRectF) -> None:
         if self.temperature_c is None:
@@ -204,4 +204,5 @@ class CurveEditor(QWidget):
             p.setBrush(Qt.BrushStyle.NoBrush)
             label += f", fans {self.duty_pct:.0f} %"
         p.setPen(QColor("#d9480f"))
-        p.drawText(QRectF(x + 4, r.top(), 200, 14), Qt.AlignmentFlag.AlignLeft, label)
+        left = min(x - 4, r.right() - 200)  # in the margin above the plot
+        p.drawText(QRectF(left, r.top() - 22, 200, 14), Qt.AlignmentFlag.AlignLeft, label)

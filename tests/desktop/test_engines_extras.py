@@ -116,7 +116,7 @@ def test_trt_build_progress_then_the_cache(
     assert running and "step 1/2 quantize" in running[0][2] and running[0][1] < 1000
     assert any("step 2/2 build" in s[2] and s[1] >= 500 for s in running)
     assert trt.builds["built"].state == "done"
-    assert trt.bars["built"].value() == 1000 and "done" in trt.bars["built"].format()
+    assert trt.bars["built"].value() == 1000 and "build done after" in trt.bars["built"].format()
     qtbot.waitUntil(lambda: trt.table.rowCount() == 1, timeout=10000)
     assert trt.table.item(0, 1).text() == "fp8" and trt.table.item(0, 2).text() == "2 × 1"
     qtbot.waitUntil(lambda: trt.table.item(0, 6).text() == "built", timeout=10000)

@@ -205,7 +205,10 @@ def test_power_slider_and_guard_thresholds_through_dry_runs(
 
     guard = page.guard
     qtbot.waitUntil(lambda: guard.status is not None, timeout=5000)
-    assert "GPU 0 slows down at 90 °C: notify at 80 °C" in guard.meaning.text()
+    assert (
+        "<b>GPU 0</b> (slows down at 90 °C): notify 80 °C · lower power 83 °C"
+        in guard.meaning.text()
+    )
     guard.spins["guard_stop_margin_c"].setValue(6.0)  # closer to slowdown than pause (4): wrong
     qtbot.waitUntil(lambda: guard.validation.state == "error", timeout=5000)
     assert "must not exceed guard_pause_margin_c" in guard.validation.message

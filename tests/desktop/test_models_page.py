@@ -35,9 +35,9 @@ def _search(qtbot, page: ModelsPage, query: str, quant: str = "any") -> list[str
     search = page.search
     search.query.setText(query)
     search.quant.setCurrentText(quant)
-    search.result.neutral("")
+    search.status.neutral("")
     search.search_button.click()
-    qtbot.waitUntil(lambda: search.result.message.endswith("models"), timeout=10000)
+    qtbot.waitUntil(lambda: search.status.message.endswith("models"), timeout=10000)
     return [m.repo_id for m in search.results]
 
 
