@@ -44,8 +44,7 @@ from engines.events import (
     Event,
 )
 
-COLUMNS = ("ID", "Name", "State", "Model", "Workload, in / out", "Concurrency", "Best tok/s",
-           "J/token", "Engine", "Started")  # fmt: skip
+COLUMNS = ("ID", "Name", "State", "Model", "Workload", "Concurrency", "Best tok/s", "J/token")
 STATE_COLORS = {
     BenchState.DONE: "#2f9e44",
     BenchState.RUNNING: "#1971c2",
@@ -78,7 +77,7 @@ class BenchPage(Page):
         layout.setContentsMargins(8, 8, 8, 8)
         top = QHBoxLayout()
         start = self._start_group()
-        start.setMaximumWidth(380)
+        start.setMaximumWidth(350)
         top.addWidget(start)
         top.addWidget(self._runs_group(), 1)
         split = QSplitter(Qt.Orientation.Vertical)
@@ -200,13 +199,13 @@ class BenchPage(Page):
             best = f"{s.best_output_throughput_tps:.1f} @ {s.best_concurrency}" if (
                 s.best_output_throughput_tps is not None) else "–"  # fmt: skip
             joules = f"{s.joules_per_token:.2f}" if s.joules_per_token is not None else "–"
+            sim = " (sim)" if s.simulated and s.joules_per_token else ""
             values = (str(s.id), s.name, str(s.state), s.model,
-                      f"{s.workload}, {s.input_len} / {s.output_len}",
-                      ",".join(map(str, s.concurrency)), best,
-                      joules + (" (sim)" if s.simulated and s.joules_per_token else ""),
-                      s.engine, fmt_when(s.created_s))  # fmt: skip
+                      f"{s.workload} {s.input_len}/{s.output_len}",
+                      ",".join(map(str, s.concurrency)), best, joules + sim)  # fmt: skip
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)
+                item.setToolTip(f"{s.engine or 'engine unknown'} · started {fmt_when(s.created_s)}")
                 if c == 2:
                     item.setForeground(QColor(STATE_COLORS.get(s.state, "#6c737d")))
                     item.setToolTip(s.detail)

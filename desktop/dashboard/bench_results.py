@@ -26,6 +26,15 @@ COLUMNS = (
     "TTFT p50 / p99", "TPOT p50 / p99", "ITL p50 / p99", "E2EL p50 / p99",
     "J/token", "Peak °C", "Mean W",
 )  # fmt: skip
+
+
+def header_label(name: str) -> str:
+    """Two short lines per header, so that the table fits beside the page list."""
+    for word in (" p50", " tok/s", " °C", " W"):
+        name = name.replace(word, "\n" + word.strip(), 1)
+    return name.replace(" / failed", " /\nfailed").replace("Concurrency", "Concur-\nrency")
+
+
 HEADER_TIPS = {
     "TTFT p50 / p99": "time to first token, ms: median / 99th percentile",
     "TPOT p50 / p99": "time per output token after the first, ms (vLLM's TPOT; AIPerf calls it "
@@ -78,7 +87,7 @@ class BenchResults(QWidget):
         layout.addWidget(self.definitions)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("benchResults")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setHorizontalHeaderLabels([header_label(c) for c in COLUMNS])
         for i, name in enumerate(COLUMNS):
             header_item = self.table.horizontalHeaderItem(i)
             if name in HEADER_TIPS and header_item is not None:

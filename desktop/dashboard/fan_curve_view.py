@@ -25,7 +25,14 @@ from desktop.dashboard.page import PageContext
 from desktop.messages import CallResult
 from desktop.widgets.curve_editor import CurveEditor
 from desktop.widgets.result_label import ResultLabel
-from engines.events import FanCurve, FanCurveResult, GPUFanStatus, GPUInfo, GPUSampled
+from engines.events import (
+    FanCurve,
+    FanCurveResult,
+    FanReading,
+    GPUFanStatus,
+    GPUInfo,
+    GPUSampled,
+)
 
 VALIDATE_AFTER_MS = 250
 
@@ -253,21 +260,28 @@ class FanCurveView(QGroupBox):
             self.fan_state.setText(html.escape(result.error))
             return
         self.status = status = result.value
+        self._show_fan_state(status.readings)
+        active = next((c for c in status.controls if c.curve is not None), None)
+        if active is not None and active.curve and status.uuid not in self._loaded_from_helper:
+            self._loaded_from_helper.add(status.uuid)
+            self.load_curve(active.curve)  # show what runs now
+        self._update_buttons()
+
+    def _show_fan_state(self, readings: tuple[FanReading, ...]) -> None:
+        """Each fan's speed now and who sets it (the controls as last read from the daemon)."""
+        controls = self.status.controls if self.status is not None else ()
         lines = []
-        for reading in status.readings:
-            control = next((c for c in status.controls if c.fan == reading.index), None)
+        for reading in readings:
+            control = next((c for c in controls if c.fan == reading.index), None)
             mode = {"curve": "curve", "foreign": "ANOTHER PROGRAM's manual setting"}.get(
                 control.mode if control else "", "automatic (firmware)"
             )
             if control is not None and control.mode == "curve" and control.curve is not None:
                 mode = f"curve '{control.curve.name or 'custom'}' by traylm-gpud"
             lines.append(f"fan {reading.index}: {reading.speed_pct} % now, {mode}")
-        self.fan_state.setText("<br>".join(lines) or "no fan readings")
-        active = next((c for c in status.controls if c.curve is not None), None)
-        if active is not None and active.curve and status.uuid not in self._loaded_from_helper:
-            self._loaded_from_helper.add(status.uuid)
-            self.load_curve(active.curve)  # show what runs now
-        self._update_buttons()
+        text = "<br>".join(lines) or "no fan readings"
+        if text != self.fan_state.text():
+            self.fan_state.setText(text)
 
     def on_gpu_sampled(self, sample: GPUSampled) -> None:
         if self.info is None or not self.isVisible():
@@ -275,6 +289,8 @@ class FanCurveView(QGroupBox):
         snap = next((s for s in sample.gpus if s.uuid == self.info.uuid), None)
         if snap is None or snap.temperature_c is None:
             return
+        if self.status is not None and self.status.uuid == snap.uuid:
+            self._show_fan_state(snap.fans)
         speeds = [f.speed_pct for f in snap.fans if f.speed_pct is not None]
         duty = sum(speeds) / len(speeds) if speeds else None
         self.editor.set_live(float(snap.temperature_c), duty)

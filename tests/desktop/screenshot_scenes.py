@@ -297,23 +297,22 @@ def live_gpu_scenes(s: Any, home: Path) -> None:
 
 
 def tray_hot(s: Any, app: Any) -> None:
-    from PySide6.QtCore import QPoint, QRect
-    from PySide6.QtWidgets import QToolTip
+    from PySide6.QtCore import QPoint
 
-    from tests.desktop.screenshots import wait_for
+    from desktop.tray import BALLOON_MS
+    from tests.desktop.screenshots import settle, wait_for
 
     geo = app.tray.icon.geometry()
     wait_for(lambda: geo.width() > 0, 10, "icon in the panel")
-    # the tooltip as the panel shows it on hover (xdotool cannot hover an XEmbed icon here)
-    QToolTip.showText(QPoint(geo.x() - 360, geo.bottom() + 70), app.tray.icon.toolTip(),
-                      None, QRect(), 20000)  # fmt: skip
-    wait_for(QToolTip.isVisible, 10, "the tooltip")
-    s.screen("tray-hot-tooltip")
-    QToolTip.hideText()
     app.tray.menu.popup(QPoint(geo.x(), geo.bottom() + 2))
     wait_for(lambda: app.tray.menu.isVisible(), 10, "menu")
     s.screen("tray-hot-menu")
     app.tray.menu.hide()
+    settle(BALLOON_MS + 500)  # the guard's notification balloon has gone
+    s.x.xdotool("mousemove", str(geo.center().x()), str(geo.center().y()))  # hover: tooltip
+    settle(2500)
+    s.screen("tray-hot-tooltip")
+    s.x.xdotool("mousemove", "700", "500")
 
 
 def envs_install(s: Any, app: Any, dash: Any) -> None:

@@ -12,6 +12,7 @@ from PySide6.QtCore import QItemSelectionModel, QUrl
 
 from desktop.app import DesktopApp
 from desktop.dashboard.bench_page import BenchPage, parse_levels
+from desktop.dashboard.bench_results import COLUMNS
 from engines.events import BenchProgress, BenchState
 from tests.desktop.conftest import ThreadedDaemon
 
@@ -61,10 +62,8 @@ def test_start_a_run_see_progress_and_results(qtbot, sim_app, sim_daemon_thread)
     assert page.selected_ids() == [run_id]
     results = page.results
     qtbot.waitUntil(lambda: results.table.rowCount() == 2, timeout=10000)
-    headers = [
-        results.table.horizontalHeaderItem(i).text() for i in range(results.table.columnCount())
-    ]
-    row = {h: results.table.item(0, i).text() for i, h in enumerate(headers)}
+    assert results.table.horizontalHeaderItem(5).text() == "TTFT\np50 / p99"
+    row = {h: results.table.item(0, i).text() for i, h in enumerate(COLUMNS)}
     assert row["Concurrency"] == "1" and row["Done / failed"] == "4 / 0"
     ttft_p50, ttft_p99 = (float(x) for x in row["TTFT p50 / p99"].split(" / "))
     assert 50 <= ttft_p50 <= ttft_p99  # the fake engine waits 50 ms for its first token
