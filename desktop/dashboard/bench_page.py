@@ -44,7 +44,7 @@ from engines.events import (
     Event,
 )
 
-COLUMNS = ("ID", "Name", "State", "Model", "Workload", "Concurrency", "Best tok/s", "J/token")
+COLUMNS = ("ID", "Name", "State", "Model", "Workload", "Levels", "Best tok/s", "J/token")
 STATE_COLORS = {
     BenchState.DONE: "#2f9e44",
     BenchState.RUNNING: "#1971c2",

@@ -304,15 +304,20 @@ def tray_hot(s: Any, app: Any) -> None:
 
     geo = app.tray.icon.geometry()
     wait_for(lambda: geo.width() > 0, 10, "icon in the panel")
+    s.screen("tray-hot-notification")  # the guard's balloon
+    done: list[object] = []
+    app.actions.update_settings({"ui.notifications": False}, then=done.append)
+    wait_for(lambda: done, 10, "notifications off")  # the next guard steps pop up nothing
+    settle(BALLOON_MS + 500)  # the balloon has gone
     app.tray.menu.popup(QPoint(geo.x(), geo.bottom() + 2))
     wait_for(lambda: app.tray.menu.isVisible(), 10, "menu")
     s.screen("tray-hot-menu")
     app.tray.menu.hide()
-    settle(BALLOON_MS + 500)  # the guard's notification balloon has gone
     s.x.xdotool("mousemove", str(geo.center().x()), str(geo.center().y()))  # hover: tooltip
     settle(2500)
     s.screen("tray-hot-tooltip")
     s.x.xdotool("mousemove", "700", "500")
+    app.actions.update_settings({"ui.notifications": True})
 
 
 def envs_install(s: Any, app: Any, dash: Any) -> None:
