@@ -62,6 +62,7 @@ class AppState(QObject):
         self.throughput: ThroughputSampled | None = None
         self.local_streams = 0  # chat replies streaming from this app right now
         self.gpu = GPUWatch(self)
+        self._remote: RemoteStatus | None = None
 
     # ----------------------------------------------------------------- derived facts
 
@@ -81,10 +82,7 @@ class AppState(QObject):
     @property
     def remote(self) -> RemoteStatus | None:
         """The remote fallback as /api/status reports it (None: this daemon has none)."""
-        data = self.status.get("remote")
-        if not isinstance(data, Mapping):
-            return None
-        return from_plain(RemoteStatus, data)
+        return self._remote
 
     def live_engines(self) -> list[EngineStatus]:
         return [e for e in self.engines.values() if e.state in LIVE_STATES]
@@ -130,6 +128,8 @@ class AppState(QObject):
             self.settings_changed.emit()
         elif isinstance(message, StatusLoaded):
             self.status = message.status
+            remote = message.status.get("remote")
+            self._remote = from_plain(RemoteStatus, remote) if isinstance(remote, Mapping) else None
             self.status_changed.emit()
         elif isinstance(message, ThroughputSampled):
             self.throughput = message

@@ -152,9 +152,12 @@ class GPUCard(QFrame):
         level: GuardLevel,
         energy: list[EngineEnergy],
         controls: tuple[FanControl, ...] = (),
+        *,
+        charts: bool = True,
     ) -> None:
         """``controls``: what traylm-gpud does with this GPU's fans (curve, or another
-        program's manual setting)."""
+        program's manual setting); ``charts=False`` rewrites the words only (the same sample
+        must not reach the charts twice)."""
         self._show_guard(level)
         f = self.facts
         if snap.state != GPUState.OK:
@@ -179,7 +182,8 @@ class GPUCard(QFrame):
         f["PCIe link"].setText(self._pcie(snap))
         f["Clock events"].setText(reasons_html(snap.clock_event_reasons))
         f["Energy"].setText(energy_html(energy))
-        self._append(snap)
+        if charts:
+            self.append(snap)
 
     def _show_guard(self, level: GuardLevel) -> None:
         words = GUARD_WORDS.get(level, "")
@@ -223,7 +227,8 @@ class GPUCard(QFrame):
             )
         return text
 
-    def _append(self, snap: GPUSnapshot) -> None:
+    def append(self, snap: GPUSnapshot) -> None:
+        """Only the charts (a hidden page keeps its history without rewriting labels)."""
         if snap.temperature_c is not None:
             self.temp_chart.append("GPU", float(snap.temperature_c))
             if "slowdown" in self.temp_chart.series:

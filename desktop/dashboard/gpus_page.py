@@ -23,7 +23,8 @@ class GPUsPage(Page):
     def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
         self.cards: dict[str, GPUCard] = {}
-        self._history_loaded = False
+        self._history_loaded = False  # asked for
+        self.history_shown = False  # in the charts
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         self.source = QLabel("")
@@ -74,10 +75,10 @@ class GPUsPage(Page):
             self._set_source("live", f"Live readings through {html.escape(ov.backend.upper())}.")
         self._rebuild(gpu.infos())
         self.summary.setText(self._summary_html())
-        for uuid, snap in gpu.latest.items():
+        for uuid in gpu.latest:
             card = self.cards.get(uuid)
             if card is not None:
-                self._show(card, snap.uuid)
+                self._show_facts(card, uuid)
 
     def _set_source(self, kind: str, text: str) -> None:
         self.source.setText(text)
@@ -133,24 +134,35 @@ class GPUsPage(Page):
             self._load_history()
 
     def on_gpu_sampled(self, sample: GPUSampled) -> None:
+        visible = self.isVisible()
         for snap in sample.gpus:
-            if snap.uuid in self.cards:
-                self._show(self.cards[snap.uuid], snap.uuid)
+            card = self.cards.get(snap.uuid)
+            if card is None:
+                continue
+            if visible:
+                self._show(card, snap.uuid)
+            elif snap.state == GPUState.OK:
+                card.append(snap)  # the words catch up when the page is shown again
 
-    def _show(self, card: GPUCard, uuid: str) -> None:
+    def _show(self, card: GPUCard, uuid: str, *, charts: bool = True) -> None:
         gpu = self.ctx.state.gpu
         snap = gpu.latest.get(uuid)
         if snap is not None:
             level = gpu.guard_levels.get(uuid, GuardLevel.NORMAL)
             helper = gpu.overview.helper if gpu.overview is not None else None
             controls = tuple(c for c in helper.fans if c.uuid == uuid) if helper else ()
-            card.show_snapshot(snap, level, gpu.energy_for(uuid), controls)
+            card.show_snapshot(snap, level, gpu.energy_for(uuid), controls, charts=charts)
+
+    def _show_facts(self, card: GPUCard, uuid: str) -> None:
+        self._show(card, uuid, charts=False)
 
     # ----------------------------------------------------------------- history
 
     def page_shown(self) -> None:
         if not self._history_loaded and self.cards:
             self._load_history()
+        for uuid, card in self.cards.items():
+            self._show_facts(card, uuid)
 
     def _load_history(self) -> None:
         self._history_loaded = True
@@ -166,3 +178,4 @@ class GPUsPage(Page):
         for h in result.value:
             if isinstance(h, GPUHistory) and h.uuid in self.cards:
                 self.cards[h.uuid].show_history(h)
+        self.history_shown = True

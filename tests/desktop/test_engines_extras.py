@@ -131,6 +131,11 @@ def test_trt_build_progress_then_the_cache(
     trt.remove_button.click()
     qtbot.waitUntil(lambda: trt.table.rowCount() == 0, timeout=10000)
     assert trt.result.state == "ok" and not trt_daemon.run(lambda c: c.trt_cache())
+    trt.result.neutral("")
+    trt.prune_stale.click()  # compared with the (FAKE) installed TensorRT-LLM and GPUs
+    qtbot.waitUntil(lambda: trt.result.state == "ok", timeout=10000)
+    assert trt.result.message == "Removed 0 engines (0 B)."
+    assert trt.budget.value() == 200  # trt.cache_budget_gib
 
 
 @pytest.fixture

@@ -259,6 +259,24 @@ def test_without_gpus_the_pages_say_so_and_show_the_helper_hint(qtbot, app) -> N
     assert app.tray.current == TrayState.STOPPED and "GPU" not in app.tray.icon.toolTip()
 
 
+def test_each_sample_reaches_the_charts_once_shown_or_hidden(qtbot, sim_app) -> None:
+    page = _gpus_page(sim_app)
+    qtbot.waitUntil(lambda: GPU0 in page.cards and page.history_shown, timeout=5000)
+    chart = page.cards[GPU0].temp_chart
+    qtbot.waitUntil(lambda: len(chart.series["GPU"]) >= 3, timeout=5000)
+    samples: list[GPUSampled] = []
+    sim_app.state.gpu.sampled.connect(samples.append)
+    before = len(chart.series["GPU"])
+    page.on_overview_changed()  # words are rewritten, no point is added
+    page.on_overview_changed()
+    qtbot.waitUntil(lambda: len(samples) >= 2, timeout=5000)
+    assert len(chart.series["GPU"]) == before + len(samples)
+    sim_app.dashboard.hide()  # hidden: the charts keep their history
+    seen = len(samples)
+    qtbot.waitUntil(lambda: len(samples) >= seen + 2, timeout=5000)
+    assert len(chart.series["GPU"]) == before + len(samples)
+
+
 def test_samples_reach_the_app_once_per_sample(qtbot, sim_app) -> None:
     samples: list[GPUSampled] = []
     sim_app.state.gpu.sampled.connect(samples.append)
