@@ -10,6 +10,7 @@ power limit and a forced temperature: the daemon has no API for that, only tests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import threading
@@ -298,6 +299,7 @@ def live_gpu_scenes(s: Any, home: Path) -> None:
 
 def tray_hot(s: Any, app: Any) -> None:
     from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QToolTip
 
     from desktop.tray import BALLOON_MS
     from tests.desktop.screenshots import settle, wait_for
@@ -313,8 +315,13 @@ def tray_hot(s: Any, app: Any) -> None:
     wait_for(lambda: app.tray.menu.isVisible(), 10, "menu")
     s.screen("tray-hot-menu")
     app.tray.menu.hide()
-    s.x.xdotool("mousemove", str(geo.center().x()), str(geo.center().y()))  # hover: tooltip
-    settle(2500)
+    for _attempt in range(3):  # hover the icon until Qt shows its tooltip
+        s.x.xdotool("mousemove", "700", "500")
+        settle(300)
+        s.x.xdotool("mousemove", str(geo.center().x()), str(geo.center().y()))
+        with contextlib.suppress(TimeoutError):
+            wait_for(QToolTip.isVisible, 5, "the tooltip")
+            break
     s.screen("tray-hot-tooltip")
     s.x.xdotool("mousemove", "700", "500")
     app.actions.update_settings({"ui.notifications": True})
