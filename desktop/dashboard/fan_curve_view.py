@@ -32,6 +32,7 @@ from engines.events import (
     GPUFanStatus,
     GPUInfo,
     GPUSampled,
+    GPUSnapshot,
 )
 
 VALIDATE_AFTER_MS = 250
@@ -141,7 +142,8 @@ class FanCurveView(QGroupBox):
             self.fans_row.insertWidget(i, box)
             self.fan_boxes.append(box)
         self.editor.floor_pct = float(info.fan_min_pct) if info and info.fan_min_pct else None
-        self.editor.set_live(None, None)
+        snap = self.ctx.state.gpu.latest.get(info.uuid) if info is not None else None
+        self._show_live(snap)
         self.refresh_status()
         self._timer.start()
 
@@ -291,6 +293,13 @@ class FanCurveView(QGroupBox):
             return
         if self.status is not None and self.status.uuid == snap.uuid:
             self._show_fan_state(snap.fans)
+        self._show_live(snap)
+
+    def _show_live(self, snap: GPUSnapshot | None) -> None:
+        """The marker of where the GPU is now: its temperature and mean fan duty."""
+        if snap is None or snap.temperature_c is None:
+            self.editor.set_live(None, None)
+            return
         speeds = [f.speed_pct for f in snap.fans if f.speed_pct is not None]
         duty = sum(speeds) / len(speeds) if speeds else None
         self.editor.set_live(float(snap.temperature_c), duty)

@@ -135,7 +135,8 @@ class LibraryView(QWidget):
                 self.table.setItem(r, c, item)
         total = sum(m.size_bytes for m in self.models)
         self.summary.setText(
-            f"{len(self.models)} model revisions, {fmt_bytes(total)} in the shared Hugging Face "
+            f"{len(self.models)} model revision{'' if len(self.models) == 1 else 's'}, "
+            f"{fmt_bytes(total)} in the shared Hugging Face "
             "cache (other tools that use it see the same files)."
         )
         keys = [(m.repo_id, m.commit_sha) for m in self.models]
