@@ -212,14 +212,20 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="traylm", description="traylm tray app")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--show", choices=("chat", "dashboard"), help="open this window at start")
-    p.add_argument("--page", default="", help="dashboard page to open (engines, settings, ...)")
+    p.add_argument("--page", default="", help="dashboard page to open (gpus, engines, models, ...)")
     p.add_argument(
         "--no-daemon-start",
         action="store_true",
         help="do not start a daemon when none runs; wait for one",
     )
     p.add_argument("--no-tray", action="store_true", help="run in a window, without a tray icon")
-    args, _unknown = p.parse_known_args(list(argv))
+    args = p.parse_args(list(argv))
+    if args.page:
+        from desktop.dashboard.pages import PAGES
+
+        keys = [spec.key for spec in PAGES]
+        if args.page not in keys:
+            p.error(f"no dashboard page {args.page!r}; pages: {', '.join(keys)}")
     return args
 
 

@@ -22,6 +22,7 @@ from desktop.messages import (
     CallResult,
     ConnectionChanged,
     EnginesLoaded,
+    GPUsLoaded,
     LinkState,
     ProfileEntry,
     ProfilesLoaded,
@@ -34,7 +35,14 @@ from engines import __version__
 from engines.client import DaemonClient
 from engines.config import Paths, Settings
 from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
-from engines.events import DaemonStopping, EngineState, EngineStateChanged, Event, from_plain
+from engines.events import (
+    DaemonStopping,
+    EngineState,
+    EngineStateChanged,
+    Event,
+    RemoteRouted,
+    from_plain,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,7 @@ RETRY_FIRST_S = 0.25
 RETRY_MAX_S = 2.0
 IDLE_METRICS_S = 5.0
 RESYNC_AFTER_S = 0.5
+STATUS_AFTER_ROUTED_S = 2.0  # re-read /api/status (the remote fallback's count) at most this often
 
 
 class DaemonLink:
@@ -62,6 +71,7 @@ class DaemonLink:
         self._stopping_token = ""  # the daemon that announced it is stopping
         self._wake_metrics: asyncio.Event | None = None
         self._wake_retry: asyncio.Event | None = None
+        self._status_task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- supervision
 
@@ -188,6 +198,8 @@ class DaemonLink:
         async for event in client.events():
             self._track(event)
             self._post(event)
+            if isinstance(event, RemoteRouted):
+                self._refresh_status_soon(client)
             if isinstance(event, DaemonStopping):
                 # let go at once (the daemon would otherwise wait for this stream to close),
                 # and do not reconnect to it while it finishes stopping
@@ -201,6 +213,18 @@ class DaemonLink:
         await asyncio.sleep(RESYNC_AFTER_S)
         with contextlib.suppress(TraylmError):
             await self.load_engines(client)
+
+    def _refresh_status_soon(self, client: DaemonClient) -> None:
+        """Requests went to the remote fallback: re-read the status (its count) shortly, once."""
+        if self._status_task is not None and not self._status_task.done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(STATUS_AFTER_ROUTED_S)
+            with contextlib.suppress(TraylmError):
+                self._post(StatusLoaded(freeze(await client.status())))  # type: ignore[arg-type]
+
+        self._status_task = asyncio.create_task(later(), name="status after remote")
 
     def _track(self, event: Event) -> None:
         if isinstance(event, EngineStateChanged):
@@ -216,6 +240,15 @@ class DaemonLink:
         await self.load_engines(client)
         await self.load_profiles(client)
         await self.load_settings(client)
+        await self.load_gpus(client)
+
+    async def load_gpus(self, client: DaemonClient) -> None:
+        try:
+            overview = await client.gpus()
+        except ControlAPIError as exc:  # a daemon without GPU telemetry: the pages say so
+            self._post(GPUsLoaded(None, exc.message))
+            return
+        self._post(GPUsLoaded(overview))
 
     async def load_engines(self, client: DaemonClient) -> None:
         engines = tuple(await client.engines())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from engines.config import Settings
-from engines.events import EngineStatus
+from engines.events import EngineStatus, GPUOverview
 
 
 class LinkState(enum.StrEnum):
@@ -87,6 +87,15 @@ class StatusLoaded:
     """GET /api/status: bind host, LAN sharing, whether API keys are required, paused."""
 
     status: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class GPUsLoaded:
+    """GET /api/gpus at connect: ``overview`` is None when this daemon has no GPU telemetry
+    (``error`` says why)."""
+
+    overview: GPUOverview | None
+    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Desktop notifications: engine ready, engine failed (with the diagnosis and its advice),
-notices from the daemon, and errors of actions. The tray shows them as balloons (when
-``ui.notifications`` is on); without a tray the fallback window shows them in its banner.
-Download-finished and thermal warnings arrive here too once the daemon publishes them (issues 3
-and 4), as ``Notice`` events or their own kinds.
+download finished or failed, notices from the daemon (the thermal guard's warnings and the PSU
+headroom arrive as ``Notice`` events with source ``gpu.guard``/``gpu.psu``), and errors of
+actions. The tray shows them as balloons (when ``ui.notifications`` is on); without a tray the
+fallback window shows them in its status bar.
 """
 
 from __future__ import annotations
@@ -13,8 +13,16 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop.formatting import fmt_bytes
 from desktop.state import AppState
-from engines.events import EngineState, EngineStateChanged, Event, Notice
+from engines.events import (
+    DownloadState,
+    DownloadStateChanged,
+    EngineState,
+    EngineStateChanged,
+    Event,
+    Notice,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,18 @@ class Notifier(QObject):
             self._on_engine(event)
         elif isinstance(event, Notice):
             self.notify(event.level, event.title, event.message)
+        elif isinstance(event, DownloadStateChanged):
+            self._on_download(event)
+
+    def _on_download(self, ev: DownloadStateChanged) -> None:
+        d = ev.status
+        if d.state == ev.previous:
+            return
+        if d.state == DownloadState.READY:
+            size = fmt_bytes(d.total_bytes) if d.total_bytes else "nothing new"
+            self.notify("info", "Download finished", f"{d.repo_id} is ready ({size}, verified)")
+        elif d.state == DownloadState.FAILED:
+            self.notify("error", f"Download of {d.repo_id} failed", d.message)
 
     def _on_engine(self, ev: EngineStateChanged) -> None:
         names = ", ".join(ev.served_names) or ev.engine_id

@@ -10,9 +10,11 @@ from types import MappingProxyType
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop.gpu_state import GPUWatch
 from desktop.messages import (
     ConnectionChanged,
     EnginesLoaded,
+    GPUsLoaded,
     LinkState,
     ProfileEntry,
     ProfilesLoaded,
@@ -21,9 +23,22 @@ from desktop.messages import (
     ThroughputSampled,
 )
 from engines.config import Settings
-from engines.events import EngineState, EngineStateChanged, EngineStatus, Event
+from engines.events import (
+    EngineState,
+    EngineStateChanged,
+    EngineStatus,
+    Event,
+    GPUEnergyUpdated,
+    GPUGuardAction,
+    GPUHelperChanged,
+    GPUSampled,
+    GPUStateChanged,
+    RemoteStatus,
+    from_plain,
+)
 
 LIVE_STATES = (EngineState.STARTING, EngineState.READY, EngineState.STOPPING)
+_GPU_EVENTS = (GPUSampled, GPUGuardAction, GPUHelperChanged, GPUEnergyUpdated, GPUStateChanged)
 
 
 class AppState(QObject):
@@ -46,6 +61,8 @@ class AppState(QObject):
         self.status: Mapping[str, object] = MappingProxyType({})
         self.throughput: ThroughputSampled | None = None
         self.local_streams = 0  # chat replies streaming from this app right now
+        self.gpu = GPUWatch(self)
+        self._remote: RemoteStatus | None = None
 
     # ----------------------------------------------------------------- derived facts
 
@@ -61,6 +78,11 @@ class AppState(QObject):
     def busy(self) -> bool:
         in_flight = self.throughput.in_flight if self.throughput else 0
         return in_flight > 0 or self.local_streams > 0
+
+    @property
+    def remote(self) -> RemoteStatus | None:
+        """The remote fallback as /api/status reports it (None: this daemon has none)."""
+        return self._remote
 
     def live_engines(self) -> list[EngineStatus]:
         return [e for e in self.engines.values() if e.state in LIVE_STATES]
@@ -106,13 +128,19 @@ class AppState(QObject):
             self.settings_changed.emit()
         elif isinstance(message, StatusLoaded):
             self.status = message.status
+            remote = message.status.get("remote")
+            self._remote = from_plain(RemoteStatus, remote) if isinstance(remote, Mapping) else None
             self.status_changed.emit()
         elif isinstance(message, ThroughputSampled):
             self.throughput = message
             self.throughput_sampled.emit(message)
+        elif isinstance(message, GPUsLoaded):
+            self.gpu.apply(message)
         elif isinstance(message, Event):
             if isinstance(message, EngineStateChanged):
                 self._apply_engine_event(message)
+            elif isinstance(message, _GPU_EVENTS):
+                self.gpu.apply(message)
             self.event_received.emit(message)
 
     def _on_connection(self, message: ConnectionChanged) -> None:
@@ -122,6 +150,8 @@ class AppState(QObject):
             if self.engines:  # the daemon is gone: what it ran is unknown until it is back
                 self.engines = {}
                 self.engines_changed.emit()
+            if self.gpu.overview is not None:
+                self.gpu.clear("not connected to the daemon")
         self.connection_changed.emit(message)
 
     def _apply_engine_event(self, ev: EngineStateChanged) -> None:

@@ -64,6 +64,49 @@ QListWidget#pageNav {
 QListWidget#pageNav::item {
     padding: 7px 6px;
 }
+QFrame#gpuCard {
+    border: 1px solid rgba(127, 127, 127, 0.45);
+    border-radius: 8px;
+}
+QFrame#gpuCard[guard="hot"] {
+    border: 2px solid #d62828;
+    background: rgba(214, 40, 40, 0.05);
+}
+QLabel#simBadge, QLabel#guardBadge, QLabel#badge {
+    border-radius: 4px;
+    padding: 2px 8px;
+    font-weight: bold;
+}
+QLabel#simBadge {
+    background: rgba(242, 183, 5, 0.35);
+    border: 1px solid #e0a100;
+}
+QLabel#guardBadge {
+    background: rgba(214, 40, 40, 0.18);
+    border: 1px solid #d62828;
+}
+QLabel#gpuSource {
+    padding: 6px;
+    border-radius: 4px;
+}
+QLabel#gpuSource[kind="simulated"] {
+    background: rgba(242, 183, 5, 0.25);
+    border: 1px solid #e0a100;
+    font-size: 11pt;
+}
+QLabel#gpuSource[kind="unknown"] {
+    background: rgba(127, 127, 127, 0.12);
+    border: 1px solid rgba(127, 127, 127, 0.5);
+}
+QLabel#factKey, QLabel#gpuIds {
+    color: palette(placeholder-text);
+}
+QLabel#helperHint {
+    background: rgba(25, 113, 194, 0.08);
+    border: 1px solid rgba(25, 113, 194, 0.4);
+    border-radius: 4px;
+    padding: 6px;
+}
 QPushButton#copyMessage, QPushButton#editMessage, QPushButton#regenerateMessage {
     padding: 1px 6px;
     color: palette(link);

@@ -19,7 +19,7 @@ from desktop.icons import TrayState, state_icon
 from desktop.messages import LinkState
 from desktop.notify import Notification, Notifier
 from desktop.state import LIVE_STATES, AppState
-from desktop.tray_state import tooltip_text, tray_state
+from desktop.tray_state import remote_text, tooltip_text, tray_state
 
 BALLOON_MS = 8000
 _LEVEL_ICONS = {
@@ -71,6 +71,9 @@ class TrayController(QObject):
             signal.connect(self.refresh)
         for signal in (state.engines_changed, state.profiles_changed, state.settings_changed):
             signal.connect(self.refresh_menus)
+        state.gpu.hot_changed.connect(self.refresh)
+        state.gpu.overview_changed.connect(self.refresh)
+        state.gpu.sampled.connect(self.on_gpu_sampled)
         notifier.notified.connect(self.on_notified)
         self.refresh()
         self.refresh_menus()
@@ -103,6 +106,14 @@ class TrayController(QObject):
         self.lan_action = self._add(
             "LAN sharing: off", lambda: self.windows.open_dashboard("settings"), "lan"
         )
+        self.remote_action = self._add(
+            "Remote fallback: off", lambda: self.windows.open_dashboard("engines"), "remote"
+        )
+        self.remote_action.setVisible(False)
+        self.hot_action = self._add(
+            "GPU hot: thermal guard acting", lambda: self.windows.open_dashboard("gpus"), "hot"
+        )
+        self.hot_action.setVisible(False)
         self.daemon_menu = self.menu.addMenu("Daemon")
         self.start_daemon_action = QAction("Start the daemon", self.daemon_menu)
         self.start_daemon_action.triggered.connect(self.actions.start_daemon)
@@ -151,24 +162,34 @@ class TrayController(QObject):
     def refresh(self, *_: object) -> None:
         s = self.state
         link = s.connection.state
-        new = tray_state(link, s.engines.values(), busy=s.busy)
+        self._refresh_icon_and_tooltip()
+        self._refresh_actions(link, bool(s.status.get("lan_sharing", False)))
+
+    def on_gpu_sampled(self, _sample: object) -> None:
+        """Once a second with GPU telemetry: only what a sample can change."""
+        self._refresh_icon_and_tooltip()
+
+    def _refresh_icon_and_tooltip(self) -> None:
+        s = self.state
+        link = s.connection.state
+        new = tray_state(link, s.engines.values(), busy=s.busy, hot=s.gpu.hot and link.usable)
         if new != self.current:
             self.current = new
             self.icon.setIcon(state_icon(new))
             self.state_changed.emit(new)
         tokens = s.throughput.tokens_per_s if s.throughput else None
-        lan = bool(s.status.get("lan_sharing", False))
-        self.icon.setToolTip(
-            tooltip_text(
-                link=link,
-                link_message=s.connection.message,
-                endpoint=s.endpoint_url,
-                engines=s.engines.values(),
-                tokens_per_s=tokens,
-                lan_sharing=lan,
-            )
+        text = tooltip_text(
+            link=link,
+            link_message=s.connection.message,
+            endpoint=s.endpoint_url,
+            engines=s.engines.values(),
+            tokens_per_s=tokens,
+            lan_sharing=bool(s.status.get("lan_sharing", False)),
+            gpu_lines=s.gpu.tooltip_lines(),
+            remote=remote_text(s.remote),
         )
-        self._refresh_actions(link, lan)
+        if text != self.icon.toolTip():
+            self.icon.setToolTip(text)
 
     def refresh_menus(self) -> None:
         self._fill_profiles()
@@ -208,6 +229,10 @@ class TrayController(QObject):
             self.lan_action.setText("LAN sharing: ON (0.0.0.0, API key required)")
         else:
             self.lan_action.setText("LAN sharing: off (this computer only)")
+        remote = remote_text(s.remote) if usable else ""
+        self.remote_action.setText(remote)
+        self.remote_action.setVisible(bool(remote))
+        self.hot_action.setVisible(usable and s.gpu.hot)
         self.start_daemon_action.setEnabled(link == LinkState.UNREACHABLE)
         self.restart_daemon_action.setEnabled(usable)
 

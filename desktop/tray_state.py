@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from desktop.icons import TrayState
 from desktop.messages import LinkState
-from engines.events import EngineState, EngineStatus
+from engines.events import EngineState, EngineStatus, RemoteStatus
 
 
 def tray_state(
@@ -38,9 +38,11 @@ def tooltip_text(
     engines: Iterable[EngineStatus],
     tokens_per_s: float | None,
     lan_sharing: bool,
+    gpu_lines: Sequence[str] = (),
+    remote: str = "",
 ) -> str:
-    """Endpoint, models and their state, tokens/s. GPU temperatures and power join this when the
-    daemon offers GPU telemetry (issue 3)."""
+    """Endpoint, models and their state, tokens/s, one line per GPU (temperature and power
+    against its limit) and the remote fallback when it is on."""
     if not link.usable:
         return f"traylm — {link_message}"
     lines = [f"traylm — {endpoint or 'endpoint unknown'}" + (" (LAN)" if lan_sharing else "")]
@@ -52,6 +54,22 @@ def tooltip_text(
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):
         lines.append(f"{tokens_per_s:.1f} tokens/s")
+    lines.extend(gpu_lines)
+    if remote:
+        lines.append(remote)
     if link == LinkState.VERSION_MISMATCH:
         lines.append(link_message)
     return "\n".join(lines)
+
+
+def remote_text(remote: RemoteStatus | None) -> str:
+    """One line about the remote fallback, or "" while it is off (or the daemon has none)."""
+    if remote is None or not remote.enabled:
+        return ""
+    aliases = f" for {', '.join(remote.aliases)}" if remote.aliases else ""
+    text = f"Remote fallback: ON → {remote.base_url}{aliases}"
+    if not remote.ready:
+        text += f" (not ready: {remote.detail})"
+    elif remote.routed_requests:
+        text += f", {remote.routed_requests} requests sent there"
+    return text

@@ -29,9 +29,12 @@ Command = Callable[[argparse.Namespace], Awaitable[int]]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if _for_desktop(words):
+        sys.exit(_open_desktop(words))
+    args = build_parser().parse_args(words)
     if not getattr(args, "func", None):
-        sys.exit(_open_desktop(args))
+        sys.exit(_open_desktop(words))
     _setup_logging(args)
     try:
         code = asyncio.run(args.func(args))
@@ -43,7 +46,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-def _open_desktop(args: argparse.Namespace) -> int:
+# desktop (issue 6): `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray
+# app; its options belong to desktop.app, so they are not parsed here.
+_GLOBAL_FLAGS = ("-v", "--verbose")
+_CLI_FLAGS = ("-h", "--help", "--version")
+
+
+def _for_desktop(words: Sequence[str]) -> bool:
+    """True unless a subcommand (or --help/--version) comes first, after the global -v."""
+    rest = [w for w in words if w not in _GLOBAL_FLAGS]
+    return not rest or (rest[0].startswith("-") and rest[0] not in _CLI_FLAGS)
+
+
+def _open_desktop(words: Sequence[str]) -> int:
     try:
         from importlib import import_module
 
@@ -54,7 +69,7 @@ def _open_desktop(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    return int(desktop_main(sys.argv[1:]))
+    return int(desktop_main(list(words)))
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -83,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="traylm",
         description="Local LLM inference manager. Without a command, opens the tray app.",
+        epilog="Without a command the tray app starts; its options: --show chat|dashboard (open "
+        "a window), --page PAGE (gpus, engines, models, fans, bench, settings), --no-tray (a "
+        "window instead of the tray icon), --no-daemon-start (wait for a daemon), -v.",
     )
     p.add_argument("--version", action="version", version=f"traylm {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")

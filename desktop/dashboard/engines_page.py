@@ -24,6 +24,7 @@ from desktop.dashboard.envs_view import EnvsView
 from desktop.dashboard.logs_view import LogsView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.profile_editor import ProfileEditor
+from desktop.dashboard.trt_view import TRTView
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
 from desktop.widgets.chart import LiveChart
@@ -55,13 +56,18 @@ class EnginesPage(Page):
         self.tabs.addTab(self.logs, "Logs")
         self.envs = EnvsView(ctx)
         self.tabs.addTab(self.envs, "Environments")
+        self.trt = TRTView(ctx)
+        self.tabs.addTab(self.trt, "TensorRT-LLM")
         self.tabs.currentChanged.connect(self.on_tab_changed)
         layout.addWidget(self.tabs)
         ctx.state.engines_changed.connect(self.on_engines_changed)
         ctx.state.profiles_changed.connect(self.on_profiles_changed)
         ctx.state.throughput_sampled.connect(self.on_throughput_sampled)
         ctx.state.connection_changed.connect(self.on_selection_changed)
+        ctx.state.connection_changed.connect(self.on_status_changed)
+        ctx.state.status_changed.connect(self.on_status_changed)
         self.on_profiles_changed()
+        self.on_status_changed()
         self.on_engines_changed()
 
     def _overview(self) -> QWidget:
@@ -94,6 +100,10 @@ class EnginesPage(Page):
         self.detail.setObjectName("engineDetail")
         self.detail.setWordWrap(True)
         layout.addWidget(self.detail)
+        self.remote = QLabel("")
+        self.remote.setObjectName("remoteStatus")
+        self.remote.setWordWrap(True)
+        layout.addWidget(self.remote)
         return page
 
     def _controls_row(self) -> QHBoxLayout:
@@ -187,6 +197,24 @@ class EnginesPage(Page):
             )
         self.detail.setText(text)
 
+    def on_status_changed(self, *_: object) -> None:
+        remote = self.ctx.state.remote
+        if remote is None or not self.ctx.state.connected:
+            self.remote.setText("")
+        elif not remote.enabled:
+            self.remote.setText(
+                "Remote fallback: off. With remote.enabled, requests for a model no local engine "
+                "serves go to an OpenAI-compatible API (key: `traylm remote set-key`)."
+            )
+        else:
+            aliases = ", ".join(remote.aliases) or "every model"
+            state = "ready" if remote.ready else f"NOT READY: {remote.detail}"
+            self.remote.setText(
+                f"<b>Remote fallback: ON</b> → {html.escape(remote.base_url)} for "
+                f"{html.escape(aliases)} (key from {remote.key_source}; {html.escape(state)}); "
+                f"{remote.routed_requests} requests sent there so far."
+            )
+
     def on_throughput_sampled(self, sample: ThroughputSampled) -> None:
         self.tokens_chart.append("all models", sample.tokens_per_s)
         self.inflight_chart.append("requests", float(sample.in_flight))
@@ -220,7 +248,8 @@ class EnginesPage(Page):
     def on_tab_changed(self, index: int) -> None:
         if self.tabs.widget(index) is self.envs:
             self.envs.reload()
+        elif self.tabs.widget(index) is self.trt:
+            self.trt.reload()
 
     def page_shown(self) -> None:
-        if self.tabs.currentWidget() is self.envs:
-            self.envs.reload()
+        self.on_tab_changed(self.tabs.currentIndex())

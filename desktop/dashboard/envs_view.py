@@ -1,4 +1,6 @@
-"""Installed engine environments (one venv per engine and version) and their doctor checks."""
+"""Engine environments (one venv per engine and version): the installed ones with their doctor
+checks, and installing a new one from here (``POST /api/envs``) with its progress, phase by phase
+and line by line, from ``env.install`` events."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ from collections.abc import Mapping
 
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
+    QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
@@ -19,8 +26,20 @@ from PySide6.QtWidgets import (
 
 from desktop.dashboard.page import PageContext
 from desktop.messages import CallResult
+from desktop.widgets.result_label import ResultLabel
+from engines.events import EnvInstallProgress, Event
 
 COLUMNS = ("name", "engine", "version", "device", "complete", "path")
+PHASES = ("create", "install", "fix", "probe", "done")
+PHASE_WORDS = {
+    "create": "creating the virtual environment",
+    "install": "installing packages (this is the long part)",
+    "fix": "applying post-install fixes",
+    "probe": "checking that the engine imports and reading its flags",
+    "done": "installed",
+    "failed": "failed",
+}
+LOG_LINES = 500
 
 
 class EnvsView(QWidget):
@@ -36,6 +55,7 @@ class EnvsView(QWidget):
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")
@@ -47,14 +67,92 @@ class EnvsView(QWidget):
         row.addWidget(self.doctor_button)
         row.addStretch(1)
         layout.addLayout(row)
-        self.report = QLabel(
-            "Install engines with <code>traylm engines install vllm</code> "
-            "(<code>--cpu</code> without an NVIDIA GPU). Installing from here, with progress, "
-            "needs an install API in the daemon."
-        )
+        self.report = QLabel("")
         self.report.setObjectName("doctorReport")
         self.report.setWordWrap(True)
         layout.addWidget(self.report)
+        layout.addWidget(self._install_group())
+        ctx.state.event_received.connect(self.on_event_received)
+
+    def _install_group(self) -> QGroupBox:
+        box = QGroupBox("Install an engine")
+        layout = QVBoxLayout(box)
+        row = QHBoxLayout()
+        self.engine = QComboBox()
+        self.engine.setObjectName("installEngine")
+        self.engine.addItem("vLLM", "vllm")
+        self.engine.addItem("TensorRT-LLM", "trtllm")
+        self.engine.addItem("SGLang", "sglang")
+        self.device = QComboBox()
+        self.device.setObjectName("installDevice")
+        self.device.addItem("auto (CUDA with an NVIDIA GPU, else CPU)", "auto")
+        self.device.addItem("CUDA", "cuda")
+        self.device.addItem("CPU", "cpu")
+        self.version = QLineEdit()
+        self.version.setObjectName("installVersion")
+        self.version.setPlaceholderText("default version")
+        self.version.setMaximumWidth(140)
+        self.install_button = QPushButton("Install")
+        self.install_button.setObjectName("installEnv")
+        self.install_button.clicked.connect(self.on_install_clicked)
+        for w in (QLabel("Engine"), self.engine, QLabel("Device"), self.device,
+                  QLabel("Version"), self.version, self.install_button):  # fmt: skip
+            row.addWidget(w)
+        row.addStretch(1)
+        layout.addLayout(row)
+        self.install_bar = QProgressBar()
+        self.install_bar.setObjectName("installProgress")
+        self.install_bar.setRange(0, len(PHASES))
+        self.install_bar.setValue(0)
+        self.install_bar.setFormat("")
+        self.install_bar.setVisible(False)  # until an install starts
+        layout.addWidget(self.install_bar)
+        self.install_status = ResultLabel("installStatus")
+        layout.addWidget(self.install_status)
+        self.install_log = QPlainTextEdit()
+        self.install_log.setObjectName("installLog")
+        self.install_log.setReadOnly(True)
+        self.install_log.setMaximumBlockCount(LOG_LINES)
+        self.install_log.setMaximumHeight(140)
+        self.install_log.setPlaceholderText("The installer's output appears here.")
+        layout.addWidget(self.install_log)
+        return box
+
+    # ----------------------------------------------------------------- install
+
+    def on_install_clicked(self) -> None:
+        engine, device = str(self.engine.currentData()), str(self.device.currentData())
+        version = self.version.text().strip() or None
+
+        def done(result: CallResult) -> None:
+            if result.ok:
+                self.install_status.neutral(f"Installing {engine} ({device})…")
+            else:
+                self.install_button.setEnabled(True)
+                self.install_status.error(result.error)
+
+        self.install_button.setEnabled(False)
+        self.install_log.clear()
+        self.install_bar.setValue(0)
+        self.ctx.bridge.call(lambda c: c.install_env(engine, device=device, version=version), done)
+
+    def on_event_received(self, event: Event) -> None:
+        if not isinstance(event, EnvInstallProgress):
+            return
+        self.install_bar.setVisible(True)
+        self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
+        self.install_button.setEnabled(event.phase in ("done", "failed"))
+        if event.phase in PHASES:
+            self.install_bar.setValue(PHASES.index(event.phase) + 1)
+        words = PHASE_WORDS.get(event.phase, event.phase)
+        self.install_bar.setFormat(f"{event.engine} ({event.device}): {words}")
+        if event.phase == "done":
+            self.install_status.ok(event.line)
+            self.reload()
+        elif event.phase == "failed":
+            self.install_status.error(event.line)
+        else:
+            self.install_status.neutral(f"{words} · {event.elapsed_s:.0f} s")
 
     def reload(self) -> None:
         self.ctx.bridge.call(lambda c: c.envs(), self._on_envs)
@@ -77,9 +175,7 @@ class EnvsView(QWidget):
         if self.envs and self.table.currentRow() < 0:
             self.table.selectRow(0)
         if not self.envs:
-            self.report.setText(
-                "No engine installed. Install one with <code>traylm engines install vllm</code>."
-            )
+            self.report.setText("No engine installed yet: install one below.")
 
     def on_doctor_clicked(self) -> None:
         row = self.table.currentRow()

@@ -1,8 +1,8 @@
 """The dashboard's pages, in menu order: a plain registry.
 
-A page with ``build=None`` waits for a daemon API that other features add; the dashboard shows
-it as "not available in this daemon yet" with what it waits for. Adding the real page later is
-one entry here: a ``build`` function that returns a ``Page``.
+Adding a page is one entry here: a ``build`` function that returns a ``Page``. A page whose
+daemon API does not exist yet gets ``build=None`` and ``waits_for``; the dashboard then shows it
+as "not available in this daemon yet" with what it waits for (desktop/dashboard/unavailable.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from desktop.dashboard.page import Page, PageContext
+
+
+def _gpus(ctx: PageContext) -> Page:
+    from desktop.dashboard.gpus_page import GPUsPage
+
+    return GPUsPage(ctx)
+
+
+def _fans(ctx: PageContext) -> Page:
+    from desktop.dashboard.fans_page import FansPage
+
+    return FansPage(ctx)
+
+
+def _models(ctx: PageContext) -> Page:
+    from desktop.dashboard.models_page import ModelsPage
+
+    return ModelsPage(ctx)
+
+
+def _bench(ctx: PageContext) -> Page:
+    from desktop.dashboard.bench_page import BenchPage
+
+    return BenchPage(ctx)
 
 
 def _engines(ctx: PageContext) -> Page:
@@ -42,42 +66,38 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec(
         "gpus",
         "GPUs",
-        None,
+        _gpus,
         "A card per GPU with live charts (temperature, power against the limit, fan %, "
         "utilization, VRAM, clocks), clock-event reasons in words, PCIe link and energy per "
         "token; 'simulated' shown when the simulator is the source.",
-        "GPU telemetry in the daemon (issue 3): GET /api/gpus and the gpu.* events.",
     ),
     PageSpec(
         "engines",
         "Engines",
         _engines,
-        "Engine status, start/stop, profiles, logs with diagnoses, engine environments.",
+        "Engine status, start/stop, profiles, logs with diagnoses, engine environments (install "
+        "with progress), TensorRT-LLM builds and engine cache, the remote fallback.",
     ),
     PageSpec(
         "models",
         "Models",
-        None,
+        _models,
         "Hub search, model details, fit badges for 1×/2× GPU and each engine, the download "
         "queue with progress/pause/cancel, and the local library with delete/verify.",
-        "the model hub in the daemon (issue 4): /api/models and /api/downloads with progress "
-        "events.",
     ),
     PageSpec(
         "fans",
         "Fans & power",
-        None,
-        "A fan-curve editor per GPU, a power-limit slider within the card's limits, thermal "
-        "guard thresholds, and the traylm-gpud helper's status.",
-        "fan curves, power limits and the thermal guard (issue 3): /api/gpus/{i}/fans, "
-        "/api/gpus/{i}/power and traylm-gpud.",
+        _fans,
+        "A fan-curve editor per GPU and fan, a power-limit slider within the card's limits, "
+        "thermal guard thresholds, and the traylm-gpud helper's status.",
     ),
     PageSpec(
         "bench",
         "Benchmarks",
-        None,
-        "Benchmark runs and comparisons (throughput, TTFT, energy per token).",
-        "the benchmark feature: an API that lists `traylm bench` runs (bench_runs table).",
+        _bench,
+        "Benchmark runs: start one, follow it, compare two (tokens/s, TTFT/TPOT/ITL/E2EL, "
+        "energy per token), HTML reports.",
     ),
     PageSpec(
         "settings",

@@ -94,6 +94,7 @@ class DashboardWindow(QMainWindow):
     def _nav_item(self, spec: PageSpec) -> QListWidgetItem:
         item = QListWidgetItem(spec.title if spec.available else f"{spec.title}  (not yet)")
         item.setData(KEY_ROLE, spec.key)
+        item.setToolTip(spec.purpose)
         if not spec.available:
             font = QFont(item.font())
             font.setItalic(True)

@@ -1,7 +1,8 @@
 """A small live line chart painted with QPainter (QtCharts is not part of PySide6-Essentials).
 
 It keeps a fixed number of points per series and repaints only when a point arrives, so a
-hidden chart costs nothing. The GPU page (issue 3) reuses it for temperatures, power and fans.
+hidden chart costs nothing. The Engines page charts throughput; the GPU page temperatures, power
+against its limit (a dashed series), fans, utilization, VRAM and clocks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class LiveChart(QWidget):
         *,
         capacity: int = 120,
         minimum_max: float = 1.0,
+        fixed_max: float | None = None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
@@ -29,17 +31,28 @@ class LiveChart(QWidget):
         self.unit = unit
         self.capacity = capacity
         self.minimum_max = minimum_max
+        self.fixed_max = fixed_max  # e.g. 100 for percentages: the scale never moves
         self.series: dict[str, collections.deque[float]] = {}
         self.colors: dict[str, QColor] = {}
+        self.dashed: set[str] = set()
         self.setMinimumHeight(120)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
-    def add_series(self, name: str, color: str) -> None:
+    def add_series(self, name: str, color: str, *, dashed: bool = False) -> None:
         self.series[name] = collections.deque(maxlen=self.capacity)
         self.colors[name] = QColor(color)
+        if dashed:
+            self.dashed.add(name)
 
     def append(self, name: str, value: float) -> None:
         self.series[name].append(value)
+        if self.isVisible():
+            self.update()
+
+    def set_values(self, name: str, values: list[float]) -> None:
+        """Replace a series (history loaded when a page opens)."""
+        self.series[name].clear()
+        self.series[name].extend(values[-self.capacity :])
         if self.isVisible():
             self.update()
 
@@ -54,8 +67,11 @@ class LiveChart(QWidget):
         p.fillRect(self.rect(), palette.base())
         text_color = palette.text().color()
         area = QRectF(self.rect()).adjusted(44, 22, -10, -18)
-        top = max([self.minimum_max, *(max(s, default=0.0) for s in self.series.values())])
-        top = _nice_ceiling(top)
+        if self.fixed_max is not None:
+            top = self.fixed_max
+        else:
+            top = max([self.minimum_max, *(max(s, default=0.0) for s in self.series.values())])
+            top = _nice_ceiling(top)
         grid = QPen(palette.mid().color(), 1, Qt.PenStyle.DotLine)
         p.setPen(grid)
         for i in range(5):
@@ -67,11 +83,15 @@ class LiveChart(QWidget):
             )
             p.setPen(grid)
         p.setPen(text_color)
-        legend = "   ".join(
-            f"{n}: {_fmt(v[-1]) if v else '–'} {self.unit}" for n, v in self.series.items()
-        )
         p.drawText(QRectF(6, 2, self.width() - 12, 18), Qt.AlignmentFlag.AlignLeft, self.title)
-        p.drawText(QRectF(6, 2, self.width() - 12, 18), Qt.AlignmentFlag.AlignRight, legend)
+        right = self.width() - 6.0
+        for name in reversed(self.series):  # the legend, right-aligned, each in its colour
+            values = self.series[name]
+            entry = f"{name}: {_fmt(values[-1]) if values else '–'} {self.unit}".rstrip()
+            width = p.fontMetrics().horizontalAdvance(entry)
+            p.setPen(self.colors[name] if len(self.series) > 1 else text_color)
+            p.drawText(QRectF(right - width, 2, width + 1, 18), Qt.AlignmentFlag.AlignLeft, entry)
+            right -= width + 14
         step = area.width() / max(self.capacity - 1, 1)
         for name, values in self.series.items():
             if len(values) < 2:
@@ -87,7 +107,8 @@ class LiveChart(QWidget):
                     path.moveTo(point)
                 else:
                     path.lineTo(point)
-            p.setPen(QPen(self.colors[name], 2))
+            style = Qt.PenStyle.DashLine if name in self.dashed else Qt.PenStyle.SolidLine
+            p.setPen(QPen(self.colors[name], 2, style))
             p.drawPath(path)
         p.end()
 

@@ -2,7 +2,7 @@
 # Install traylm for the current user (no root needed):
 #   - a virtual environment under the data dir (~/.local/share/traylm/venv)
 #   - `traylm` and `traylm-gpud` linked into ~/.local/bin
-#   - a desktop entry (menu) and, with --service, a systemd user unit for the daemon
+#   - a desktop entry (menu) with its icon and, with --service, a systemd user unit for the daemon
 # Options: --run (start traylm afterwards), --service (enable the daemon at login), --dev (editable)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,9 +35,7 @@ echo "traylm: installing into $venv"
 ln -sf "$venv/bin/traylm" "$bin/traylm"
 ln -sf "$venv/bin/traylm-gpud" "$bin/traylm-gpud"
 
-apps="${XDG_DATA_HOME:-$HOME/.local/share}/applications"
-mkdir -p "$apps"
-sed "s|@BIN@|$bin/traylm|g" "$here/traylm.desktop" > "$apps/traylm.desktop"
+"$here/install-desktop-entry.sh" "$bin/traylm"
 
 if [ "$service" = 1 ]; then
   units="${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"

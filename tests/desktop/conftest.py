@@ -1,6 +1,6 @@
-"""Fixtures for the desktop tests: a REAL daemon on its own thread (the Qt event loop owns the
-main thread, so the in-process daemon of tests/conftest.py could not run while a test waits on
-Qt signals), the FAKE vLLM env, and the tray app built on them."""
+"""Fixtures for the desktop tests: a REAL daemon on its own thread
+(tests/desktop/threaded_daemon.py), the FAKE vLLM env, the FAKE Hub, and the tray app built on
+them."""
 
 from __future__ import annotations
 
@@ -9,128 +9,22 @@ import os
 # Widgets run offscreen unless a test asks for a real X server (the `tray` tests use Xvfb).
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import asyncio
-import contextlib
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from desktop.app import DesktopApp
 from desktop.messages import LinkState
-from engines.client import DaemonClient
-from engines.config import Paths, Settings, write_toml_atomic
-from engines.daemon import Daemon
-from engines.events import EngineState, EngineStatus
+from engines.config import Paths
 from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
+from tests.desktop.threaded_daemon import ThreadedDaemon, sim_settings
+from tests.fakes.hub_server import FakeHub, tiny_llama_repo
 
-T = TypeVar("T")
-
-
-class ThreadedDaemon:
-    """engines.daemon.Daemon running on a worker thread with its own asyncio loop."""
-
-    def __init__(self, paths: Paths, settings: Settings) -> None:
-        self.paths = paths
-        self.settings = settings
-        self.daemon: Daemon | None = None
-        self.client: DaemonClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self.settings.gateway.port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30) -> ThreadedDaemon:
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-
-            async def main() -> None:
-                self.daemon = Daemon(self.paths, self.settings)
-                started = asyncio.Event()
-                task = asyncio.create_task(
-                    self.daemon.run(ready=started, install_signal_handlers=False)
-                )
-                waiter = asyncio.create_task(started.wait())
-                done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if task in done:
-                    waiter.cancel()
-                    task.result()
-                self.client = await DaemonClient.connect(self.paths)
-                ready.set()
-                try:
-                    await task
-                finally:
-                    await self.client.close()
-
-            try:
-                loop.run_until_complete(main())
-            except BaseException as exc:  # reported to the test thread
-                failure.append(exc)
-                ready.set()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="test-daemon", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout_s):
-            raise TimeoutError("the daemon did not start")
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self, timeout_s: float = 30) -> None:
-        if self._thread is None or self._loop is None or self.daemon is None:
-            return
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self.daemon.request_stop, "test")
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the daemon thread did not stop"
-        self._thread = None
-
-    def run(self, make: Callable[[DaemonClient], Awaitable[T]], timeout_s: float = 30) -> T:
-        """Run ``make(client)`` on the daemon's loop and return its result."""
-        assert self._loop is not None and self.client is not None
-        client = self.client
-
-        async def call() -> T:
-            return await make(client)
-
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout_s)
-
-    def write_profile(self, name: str, **fields: Any) -> None:
-        write_toml_atomic(self.paths.profiles_dir / f"{name}.toml", fields)
-
-    def write_fake_profile(self, name: str = "fake", args: str = "", **fields: Any) -> None:
-        self.write_profile(
-            name,
-            model="org/" + name,
-            served_name=name,
-            device="cpu",
-            env={"FAKE_ENGINE_ARGS": args},
-            **fields,
-        )
-
-    def engine(self, engine_id: str) -> EngineStatus | None:
-        engines = self.run(lambda c: c.engines())
-        return next((e for e in engines if e.engine_id == engine_id), None)
-
-    def engine_state(self, engine_id: str) -> EngineState | None:
-        engine = self.engine(engine_id)
-        return engine.state if engine else None
+__all__ = ["AppFactory", "ThreadedDaemon", "sim_settings"]
 
 
 @pytest.fixture(autouse=True)
@@ -145,6 +39,40 @@ def private_desktop_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.fixture
 def daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
     d = ThreadedDaemon(paths, fast_settings(free_loopback_port())).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def sim_daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
+    """A real daemon on two SIMULATED GPUs, with its in-process traylm-gpud."""
+    d = ThreadedDaemon(paths, sim_settings()).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """The FAKE Hugging Face Hub on loopback (tests/fakes/hub_server.py), reached by the REAL
+    huggingface_hub client in the daemon through HF_ENDPOINT."""
+    hub = FakeHub(page_size=4).start()
+    hub.add_repo(tiny_llama_repo())
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def hub_daemon_thread(paths: Paths, fake_env: Path, fake_hub: FakeHub) -> Iterator[ThreadedDaemon]:
+    """A real daemon using the FAKE Hub (fast retries, no free-space floor), on two SIMULATED
+    GPUs so that fit badges cover one and two GPUs."""
+    from engines.config import HubSettings
+
+    hub = HubSettings(
+        retry_max=3, retry_backoff_s=0.05, retry_backoff_max_s=0.2, stall_timeout_s=30,
+        read_timeout_s=5, min_free_gib=0.0, parallel_files=1,
+    )  # fmt: skip
+    d = ThreadedDaemon(paths, dataclasses.replace(sim_settings(), hub=hub)).start()
     yield d
     d.stop()
 
@@ -177,3 +105,10 @@ def app_factory(qtbot: Any, paths: Paths) -> Iterator[AppFactory]:
 def app(daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
     """The app connected to ``daemon_thread`` (set up after it, so it is closed before it)."""
     return app_factory()
+
+
+@pytest.fixture
+def sim_app(sim_daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
+    """The app connected to ``sim_daemon_thread``, with the GPU overview loaded."""
+    app = app_factory()
+    return app

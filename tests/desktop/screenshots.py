@@ -2,13 +2,16 @@
 
     .venv/bin/python tests/desktop/screenshots.py [OUT_DIR]      (default: screenshots/)
 
-It starts Xvfb and trayer (tests/desktop/install-x11-deps.sh installs them), a real daemon
-(``python -m engines serve``) with the FAKE vLLM env in a private TRAYLM_HOME, and the tray app
-in this process; then it drives the app into each state and saves: the tray with its menu open
-(whole screen), the chat window (a stored conversation with Markdown and code, a live reply, the
-inline error with its Start button), each dashboard page and Engines tab, the quit dialog, the
-connection banner while the daemon is down, the fallback window used without a system tray, and
-the state icons on light and dark panels.
+It starts Xvfb and trayer (tests/desktop/install-x11-deps.sh installs them), the FAKE Hub, a
+real daemon (``python -m engines serve``) on two SIMULATED GPUs with the FAKE vLLM and
+TensorRT-LLM envs in a private TRAYLM_HOME, and the tray app in this process; then it drives the
+app into each state and saves: the tray with its menu open (whole screen), the chat window (a
+stored conversation with Markdown and code, a live reply, the inline error with its Start
+button), each dashboard page and tab (GPUs, Engines with install progress and TensorRT-LLM,
+Models search/downloads/library, Fans & power, Benchmarks with a comparison, Settings), the quit
+dialog, the connection banner while the daemon is down, the fallback window used without a
+system tray, the GPUs under load and the tray's hot state (tests/desktop/screenshot_scenes.py),
+and the state icons on light and dark panels.
 """
 
 from __future__ import annotations
@@ -54,16 +57,24 @@ class Session:
         self.out = out
         self.home = Path(tempfile.mkdtemp(prefix="traylm-shots-"))
         self.x = XDesktop()
+        self.app: object = None
+        self.hub: object = None
 
     def start(self) -> None:
         from engines.config import Paths
         from engines.procs import free_loopback_port
+        from tests.desktop.screenshot_scenes import HUB_CONFIG, TRT_PROFILE, start_hub
         from tests.desktop.x11 import FAKE_PROFILE, missing_x_tools, prepare_home
+        from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
 
         missing = missing_x_tools()
         if missing:
             sys.exit(f"{', '.join(missing)} missing: run tests/desktop/install-x11-deps.sh")
+        self.hub = hub = start_hub()
+        os.environ["HF_ENDPOINT"] = hub.url
         profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace("fake", "qwen-tiny")
+        profile = profile.replace('device = "cpu"\n', 'device = "cpu"\ngpus = [0, 1]\n')
+        model = make_tiny_hf_model(self.home / "models" / "tiny-llama")
         kv_line = (
             "ValueError: To serve at least one request with the max seq len (32768) of the model, "
             "(4.0 GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -72,11 +83,14 @@ class Session:
         broken = FAKE_PROFILE.replace('"org/fake"', '"meta-llama/Llama-3.1-8B"').format(
             args=f"--print '{kv_line}' --exit-after-print 1"
         )
+        trt = TRT_PROFILE.format(model=model)
         env = prepare_home(
             self.home,
             free_loopback_port(),
-            {"qwen-tiny-cpu": profile, "llama-8b-long-context": broken},
+            {"qwen-tiny-cpu": profile, "llama-8b-long-context": broken, "llama-trt-fp8": trt},
+            HUB_CONFIG,
         )
+        make_fake_trtllm_env(Path(env["TRAYLM_ENVS_DIR"]))
         self.x.start_x()
         os.environ.update({**env, **self.x.env})
         self.paths = Paths.from_env()
@@ -93,6 +107,8 @@ class Session:
 
     def close(self) -> None:
         self.x.close()
+        if self.hub is not None:
+            self.hub.stop()  # type: ignore[attr-defined]
         shutil.rmtree(self.home, ignore_errors=True)
 
     def shot(self, widget: object, name: str) -> None:
@@ -107,18 +123,21 @@ class Session:
 
 
 def dashboard_pages(s: Session, dash: object) -> None:
-    from desktop.dashboard.engines_page import EnginesPage
     from desktop.dashboard.pages import PAGES
     from desktop.dashboard.window import DashboardWindow
+    from tests.desktop.screenshot_scenes import bench_scene, fans_scene, models_tabs
 
     assert isinstance(dash, DashboardWindow)
+    scenes = {"engines": engines_tabs, "models": models_tabs, "bench": bench_scene,
+              "fans": fans_scene}  # fmt: skip
     for spec in PAGES:
         dash.show_page(spec.key)
         page = dash.page(spec.key)
-        if not isinstance(page, EnginesPage):
+        scene = scenes.get(spec.key)
+        if scene is None:
             s.shot(dash, f"dashboard-{spec.key}")
-            continue
-        engines_tabs(s, dash, page)
+        else:
+            scene(s, dash, page)
 
 
 def engines_tabs(s: Session, dash: object, page: object) -> None:
@@ -135,6 +154,10 @@ def engines_tabs(s: Session, dash: object, page: object) -> None:
             wait_for(lambda: "metadata" in page.envs.report.text(), what="doctor")
         if tab == "engines":
             wait_for(lambda: len(page.tokens_chart.series["all models"]) > 3, what="chart")
+        if tab == "tensorrt-llm":
+            from tests.desktop.screenshot_scenes import trt_tab
+
+            trt_tab(s, page)
         if tab == "logs":
             page.ctx.actions.start_profile("llama-8b-long-context")
             wait_for(lambda: page.logs.picker.findText("llama-8b-long-context") >= 0, what="eng")
@@ -187,6 +210,7 @@ def scenes(s: Session) -> None:
     qapp.setQuitOnLastWindowClosed(False)
     icons_sheet(s.out)
     app = DesktopApp(s.paths, spawn_daemon=False)
+    s.app = app
     app.start()
     wait_for(lambda: app.state.connection.state == LinkState.CONNECTED, what="connection")
     wait_for(lambda: app.state.profiles, what="profiles")
@@ -278,6 +302,11 @@ def scenes(s: Session) -> None:
     fallback.dashboard.resize(1150, 780)
     s.shot(fallback.dashboard, "fallback-window-no-tray")
     fallback.shutdown()
+
+    from tests.desktop.screenshot_scenes import live_gpu_scenes
+
+    s.stop_daemon()
+    live_gpu_scenes(s, s.home)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,50 @@ def test_right_click_the_real_icon_and_start_an_engine(desktop_session, tmp_path
     send_command(paths, {"cmd": "quit", "action": "leave"})
     app.wait(20)
     assert app.returncode == 0
+
+
+def test_real_tray_turns_hot_when_the_guard_acts(tmp_path) -> None:
+    """The daemon process on two SIMULATED GPUs idling at about 31 °C; a guard notice margin of
+    65 °C below the 90 °C slowdown makes that 'hot', so the guard acts and the icon turns hot;
+    back to 10 °C, the guard stands down."""
+    missing = missing_x_tools()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing: run tests/desktop/install-x11-deps.sh")
+    port = free_loopback_port()
+    env = prepare_home(tmp_path, port, {"fake": FAKE_PROFILE.format(args="")},
+                       "\n[gpu]\nsimulate_gpus = 2\nguard_step_s = 600\n")  # fmt: skip
+    x = XDesktop().start_x()
+    try:
+        start_daemon(x, env, tmp_path / "daemon.log")
+        env = {**env, **x.env}
+        paths = Paths.from_env(env)
+        app = x.start([sys.executable, "-m", "engines", "--no-daemon-start"], env,
+                      tmp_path / "app.log")  # fmt: skip
+
+        def shown(state: str) -> bool:
+            assert app.poll() is None, (tmp_path / "app.log").read_text()
+            status = _status(paths)
+            return status.get("tray_state") == state and status["tray_geometry"][2] > 0
+
+        wait_until(lambda: shown("stopped"), 30, "the stopped icon")
+        assert "SIMULATED GPU 0: 3" in _status(paths)["tooltip"]  # about 31 °C
+        _guard(port, paths, 65)
+        wait_until(lambda: shown("hot"), 20, "the hot icon")
+        assert "[guard: notice]" in _status(paths)["tooltip"]
+        x.screenshot(tmp_path / "tray-hot.png")
+        _guard(port, paths, 10)
+        wait_until(lambda: shown("stopped"), 20, "the guard standing down")
+        send_command(paths, {"cmd": "quit", "action": "leave"})
+        assert app.wait(20) == 0
+    finally:
+        x.close()
+
+
+def _guard(port: int, paths: Paths, notice_margin_c: float) -> None:
+    token = json.loads(paths.daemon_json.read_text())["token"]
+    body = json.dumps({"guard_notice_margin_c": notice_margin_c}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/gpus/guard", data=body, method="PUT",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    urllib.request.urlopen(request).read()

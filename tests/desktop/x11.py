@@ -125,9 +125,12 @@ def start_daemon(procs: Processes, env: Mapping[str, str], log: Path) -> subproc
     return proc
 
 
-def prepare_home(home: Path, port: int, profiles: Mapping[str, str]) -> dict[str, str]:
-    """A private TRAYLM_HOME with the FAKE vLLM env, ``gateway.port`` and profiles (TOML text);
-    returns the environment for the daemon and the app."""
+def prepare_home(
+    home: Path, port: int, profiles: Mapping[str, str], extra_config: str = ""
+) -> dict[str, str]:
+    """A private TRAYLM_HOME with the FAKE vLLM env, ``gateway.port``, more config.toml sections
+    (``extra_config``) and profiles (TOML text); returns the environment for the daemon and the
+    app."""
     from engines.config import Paths
     from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
@@ -143,6 +146,7 @@ def prepare_home(home: Path, port: int, profiles: Mapping[str, str]) -> dict[str
     paths.config_dir.mkdir(parents=True, exist_ok=True)
     paths.config_file.write_text(
         f"[gateway]\nport = {port}\n\n[engines]\nready_timeout_s = 30\nstop_timeout_s = 3\n"
+        + extra_config
     )
     paths.profiles_dir.mkdir(parents=True, exist_ok=True)
     for name, text in profiles.items():
