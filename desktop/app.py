@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import logging.handlers
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QRect, QTimer, Signal
@@ -245,10 +246,26 @@ def _setup_logging(paths: Paths, *, verbose: bool) -> None:
     logging.getLogger().addHandler(handler)
 
 
+def no_display_reason(environ: Mapping[str, str]) -> str | None:
+    """Why Qt cannot show windows here, or None. Checked before QApplication exists: without a
+    display Qt aborts the process with a message about platform plugins that helps nobody."""
+    if environ.get("QT_QPA_PLATFORM") or environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+        return None
+    return (
+        "no graphical session here (DISPLAY and WAYLAND_DISPLAY are unset). Start `traylm` from "
+        "your desktop, or run the daemon alone with `traylm serve` and use the CLI and "
+        "http://127.0.0.1:8000/v1"
+    )
+
+
 def main(argv: Sequence[str] = ()) -> int:
     args = _parse(argv)
     paths = Paths.from_env()
     _setup_logging(paths, verbose=args.verbose)
+    reason = no_display_reason(os.environ)
+    if reason is not None and QApplication.instance() is None:
+        print(f"traylm: {reason}", file=sys.stderr)
+        return 2
     qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "traylm"])
     assert isinstance(qapp, QApplication)
     qapp.setApplicationName("traylm")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -216,3 +217,29 @@ def test_signal_emit_keeps_refcounts() -> None:
     for _ in range(200):
         emitter.fired.emit(object())
     assert sys.getrefcount(True) >= before - 5
+
+
+def test_no_display_gives_a_clear_message_instead_of_a_qt_abort(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from desktop.app import no_display_reason
+
+    assert no_display_reason({"DISPLAY": ":0"}) is None
+    assert no_display_reason({"QT_QPA_PLATFORM": "offscreen"}) is None
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "engines"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "no graphical session here" in out.stderr and "traylm serve" in out.stderr
+    assert "platform plugin" not in out.stderr
