@@ -301,7 +301,7 @@ class GPUFeature:
             self._windows.pop(engine_id, None)
             self.energy.pop(engine_id, None)
         if isinstance(self.backend, SimulatedBackend):
-            self._sim_processes(live)
+            self._drive_simulator(live)
         for engine_id, (engine, gpus) in live.items():
             tokens = await _scrape_tokens(http, f"{engine.base_url}/metrics")
             at_s = time.time()
@@ -327,15 +327,25 @@ class GPUFeature:
                 self._energy_published_s[engine_id] = at_s
                 self.daemon.bus.publish(GPUEnergyUpdated(energy=result, psu=self.psu()))
 
-    def _sim_processes(self, live: Mapping[str, tuple[ManagedEngine, tuple[str, ...]]]) -> None:
+    def _drive_simulator(self, live: Mapping[str, tuple[ManagedEngine, tuple[str, ...]]]) -> None:
+        """Make the simulated GPUs look like the engines on them: their processes, the memory
+        they hold, and a load that follows the requests the gateway has in flight for them."""
         assert isinstance(self.backend, SimulatedBackend)
         per_gpu: dict[str, list[GPUProcess]] = {i.uuid: [] for i in self.sampler.infos}
+        in_flight: dict[str, int] = dict.fromkeys(per_gpu, 0)
+        admissions = self.daemon.ctx.admissions if self.daemon.ctx is not None else {}
         for engine, gpus in live.values():
-            if engine.pid:
-                for uuid in gpus:
+            busy = admissions[engine.engine_id].in_flight if engine.engine_id in admissions else 0
+            for uuid in gpus:
+                if engine.pid:
                     per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=20 << 30))
+                in_flight[uuid] += busy
         for uuid, procs in per_gpu.items():
             self.backend.set_processes(uuid, procs)
+            busy = in_flight[uuid]
+            load = min(1.0, 0.35 + 0.15 * busy) if busy else (0.02 if procs else 0.0)
+            memory = (20 << 30) + (420 << 20) if procs else 420 << 20
+            self.backend.set_load(uuid, load, memory, from_traffic=True)
 
     def psu(self) -> PSUStatus | None:
         latest = [s for s in self.sampler.latest if s.power_draw_mw is not None]

@@ -101,6 +101,7 @@ class _GPU:
     fans: list[_Fan] = field(default_factory=lambda: [_Fan(), _Fan()])
     faults: SimFaults = field(default_factory=SimFaults)
     processes: tuple[GPUProcess, ...] = ()
+    load_set_by_hand: bool = False
 
 
 def sim_uuid(index: int) -> str:
@@ -139,10 +140,22 @@ class SimulatedBackend:
 
     # ----------------------------------------------------------------- control of the model
 
-    def set_load(self, gpu: str, load: float, memory_used_bytes: int | None = None) -> None:
+    def set_load(
+        self,
+        gpu: str,
+        load: float,
+        memory_used_bytes: int | None = None,
+        *,
+        from_traffic: bool = False,
+    ) -> None:
+        """Set a GPU's load (0..1). The daemon derives load from engine traffic
+        (``from_traffic``); a load set by hand (tests, demos) wins over that from then on."""
         with self._lock:
             self._advance()
             g = self._gpu(gpu)
+            if from_traffic and g.load_set_by_hand:
+                return
+            g.load_set_by_hand = g.load_set_by_hand or not from_traffic
             g.load = min(1.0, max(0.0, load))
             if memory_used_bytes is not None:
                 g.memory_used_bytes = memory_used_bytes
