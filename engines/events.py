@@ -426,7 +426,7 @@ class GPUGuardAction(Event):
     uuid: str
     gpu_index: int
     level: GuardLevel
-    action: str  # "notice" | "lower_power" | "pause" | "stop_engine" | "resume" | "restore_power"
+    action: str  # "notice" | "lower_power" | "pause" | "stop_engine" | "stand_down" (cooled down)
     detail: str
     temperature_c: int | None = None
     threshold_c: float | None = None
