@@ -24,7 +24,7 @@ from engines.events import ModelDetails, ModelFile, ModelSummary
 from engines.hub.access import HubAccess
 from engines.hub.names import validate_repo_id, validate_revision
 from engines.hub.selection import RepoEntry, file_kind, select_files
-from engines.hub.shape import Shape, parse_config, weight_bytes_from_parameters
+from engines.hub.shape import Shape, model_parameters, parse_config, weight_bytes_from_parameters
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -141,6 +141,7 @@ def search_models(
 def _summary(m: Any) -> ModelSummary:
     params = dict(m.safetensors.parameters) if m.safetensors else {}
     tags = tuple(str(t) for t in (m.tags or ()))
+    quantization = next((t for t in QUANT_TAGS if t in tags), None)
     return ModelSummary(
         repo_id=str(m.id),
         author=str(m.author or m.id.split("/")[0]),
@@ -148,8 +149,8 @@ def _summary(m: Any) -> ModelSummary:
         likes=int(m.likes or 0),
         last_modified=m.last_modified.isoformat() if m.last_modified else "",
         gated=str(m.gated) if m.gated else "",
-        quantization=next((t for t in QUANT_TAGS if t in tags), None),
-        parameters=int(m.safetensors.total) if m.safetensors else None,
+        quantization=quantization,
+        parameters=model_parameters(params, quantization),
         weights_bytes=weight_bytes_from_parameters(params) if params else None,
         tags=tags,
         pipeline_tag=str(m.pipeline_tag or ""),
@@ -253,7 +254,7 @@ def details_from(listing: Listing, shape: Shape, *, include_code: bool = False) 
         commit_sha=listing.commit_sha,
         architecture=shape.architecture,
         model_type=shape.model_type,
-        parameters=sum(params.values()) or None,
+        parameters=model_parameters(params, shape.quantization),
         parameters_by_dtype=params,
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,

@@ -135,6 +135,19 @@ def _flatten(q: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+PACKED_4BIT = frozenset({"awq", "gptq", "w4a16", "w4a8"})
+"""Quantizations that pack eight 4-bit weights into each I32 element."""
+
+
+def model_parameters(parameters: Mapping[str, int], quantization: str | None) -> int | None:
+    """The model's parameter count. The Hub counts stored elements, so an AWQ/GPTQ checkpoint
+    (eight 4-bit weights packed per I32) would show about a seventh of its real size."""
+    if not parameters:
+        return None
+    packed = parameters.get("I32", 0) if quantization in PACKED_4BIT else 0
+    return sum(parameters.values()) + 7 * packed
+
+
 def weight_bytes_from_parameters(parameters: Mapping[str, int]) -> int:
     """Bytes of the stored tensors, from the Hub's per-dtype element counts."""
     return sum(n * SAFETENSORS_DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in parameters.items())

@@ -154,3 +154,14 @@ def test_config_parsing_handles_gqa_multimodal_and_quantization_schemes() -> Non
     mla = parse_config({"kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 128})
     assert mla.kv_latent_dim == 576
     assert parse_config({"auto_map": {"AutoModel": "x.Y"}}).needs_remote_code
+
+
+def test_packed_4bit_checkpoints_report_their_real_parameter_count() -> None:
+    from engines.hub.shape import model_parameters
+
+    # Llama-3.3-70B AWQ as the Hub lists it: 8.6B I32 elements (8 weights each) + 0.7B F16
+    stored = {"I32": 8_600_000_000, "F16": 700_000_000}
+    assert model_parameters(stored, "awq") == 8 * 8_600_000_000 + 700_000_000
+    assert model_parameters(stored, None) == 9_300_000_000  # unquantized: counted as stored
+    assert model_parameters({"BF16": 1000}, "gptq") == 1000
+    assert model_parameters({}, "awq") is None
