@@ -11,18 +11,15 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QHeaderView,
     QLineEdit,
     QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -33,6 +30,7 @@ from desktop.dashboard.page import Page, PageContext
 from desktop.formatting import fmt_when
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import SelectionMode, read_only_table
 from engines.client import DaemonClient
 from engines.events import (
     BenchConfig,
@@ -148,16 +146,12 @@ class BenchPage(Page):
     def _runs_group(self) -> QGroupBox:
         box = QGroupBox("Runs")
         layout = QVBoxLayout(box)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("benchRuns")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        self.table = read_only_table(
+            COLUMNS,
+            "benchRuns",
+            selection=SelectionMode.ExtendedSelection,
+            on_select=self.on_selection_changed,
+        )
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")

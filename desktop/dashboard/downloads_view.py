@@ -10,13 +10,10 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -26,6 +23,7 @@ from desktop.dashboard.page import PageContext
 from desktop.formatting import fmt_bytes, fmt_duration, fmt_rate
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import read_only_table
 from engines.events import (
     DownloadProgress,
     DownloadState,
@@ -53,17 +51,12 @@ class DownloadsView(QWidget):
         self.downloads: dict[str, DownloadStatus] = {}
         self.rows: list[str] = []  # download ids, newest first
         layout = QVBoxLayout(self)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("downloadTable")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        self.table = read_only_table(
+            COLUMNS,
+            "downloadTable",
+            stretch_column=2,
+            on_select=self.on_selection_changed,
+        )
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         self.pause_button = QPushButton("Pause")

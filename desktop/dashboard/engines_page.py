@@ -7,13 +7,10 @@ import html
 
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
@@ -28,6 +25,7 @@ from desktop.dashboard.trt_view import TRTView
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
 from desktop.widgets.chart import LiveChart
+from desktop.widgets.table import read_only_table
 from engines.events import EngineState
 
 COLUMNS = ("Engine", "State", "Serves", "Port", "PID", "Restarts", "Detail")
@@ -83,17 +81,11 @@ class EnginesPage(Page):
         charts.addWidget(self.tokens_chart, 2)
         charts.addWidget(self.inflight_chart, 1)
         layout.addLayout(charts)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("engineTable")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        self.table = read_only_table(
+            COLUMNS,
+            "engineTable",
+            on_select=self.on_selection_changed,
+        )
         layout.addWidget(self.table, 1)
         layout.addLayout(self._controls_row())
         self.detail = QLabel("")

@@ -8,17 +8,14 @@ import html
 from collections.abc import Mapping
 
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QGroupBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -27,6 +24,7 @@ from PySide6.QtWidgets import (
 from desktop.dashboard.page import PageContext
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import read_only_table
 from engines.events import EnvInstallProgress, Event
 
 COLUMNS = ("name", "engine", "version", "device", "complete", "path")
@@ -48,14 +46,10 @@ class EnvsView(QWidget):
         self.ctx = ctx
         self.envs: tuple[Mapping[str, object], ...] = ()
         layout = QVBoxLayout(self)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("envTable")
-        self.table.setHorizontalHeaderLabels([c.capitalize() for c in COLUMNS])
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
+        self.table = read_only_table(
+            [c.capitalize() for c in COLUMNS],
+            "envTable",
+        )
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")

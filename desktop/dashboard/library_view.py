@@ -8,14 +8,11 @@ from collections.abc import Callable
 
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QMessageBox,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -25,6 +22,7 @@ from desktop.dashboard.page import PageContext
 from desktop.formatting import fmt_bytes
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import read_only_table
 from engines.events import Event, LibraryChanged, LocalModel
 
 COLUMNS = ("Model", "Revision", "Size", "Files", "Checked", "Served by", "Profiles", "Engines",
@@ -51,17 +49,11 @@ class LibraryView(QWidget):
         self.confirm: Confirm = ask  # tests answer for the user
         self.models: tuple[LocalModel, ...] = ()
         layout = QVBoxLayout(self)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("libraryTable")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        self.table = read_only_table(
+            COLUMNS,
+            "libraryTable",
+            on_select=self.on_selection_changed,
+        )
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")

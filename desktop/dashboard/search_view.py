@@ -9,17 +9,14 @@ from collections.abc import Callable, Mapping
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
     QPushButton,
     QScrollArea,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -30,6 +27,7 @@ from desktop.dashboard.page import PageContext
 from desktop.formatting import fmt_bytes, fmt_count
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import read_only_table
 from engines.events import DownloadStatus, FitResult, ModelDetails, ModelSummary
 
 SORTS = ("downloads", "likes", "recent")
@@ -63,17 +61,12 @@ class SearchView(QWidget):
         status.addWidget(self.status)
         layout.addLayout(status)
         split = QSplitter(Qt.Orientation.Vertical)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("modelResults")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_result_selected)
+        self.table = read_only_table(
+            COLUMNS,
+            "modelResults",
+            stretch_column=0,
+            on_select=self.on_result_selected,
+        )
         split.addWidget(self.table)
         details = QScrollArea()
         details.setWidgetResizable(True)

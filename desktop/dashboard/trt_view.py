@@ -10,15 +10,12 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QDoubleSpinBox,
     QGroupBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -28,6 +25,7 @@ from desktop.dashboard.page import PageContext
 from desktop.formatting import fmt_bytes, fmt_duration, fmt_when
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
+from desktop.widgets.table import read_only_table
 from engines.events import Event, TRTBuildProgress, TRTCacheEntry
 
 COLUMNS = ("Model", "Quantization", "TP × PP", "Size", "Build took", "Last used", "In use by",
@@ -62,17 +60,11 @@ class TRTView(QWidget):
     def _cache_group(self) -> QGroupBox:
         box = QGroupBox("Engine cache")
         layout = QVBoxLayout(box)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setObjectName("trtCache")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        self.table.itemSelectionChanged.connect(self.on_selection_changed)
+        self.table = read_only_table(
+            COLUMNS,
+            "trtCache",
+            on_select=self.on_selection_changed,
+        )
         layout.addWidget(self.table, 1)
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")

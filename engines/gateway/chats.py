@@ -19,40 +19,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 
 from engines.bus import EventBus
 from engines.chats import ChatStore, NewMessage
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError
 from engines.events import ChatChanged
-from engines.gateway.control import error_response, ok
+from engines.gateway.control import json_body, ok, traylm_errors
 from engines.gateway.metrics import MetricsRegistry
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_MESSAGES_PER_CALL = 1000
-
-
-def _errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except TraylmError as exc:
-            return error_response(exc)
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        data = await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("the request body must be a JSON object")
-    return data
 
 
 def _chat_id(request: web.Request) -> int:
@@ -74,13 +52,13 @@ class DesktopFeature:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.get("/api/chats", _errors(self.list_chats)),
-            web.post("/api/chats", _errors(self.create_chat)),
-            web.get("/api/chats/{chat_id}", _errors(self.get_chat)),
-            web.patch("/api/chats/{chat_id}", _errors(self.update_chat)),
-            web.delete("/api/chats/{chat_id}", _errors(self.delete_chat)),
-            web.post("/api/chats/{chat_id}/messages", _errors(self.add_messages)),
-            web.get("/api/metrics", _errors(self.metrics)),
+            web.get("/api/chats", traylm_errors(self.list_chats)),
+            web.post("/api/chats", traylm_errors(self.create_chat)),
+            web.get("/api/chats/{chat_id}", traylm_errors(self.get_chat)),
+            web.patch("/api/chats/{chat_id}", traylm_errors(self.update_chat)),
+            web.delete("/api/chats/{chat_id}", traylm_errors(self.delete_chat)),
+            web.post("/api/chats/{chat_id}/messages", traylm_errors(self.add_messages)),
+            web.get("/api/metrics", traylm_errors(self.metrics)),
         ]
 
     async def start(self) -> None:
@@ -96,7 +74,7 @@ class DesktopFeature:
         return ok(await asyncio.to_thread(self._chats.summaries))
 
     async def create_chat(self, request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await json_body(request)
         unknown = set(body) - {"title", "model", "system_prompt", "params"}
         if unknown:
             raise ConfigError(f"unknown conversation fields: {', '.join(sorted(unknown))}")
@@ -116,7 +94,7 @@ class DesktopFeature:
 
     async def update_chat(self, request: web.Request) -> web.Response:
         chat_id = _chat_id(request)
-        body = await _body(request)
+        body = await json_body(request)
         summary = await asyncio.to_thread(self._chats.update, chat_id, body)
         self._changed(chat_id, "updated")
         return ok(summary)
@@ -129,7 +107,7 @@ class DesktopFeature:
 
     async def add_messages(self, request: web.Request) -> web.Response:
         chat_id = _chat_id(request)
-        body = await _body(request)
+        body = await json_body(request)
         raw = body.get("messages")
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES_PER_CALL:
             raise ConfigError(f"messages must be a list of 1 to {MAX_MESSAGES_PER_CALL} messages")
