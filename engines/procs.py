@@ -8,6 +8,7 @@ by pid (with their start time, so a reused pid is never killed by mistake).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -23,6 +24,8 @@ import psutil
 from engines.config import write_bytes_atomic
 
 log = logging.getLogger(__name__)
+
+EXIT_POLL_S = 0.05
 
 
 def free_loopback_port() -> int:
@@ -86,6 +89,22 @@ def descendants(pid: int) -> list[TrackedProcess]:
         with contextlib.suppress(psutil.NoSuchProcess):
             out.append(TrackedProcess(child.pid, child.create_time()))
     return out
+
+
+async def exit_code(proc: asyncio.subprocess.Process, timeout_s: float) -> int | None:
+    """The leader's exit code as soon as it has exited, or None after ``timeout_s``.
+
+    Not ``proc.wait()``: on Python 3.11 that also waits until the stdout pipe closes, and an
+    engine's children (``VLLM::EngineCore``) keep it open after the leader died. The exit code
+    itself is set by the child watcher the moment the leader is reaped.
+    """
+    deadline = time.monotonic() + timeout_s
+    while proc.returncode is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        await asyncio.sleep(min(EXIT_POLL_S, left))
+    return proc.returncode
 
 
 def group_alive(pgid: int) -> bool:

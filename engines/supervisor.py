@@ -8,7 +8,7 @@ State machine (published as ``EngineStateChanged``)::
     ready ─crash→ starting (automatic restart, capped exponential backoff)
 
 Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
-A crash is noticed within 2 s: the process exiting wakes a waiter at once, and ``/health``
+A crash is noticed within 2 s: the leader's exit code is polled every 50 ms, and ``/health``
 failing twice in a row (vLLM answers 503 when its engine core died) also counts.
 """
 
@@ -46,6 +46,7 @@ from engines.procs import (
     PidRegistry,
     TrackedProcess,
     descendants,
+    exit_code,
     free_loopback_port,
     kill_tracked,
     signal_group,
@@ -55,7 +56,8 @@ from engines.procs import (
 log = logging.getLogger(__name__)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-HEALTH_PERIOD_S = 0.5
+HEALTH_PERIOD_S = 0.5  # while starting
+WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
 
 Publish = Callable[[Event], None]
@@ -318,8 +320,7 @@ class ManagedEngine:
                 ):
                     return self._proc.returncode is None
                 self._track_descendants()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self._proc.wait()), HEALTH_PERIOD_S)
+                await exit_code(self._proc, HEALTH_PERIOD_S)
         self.diagnosis = self.diagnosis or Diagnosis(
             code="ready_timeout",
             summary=f"not ready after {self.settings.ready_timeout_s:.0f} s",
@@ -335,12 +336,9 @@ class ManagedEngine:
         timeout = aiohttp.ClientTimeout(total=1.5)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
-                exit_wait = asyncio.ensure_future(asyncio.shield(self._proc.wait()))
-                try:
-                    code = await asyncio.wait_for(exit_wait, 1.0)
+                code = await exit_code(self._proc, WATCH_PERIOD_S)
+                if code is not None:
                     return f"process exited with code {code}"
-                except TimeoutError:
-                    pass
                 if await self._probe(http, spec.health_path):
                     failures = 0
                 else:
@@ -389,8 +387,7 @@ class ManagedEngine:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), grace * 0.6)
+            await exit_code(proc, grace * 0.6)
         signal_group(pgid, signal.SIGTERM)
         kill_tracked(self._tracked, signal.SIGTERM)
         if await self._wait_gone(pgid, grace * 0.4):

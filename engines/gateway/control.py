@@ -293,9 +293,11 @@ async def events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
-    await resp.prepare(request)
-    await resp.write(b": traylm events\n\n")
-    with d.bus.subscribe(kinds) as sub:
+    with d.bus.subscribe(
+        kinds
+    ) as sub:  # before the first byte: a client that saw it misses nothing
+        await resp.prepare(request)
+        await resp.write(b": traylm events\n\n")
         while True:
             try:
                 event = await asyncio.wait_for(sub.get(), SSE_KEEPALIVE_S)

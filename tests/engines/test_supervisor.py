@@ -146,6 +146,25 @@ async def test_crash_is_detected_fast_and_restarted_with_a_cap(tmp_path: Path) -
         assert ready.pid is not None and not group_alive(ready.pid)
 
 
+async def test_leader_killed_while_its_child_holds_the_log_pipe(tmp_path: Path) -> None:
+    """vLLM's engine core outlives a SIGKILLed API server and keeps stdout open; on Python 3.11
+    ``proc.wait()`` would then block until the group is gone, and only the /health fallback
+    would notice. The exit itself must be what is noticed."""
+    events: list[Event] = []
+    engine = make_engine(tmp_path, "--spawn-child", events=events, restart_max=0)
+    await engine.start()
+    await engine.wait_ready(20)
+    assert engine.pid is not None
+    pgid = engine.pid
+    await asyncio.sleep(0.6)  # let the supervisor's tracker see the child
+    assert psutil.Process(pgid).children(), "the fake should have spawned its stubborn child"
+    os.kill(pgid, signal.SIGKILL)
+    await wait_state(engine, EngineState.FAILED, 30)
+    crashed = [e for e in events if isinstance(e, EngineStateChanged) and "crashed (" in e.detail]
+    assert crashed and "process exited with code -9" in crashed[0].detail
+    assert not group_alive(pgid)  # the orphaned child went with its group
+
+
 async def test_failed_start_keeps_the_diagnosis_and_is_not_retried(tmp_path: Path) -> None:
     line = (
         "ValueError: User-specified max_model_len (65536) is greater than the derived "
