@@ -108,7 +108,9 @@ def app(daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
 
 
 @pytest.fixture
-def sim_app(sim_daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
-    """The app connected to ``sim_daemon_thread``, with the GPU overview loaded."""
+def sim_app(qtbot: Any, sim_daemon_thread: ThreadedDaemon, app_factory: AppFactory) -> DesktopApp:
+    """The app connected to ``sim_daemon_thread``, with the GPU overview loaded (until it is,
+    the GPU pages are disabled and drop mouse input)."""
     app = app_factory()
+    qtbot.waitUntil(lambda: app.state.gpu.available, timeout=15000)
     return app
