@@ -115,7 +115,9 @@ def test_real_tray_turns_hot_when_the_guard_acts(tmp_path) -> None:
             return status.get("tray_state") == state and status["tray_geometry"][2] > 0
 
         wait_until(lambda: shown("stopped"), 30, "the stopped icon")
-        assert "SIMULATED GPU 0: 3" in _status(paths)["tooltip"]  # about 31 °C
+        wait_until(  # about 31 °C, once the first GPU sample has reached the app
+            lambda: "SIMULATED GPU 0: 3" in _status(paths)["tooltip"], 20, "the GPU tooltip line"
+        )
         _guard(port, paths, 65)
         wait_until(lambda: shown("hot"), 20, "the hot icon")
         assert "[guard: notice]" in _status(paths)["tooltip"]
