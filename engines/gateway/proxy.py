@@ -1,7 +1,8 @@
 """The streaming relay from the gateway to one engine.
 
-Server-sent events pass through unbuffered: each chunk the engine sends is written to the client
-as soon as it arrives. If the client goes away the handler is cancelled and the upstream
+Server-sent events pass through unbuffered: each event the engine sends is written to the client
+as soon as its last byte arrives (a chunk that ends mid-event keeps that event's start back until
+the rest comes). If the client goes away the handler is cancelled and the upstream
 connection is closed, so the engine aborts the request instead of generating for nobody. If the
 engine dies mid-stream, the client gets an OpenAI-shaped error event (which the openai SDK raises
 as ``APIError``) and a clean end of stream instead of a hung connection.
@@ -163,16 +164,28 @@ async def _stream(
     first = True
     chunks = 0
     tail = b""
+    partial = b""  # the start of an event whose end has not arrived yet
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
                 metrics.ttft.observe(time.perf_counter() - started, model=model)
                 first = False
-            chunks += chunk.count(b"data: {")
-            tail = (tail + chunk)[-2048:]
-            await resp.write(chunk)
+            data = partial + chunk if partial else chunk
+            cut = whole_events(data)
+            data, partial = data[:cut], data[cut:]
+            if data:
+                chunks += data.count(b"data: {")
+                tail = (tail + data)[-2048:]
+                await resp.write(data)
+        if partial:  # the engine ended without the closing blank line: pass it on as it is
+            await resp.write(partial)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        log.warning("engine %s broke off a stream: %s", upstream.name, exc)
+        log.warning(
+            "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
+            upstream.name,
+            exc,
+            len(partial),
+        )
         metrics.errors.inc(status="502")
         await resp.write(
             sse_error(
@@ -186,6 +199,16 @@ async def _stream(
     await resp.write_eof()
     request[REPLY_COMPLETE] = True
     return resp
+
+
+def whole_events(data: bytes) -> int:
+    """The length of the part of ``data`` made of whole server-sent events (each ends with a
+    blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
+    the client half an event glued to the error event that follows."""
+    lf = data.rfind(b"\n\n")
+    cut = lf + 2 if lf >= 0 else 0
+    crlf = data.rfind(b"\r\n\r\n", max(0, cut - 4))
+    return max(cut, crlf + 4) if crlf >= 0 else cut
 
 
 def _count_usage(

@@ -8,6 +8,7 @@ import pytest
 
 from engines.gateway.admission import Admission, QueueFull
 from engines.gateway.metrics import MetricsRegistry
+from engines.gateway.proxy import whole_events
 from engines.gateway.security import Guard, hash_key
 
 
@@ -133,3 +134,20 @@ def test_non_canonical_paths_are_refused(path: str) -> None:
 
 def test_canonical_paths_pass() -> None:
     assert guard().path_problem("/v1/chat/completions?x=1") is None
+
+
+@pytest.mark.parametrize(
+    ("data", "whole"),
+    [
+        (b"", b""),
+        (b"data: {", b""),
+        (b"data: 1\n\n", b"data: 1\n\n"),
+        (b'data: 1\n\ndata: {"cho', b"data: 1\n\n"),
+        (b"data: 1\n\ndata: 2\n\n", b"data: 1\n\ndata: 2\n\n"),
+        (b"data: 1\ndata: 2\n", b""),  # one event of two lines, not finished yet
+        (b"data: 1\r\n\r\ndata: 2", b"data: 1\r\n\r\n"),
+        (b"data: 1\n\ndata: 2\r\n\r\n", b"data: 1\n\ndata: 2\r\n\r\n"),
+    ],
+)
+def test_only_whole_events_are_relayed(data: bytes, whole: bytes) -> None:
+    assert data[: whole_events(data)] == whole

@@ -219,6 +219,11 @@ class FakeEngine:
                 sent += 1
                 self.generated += 1
                 if self.args.crash_after_tokens and sent >= self.args.crash_after_tokens:
+                    # killed in the middle of writing the next event, as the real vLLM was
+                    half = b"data: " + json.dumps(chunk).encode()
+                    await resp.write(half[: len(half) // 2])
+                    await resp.drain()
+                    await asyncio.sleep(0.05)  # let the half event reach the client
                     print("fake engine: crashing mid-stream on purpose", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.args.token_delay:
