@@ -170,7 +170,14 @@ def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daem
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
     stored = _stored(daemon_thread, chat)
     assert stored[1].finish_reason == "error" and stored[1].content == "w0 w1 w2 "
-    # the supervisor restarts the engine; Retry replaces the interrupted reply
+
+    # the supervisor restarts the engine; Retry replaces the interrupted reply. (Until the app
+    # has heard of the crash it still lists "fake" as served: wait for the restarted engine.)
+    def restarted() -> bool:
+        status = daemon_thread.engine("fake")
+        return status is not None and status.restarts == 1 and status.state == EngineState.READY
+
+    qtbot.waitUntil(restarted, timeout=20000)
     qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
     chat.max_tokens.setValue(2)
     chat.controller.options = chat.options()
