@@ -319,7 +319,7 @@ class ManagedEngine:
                     http, spec.models_path
                 ):
                     return self._proc.returncode is None
-                self._track_descendants()
+                await self._track_descendants()
                 await exit_code(self._proc, HEALTH_PERIOD_S)
         self.diagnosis = self.diagnosis or Diagnosis(
             code="ready_timeout",
@@ -345,7 +345,7 @@ class ManagedEngine:
                     failures += 1
                     if failures >= 2:
                         return "/health stopped answering 200 (engine core died)"
-                self._track_descendants()
+                await self._track_descendants()
                 if (
                     self.restarts
                     and self.ready_at_s
@@ -361,19 +361,19 @@ class ManagedEngine:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
-    def _track_descendants(self) -> None:
-        if self._proc is None:
+    async def _track_descendants(self) -> None:
+        proc = self._proc
+        if proc is None:
             return
-        found = descendants(self._proc.pid)
+        # a scan of every process on the machine: off the loop that relays the tokens
+        found = await asyncio.to_thread(descendants, proc.pid)
         known = {(p.pid, p.create_time) for p in self._tracked}
         new = [p for p in found if (p.pid, p.create_time) not in known]
         if new:
             self._tracked.extend(new)
-            leader = TrackedProcess.of(self._proc.pid)
+            leader = TrackedProcess.of(proc.pid)
             if leader is not None:
-                self._pids.put(
-                    EngineRecord(self.engine_id, self._proc.pid, leader, tuple(self._tracked))
-                )
+                self._pids.put(EngineRecord(self.engine_id, proc.pid, leader, tuple(self._tracked)))
 
     async def _terminate(self) -> None:
         """SIGTERM the leader, wait; SIGTERM the group, wait; SIGKILL the group and every
@@ -381,7 +381,7 @@ class ManagedEngine:
         proc = self._proc
         if proc is None:
             return
-        self._track_descendants()
+        await self._track_descendants()
         pgid = proc.pid
         grace = self.settings.stop_timeout_s
         if proc.returncode is None:
