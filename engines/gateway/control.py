@@ -293,9 +293,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
-    with d.bus.subscribe(
-        kinds
-    ) as sub:  # before the first byte: a client that saw it misses nothing
+    # subscribed before the first byte: a client that has seen the stream open misses nothing
+    with d.bus.subscribe(kinds) as sub:
         await resp.prepare(request)
         await resp.write(b": traylm events\n\n")
         while True:

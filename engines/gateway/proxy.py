@@ -205,10 +205,8 @@ def whole_events(data: bytes) -> int:
     """The length of the part of ``data`` made of whole server-sent events (each ends with a
     blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
     the client half an event glued to the error event that follows."""
-    lf = data.rfind(b"\n\n")
-    cut = lf + 2 if lf >= 0 else 0
-    crlf = data.rfind(b"\r\n\r\n", max(0, cut - 4))
-    return max(cut, crlf + 4) if crlf >= 0 else cut
+    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
+    return max(ends, default=0)
 
 
 def _count_usage(
