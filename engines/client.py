@@ -106,6 +106,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def api_error(status: int, data: Any) -> ControlAPIError:
+    """The daemon's OpenAI-shaped error body (``{"error": {"message", "type"}}``) as an
+    exception; any other body still gives one that names the HTTP status."""
+    err = data.get("error", {}) if isinstance(data, dict) else {}
+    return ControlAPIError(
+        str(err.get("message", f"HTTP {status}")),
+        code=str(err.get("type", "error")),
+        http_status=status,
+    )
+
+
 class DaemonClient:
     def __init__(self, info: DaemonInfo, *, timeout_s: float = 30.0) -> None:
         self.info = info
@@ -156,12 +167,7 @@ class DaemonClient:
             async with self._http().request(method, path, json=json_body, params=params) as resp:
                 data = await resp.json(content_type=None)
                 if resp.status >= 400:
-                    err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise ControlAPIError(
-                        str(err.get("message", f"HTTP {resp.status}")),
-                        code=str(err.get("type", "error")),
-                        http_status=resp.status,
-                    )
+                    raise api_error(resp.status, data)
                 return data
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise DaemonUnavailable(
@@ -427,12 +433,7 @@ class DaemonClient:
             ) as resp:
                 data = await resp.json(content_type=None)
                 if resp.status >= 400:
-                    err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise ControlAPIError(
-                        str(err.get("message", f"HTTP {resp.status}")),
-                        code=str(err.get("type", "error")),
-                        http_status=resp.status,
-                    )
+                    raise api_error(resp.status, data)
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise DaemonUnavailable(f"verification of {repo_id} did not answer ({exc!r})") from None
         return [from_plain(LocalModel, m) for m in data]
@@ -543,12 +544,7 @@ class DaemonClient:
             async with self._http().get("/api/bench/report", params=params) as resp:
                 if resp.status != 200:
                     data = await resp.json(content_type=None)
-                    err = data.get("error", {}) if isinstance(data, dict) else {}
-                    raise ControlAPIError(
-                        str(err.get("message", f"HTTP {resp.status}")),
-                        code=str(err.get("type", "error")),
-                        http_status=resp.status,
-                    )
+                    raise api_error(resp.status, data)
                 return await resp.text()
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise DaemonUnavailable(
