@@ -37,6 +37,7 @@ from desktop.chat.transcript import TranscriptView, stats_text
 from desktop.state import AppState
 from desktop.style import STYLE
 from desktop.widgets.banner import ConnectionBanner
+from desktop.widgets.confirm import second_click
 
 NO_MODEL = "(no model served)"
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
@@ -388,13 +389,8 @@ class ChatWindow(QMainWindow):
         item = self.chat_list.currentItem()
         if item is None:
             return
-        if self.delete_button.text() != "Confirm delete":
-            self.delete_button.setText("Confirm delete")
-            QTimer.singleShot(
-                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
-            )
+        if not second_click(self.delete_button):
             return
-        self.delete_button.setText("Delete")
         self.controller.delete_chat(int(item.data(CHAT_ID_ROLE)))
 
     def on_edit_requested(self, position: int) -> None:

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from desktop.dashboard.page import PageContext
 from desktop.dashboard.profile_form import ProfileForm
 from desktop.messages import CallResult
+from desktop.widgets.confirm import second_click
 
 VALIDATE_AFTER_MS = 300
 NAME_ROLE = Qt.ItemDataRole.UserRole
@@ -220,13 +221,8 @@ class ProfileEditor(QWidget):
         name = self.loaded_name
         if not name:
             return
-        if self.delete_button.text() != "Confirm delete":
-            self.delete_button.setText("Confirm delete")
-            QTimer.singleShot(
-                3000, self.delete_button, lambda: self.delete_button.setText("Delete")
-            )
+        if not second_click(self.delete_button):
             return
-        self.delete_button.setText("Delete")
         self.loaded_name = ""
         self.ctx.bridge.call(
             lambda c: c.delete_profile(name), lambda _r: self.ctx.actions.reload_profiles()
