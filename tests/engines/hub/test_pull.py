@@ -14,7 +14,7 @@ from engines.events import (
     LibraryChanged,
 )
 from tests.conftest import RunningDaemon
-from tests.engines.hub.conftest import EventLog, cache_repo, wait_download
+from tests.engines.hub.conftest import EventLog, cache_repo, wait_download, wait_for
 from tests.fakes.hub_server import FakeHub
 
 REPO = "traylm-test/tiny-llama"
@@ -32,6 +32,13 @@ async def test_full_pull_is_verified_pinned_and_fetches_only_engine_files(
     final = await wait_download(hub_daemon, status.id, (DownloadState.READY, DownloadState.FAILED))
     assert final.state == DownloadState.READY, final.message
     assert final.done_bytes == final.total_bytes
+
+    # the event stream trails the status the API answered with
+    def states() -> list[DownloadState]:
+        return [e.status.state for e in log.events if isinstance(e, DownloadStateChanged)]
+
+    await wait_for(lambda: states()[-1:] == [DownloadState.READY], 10)
+    await wait_for(lambda: any(isinstance(e, LibraryChanged) for e in log.events), 10)
     await log.close()
 
     # only engine files, at the pinned commit, each equal to the Hub's bytes
@@ -57,10 +64,10 @@ async def test_full_pull_is_verified_pinned_and_fetches_only_engine_files(
     assert not any(p.endswith(("pytorch_model.bin", "README.md", "params.json")) for p in fetched)
 
     # events: state changes through downloading to ready, progress with bytes, library refresh
-    states = [e.status.state for e in log.events if isinstance(e, DownloadStateChanged)]
-    assert states[0] == DownloadState.DOWNLOADING or DownloadState.QUEUED in states
-    assert states[-1] == DownloadState.READY
-    assert DownloadState.VERIFYING in states
+    seen = states()
+    assert seen[0] == DownloadState.DOWNLOADING or DownloadState.QUEUED in seen
+    assert seen[-1] == DownloadState.READY
+    assert DownloadState.VERIFYING in seen
     progress = [e for e in log.events if isinstance(e, DownloadProgress)]
     assert progress and progress[-1].done_bytes == final.total_bytes
     assert any(isinstance(e, LibraryChanged) and e.reason == "downloaded" for e in log.events)
