@@ -89,7 +89,8 @@ class HubFeature:
             logs_dir=logs_dir / "downloads",
         )
         self.library = Library(access=self.access, records=self.records)
-        self._details: dict[tuple[str, str], tuple[float, ModelDetails]] = {}
+        # (repo, revision, code included) → when asked, and the one lookup every caller shares
+        self._details: dict[tuple[str, str, bool], tuple[float, asyncio.Future[ModelDetails]]] = {}
         self._gpus: tuple[GPUSpec, ...] | None = None
 
     def access(self) -> HubAccess:
@@ -157,16 +158,27 @@ class HubFeature:
         return validate_repo_id(f"{request.match_info['org']}/{request.match_info['name']}")
 
     async def details(self, repo_id: str, revision: str | None) -> ModelDetails:
-        key = (repo_id, validate_revision(revision) or "main")
+        """The Hub's metadata of a model, cached. The consent to run its code is part of the key
+        (it decides whether the code files join the download), so a lookup still running when
+        the consent changes can never answer for the new one. Concurrent callers (the details
+        and the fit of one selection) share one lookup; a failed one is not kept."""
+        revision = validate_revision(revision) or "main"
+        include_code = repo_id in await asyncio.to_thread(self.records.trusted)
+        key = (repo_id, revision, include_code)
         cached = self._details.get(key)
-        if cached and time.monotonic() - cached[0] < DETAILS_TTL_S:
-            return cached[1]
-        trusted = await asyncio.to_thread(self.records.trusted)
-        details = await asyncio.to_thread(
-            model_details, self.access(), repo_id, key[1], include_code=repo_id in trusted
-        )
-        self._details[key] = (time.monotonic(), details)
-        return details
+        if cached is None or time.monotonic() - cached[0] >= DETAILS_TTL_S:
+            lookup = asyncio.ensure_future(
+                asyncio.to_thread(
+                    model_details, self.access(), repo_id, revision, include_code=include_code
+                )
+            )
+            cached = self._details[key] = (time.monotonic(), lookup)
+        try:
+            return await asyncio.shield(cached[1])
+        except Exception:
+            if self._details.get(key) is cached:
+                del self._details[key]
+            raise
 
     async def _info(self, request: web.Request) -> web.Response:
         return ok(await self.details(self._repo(request), request.query.get("revision")))
@@ -223,7 +235,6 @@ class HubFeature:
         if not isinstance(value, bool):
             raise ConfigError("trust_remote_code must be true or false")
         await asyncio.to_thread(self.records.set_trust, repo_id, value)
-        self._details = {k: v for k, v in self._details.items() if k[0] != repo_id}
         self._publish(LibraryChanged(repo_id=repo_id, commit_sha="", reason="trust"))
         return ok({"repo_id": repo_id, "trust_remote_code": value})
 

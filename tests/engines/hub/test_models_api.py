@@ -15,7 +15,7 @@ import pytest
 from engines.errors import ControlAPIError
 from engines.events import DownloadState
 from tests.conftest import RunningDaemon
-from tests.engines.hub.conftest import cache_repo, wait_download
+from tests.engines.hub.conftest import cache_repo, wait_download, wait_for
 from tests.fakes.hub_server import FakeHub, bytes_file, tiny_llama_repo
 
 REPO = "traylm-test/tiny-llama"
@@ -204,3 +204,26 @@ async def test_repo_code_is_fetched_only_after_the_user_trusts_the_model(
     await wait_download(hub_daemon, status.id, (DownloadState.READY,))
     [listed] = [m for m in await hub_daemon.client.local_models() if m.repo_id.endswith("custom")]
     assert listed.trust_remote_code and listed.needs_remote_code
+
+
+async def test_a_lookup_still_running_when_the_user_trusts_the_model_is_not_reused(
+    hub_daemon: RunningDaemon, fake_hub: FakeHub
+) -> None:
+    """The details and the fit of one selection look the model up together; if the user trusts
+    it meanwhile, the older lookup (without the code files) must not answer for the new consent."""
+    config = json.loads(fake_hub.repos[REPO].files["config.json"].read(0, 10_000))
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"}
+    code = {
+        "config.json": bytes_file("config.json", json.dumps(config).encode()),
+        "modeling_tiny.py": bytes_file("modeling_tiny.py", b"import os\n"),
+    }
+    fake_hub.add_repo(tiny_llama_repo("traylm-test/custom", extra=code))
+    fake_hub.faults.stall("*/custom/resolve/*/config.json", after_bytes=0)
+    before = asyncio.create_task(hub_daemon.client.model_details("traylm-test/custom"))
+    await wait_for(lambda: any(r.path.endswith("config.json") for r in fake_hub.requests), 10)
+    await hub_daemon.client.trust_model("traylm-test/custom", True)
+    after = await hub_daemon.client.model_details("traylm-test/custom")
+    fake_hub.faults.release_stalls()
+    assert all(f.kind != "code" for f in (await before).files)  # asked before the consent
+    for d in (after, await hub_daemon.client.model_details("traylm-test/custom")):
+        assert [f.path for f in d.files if f.kind == "code"] == ["modeling_tiny.py"]
