@@ -254,35 +254,46 @@ class ExitWatcher:
         return self.exited_at
 
 
+def long_reply_in_flight(d: DaemonProcess) -> Iterator[Any]:
+    """A streamed 30k-token reply whose first chunk has arrived while vLLM is still generating it.
+    A test process short of CPU can reach its first chunks after vLLM already finished the whole
+    reply (it merges tokens when the reader lags behind); an action meant to land mid-reply would
+    then land after its end, so that reply is dropped and another one asked for."""
+    client = sdk(d)
+    for _ in range(3):
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "go"}],
+            max_tokens=1900,
+            n=16,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = iter(stream)
+        next(chunks)
+        if engine_metric(d, "vllm:num_requests_running") >= 1:
+            return chunks
+        stream.close()
+    raise AssertionError("vLLM finished three 30k-token replies before this test could act")
+
+
 def test_sigkill_of_the_engine_mid_stream(vllm_daemon: DaemonProcess) -> None:
     status = engine_status(vllm_daemon)
     pid = status["pid"]
     group = [p.pid for p in engine_processes(pid)]
     assert len(group) >= 2, "expected the API server and its engine core in one group"
     watcher = StateWatcher(vllm_daemon, "tiny")
-    client = sdk(vllm_daemon)
-    stream = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "go"}],
-        max_tokens=1900,
-        n=16,  # 30k tokens: long enough that the kill lands mid-reply even on a loaded machine
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    received = 0
-    exit_watcher: ExitWatcher | None = None
+    chunks = long_reply_in_flight(vllm_daemon)
+    exit_watcher = ExitWatcher(pid)
+    os.kill(pid, signal.SIGKILL)
     with pytest.raises(openai.APIError) as err:
-        for _ in stream:
-            received += 1
-            if received == 2:
-                exit_watcher = ExitWatcher(pid)
-                os.kill(pid, signal.SIGKILL)
+        for _ in chunks:
+            pass
     assert "stopped in the middle of the reply" in str(err.value)
     # the daemon noticed the crash within 2 s of the exit, by the exit itself (the /health
     # fallback would say so in the detail)
     left_ready = watcher.wait(30)
     assert "process exited with code -9" in left_ready["detail"]
-    assert exit_watcher is not None
     assert left_ready["ts_s"] - exit_watcher.wait(30) < 2.0
     # the orphaned VLLM::EngineCore / workers of the dead server are killed with their group
     wait_for(lambda: not engine_processes(pid), 30, "the old engine group to be gone")
@@ -299,7 +310,7 @@ def test_sigkill_of_the_engine_mid_stream(vllm_daemon: DaemonProcess) -> None:
         step_s=1,
     )
     assert ready["restarts"] == 1 and ready["pid"] != pid
-    reply = client.chat.completions.create(
+    reply = sdk(vllm_daemon).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=2
     )
     assert reply.choices
