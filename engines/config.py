@@ -72,6 +72,11 @@ class Paths:
         return self.envs_override or self.data_dir / "envs"
 
     @property
+    def engine_cache_dir(self) -> Path:
+        """Caches engines rebuild when lost (compiled graphs, per env and model)."""
+        return self.cache_dir / "engines"
+
+    @property
     def trt_engines_dir(self) -> Path:
         return self.data_dir / "trt-engines"
 

@@ -286,6 +286,7 @@ class Daemon:
         device = resolve_device(profile)
         env = self.envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
+        runtime = dataclasses.replace(runtime, cache_dir=self.paths.engine_cache_dir / env.name)
         model = resolve_model(profile)
         if profile.trust_remote_code:  # hub (issue 4): the user must have trusted this model
             await self.hub.require_trust(profile.name, model)

@@ -36,11 +36,13 @@ from engines.events import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
+    EngineStartPhase,
     EngineState,
     EngineStateChanged,
     EngineStatus,
     Event,
 )
+from engines.phase_tracker import PhaseTracker
 from engines.procs import (
     EngineRecord,
     PidRegistry,
@@ -115,6 +117,7 @@ class ManagedEngine:
         self._want_running = False
         self._ready_event = asyncio.Event()
         self._log_fh: TextIO | None = None
+        self._phases = PhaseTracker(engine_id)
 
     # ----------------------------------------------------------------- public API
 
@@ -127,6 +130,7 @@ class ManagedEngine:
         return f"http://127.0.0.1:{self.port}" if self.port else None
 
     def status(self) -> EngineStatus:
+        phase, label, phase_elapsed_s = self._phases.current()
         return EngineStatus(
             self.engine_id,
             self.profile.engine,
@@ -142,6 +146,10 @@ class ManagedEngine:
             self.profile.name,
             self.runtime.device,
             str(self.runtime.version),
+            phase=phase,
+            phase_label=label,
+            phase_elapsed_s=round(phase_elapsed_s, 3),
+            phases=self._phases.times(),
         )
 
     async def start(self) -> None:
@@ -252,6 +260,7 @@ class ManagedEngine:
                 self._set_state(EngineState.FAILED, self._failure_text("failed to start"))
                 return "start_failed"
             self.ready_at_s = time.time()
+            self._publish_phase(self._phases.ready())
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
             why = await self._watch(spec)
@@ -292,6 +301,8 @@ class ManagedEngine:
         )
         self.started_at_s = time.time()
         self.ready_at_s = None
+        self._phases = PhaseTracker(self.engine_id, spec.phases)
+        self._publish_phase(self._phases.begin())
         leader = TrackedProcess.of(self._proc.pid)
         self._tracked = []
         if leader is not None:
@@ -465,11 +476,17 @@ class ManagedEngine:
             fh.write(line + "\n")
             fh.flush()
         self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
+        self._publish_phase(self._phases.feed(line))
         found = self.adapter.diagnose(line)
         if found is not None:
             if found.severity == "error":
                 self.diagnosis = found
             self._publish(EngineDiagnosed(engine_id=self.engine_id, diagnosis=found))
+
+    def _publish_phase(self, event: EngineStartPhase | None) -> None:
+        if event is not None:
+            log.info("engine %s: %s at %.1f s", self.engine_id, event.phase, event.elapsed_s)
+            self._publish(event)
 
     def _failure_text(self, what: str) -> str:
         if self.diagnosis is not None:

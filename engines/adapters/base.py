@@ -16,6 +16,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
+from engines.adapters.phases import PhaseRule
 from engines.config import Profile
 from engines.errors import UnknownFlagError
 from engines.events import Diagnosis
@@ -120,6 +121,9 @@ class EngineRuntime:
     bin_dir: Path
     device: str  # "cuda" | "cpu"
     flags: FlagSet
+    cache_dir: Path | None = None
+    """traylm's cache folder for this engine environment (compile caches, per model below it);
+    None leaves the engine's own default (tests that only build argv)."""
 
 
 RUN_DIR = "{run_dir}"
@@ -141,6 +145,9 @@ class LaunchSpec:
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
     e.g. TensorRT-LLM's --config YAML."""
+    phases: tuple[PhaseRule, ...] = ()
+    """The phases of a start in order, with the log lines that begin them (empty: the engine's
+    log is not read for progress)."""
 
 
 @dataclass(frozen=True)

