@@ -55,6 +55,7 @@ from engines.procs import PidRegistry, port_holder, reap_orphans
 from engines.store import Store
 from engines.supervisor import ManagedEngine, Prepare, Supervisor
 from engines.trt.feature import EnginesFeature
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Daemon:
         self.settings = settings or Settings()
         self.bus = EventBus()
         self.supervisor = Supervisor()
+        self.warm = WarmPool(self.settings.engines.warm_starts)
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
         self.envs = EnvManager(paths.envs_dir)
@@ -240,6 +242,7 @@ class Daemon:
             await asyncio.wait_for(self.supervisor.stop_all(), deadline)
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
+        await self.warm.close()
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)
@@ -296,6 +299,7 @@ class Daemon:
             )
         self._check_names_free(profile)
         adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        self.warm.limit = self.settings.engines.warm_starts  # the setting applies live
         hook = self.launch_hooks.get(profile.engine)
         prepare = await hook(profile, runtime=runtime, model=model) if hook else None
         engine = ManagedEngine(
@@ -309,6 +313,7 @@ class Daemon:
             pids=self.pids,
             publish=self.bus.publish,
             prepare=prepare,
+            warm=self.warm,
         )
         self.supervisor.add(engine)
         await engine.start()

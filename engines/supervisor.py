@@ -54,6 +54,7 @@ from engines.procs import (
     signal_group,
     survivors,
 )
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,10 @@ class ManagedEngine:
         pids: PidRegistry,
         publish: Publish,
         prepare: Prepare | None = None,
+        warm: WarmPool | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self._warm = warm
         self._prepare = prepare
         self.run_dir = log_path.with_suffix(".run")
         self.profile = profile
@@ -263,6 +266,7 @@ class ManagedEngine:
             self._publish_phase(self._phases.ready())
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            await self._prepare_warm(spec)
             why = await self._watch(spec)
             self._ready_event.clear()
             # Flip the state at once (the gateway stops routing here), then clean up the remains.
@@ -288,10 +292,13 @@ class ManagedEngine:
     async def _spawn(self, spec: LaunchSpec) -> None:
         spec = self._write_files(spec)
         argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
-        self._open_log([f"===== argv: {argv}"])
-        env = {**os.environ, **spec.env}
-        env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
-        self._proc = await asyncio.create_subprocess_exec(
+        env = _engine_env(spec)
+        warm = None
+        if self._warm is not None and spec.warm_argv:
+            warm = await self._warm.take(self.engine_id, spec.warm_argv, env, spec.argv)
+        note = [f"===== traylm: in warm process {warm.pid} (imports done ahead)"] if warm else []
+        self._open_log([f"===== argv: {argv}", *note])
+        self._proc = warm or await asyncio.create_subprocess_exec(
             *spec.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -308,6 +315,15 @@ class ManagedEngine:
         if leader is not None:
             self._pids.put(EngineRecord(self.engine_id, self._proc.pid, leader))
         log.info("engine %s started: pid %d port %s", self.engine_id, self._proc.pid, self.port)
+
+    async def _prepare_warm(self, spec: LaunchSpec) -> None:
+        """Start the process for this engine's next start now (it is ready: nothing to slow)."""
+        if self._warm is None or not spec.warm_argv:
+            return
+        try:
+            await self._warm.prepare(self.engine_id, spec.warm_argv, _engine_env(spec))
+        except OSError as exc:  # only a later start gets slower: say so, go on serving
+            log.warning("engine %s: no warm process for the next start: %s", self.engine_id, exc)
 
     def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
         """Write the adapter's files into the run folder; put its path into argv."""
@@ -532,6 +548,12 @@ def last_error(lines: list[str]) -> str:
                 text += " " + following.strip()
             return text
     return ""
+
+
+def _engine_env(spec: LaunchSpec) -> dict[str, str]:
+    env = {**os.environ, **spec.env}
+    env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
+    return env
 
 
 async def _drain(task: asyncio.Task[None]) -> None:

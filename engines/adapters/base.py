@@ -148,6 +148,10 @@ class LaunchSpec:
     phases: tuple[PhaseRule, ...] = ()
     """The phases of a start in order, with the log lines that begin them (empty: the engine's
     log is not read for progress)."""
+    warm_argv: tuple[str, ...] = ()
+    """A process that does this launch's slow imports ahead of time, then reads the launch's
+    whole argv from stdin (one JSON line: {"argv": [...]}) and runs it (engines/warm.py); empty
+    when the engine cannot start that way."""
 
 
 @dataclass(frozen=True)

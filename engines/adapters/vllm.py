@@ -18,7 +18,7 @@ from engines.adapters.base import (
     first_diagnosis,
     tp_env,
 )
-from engines.adapters.vllm_start import PHASES, api_server_command, cache_env
+from engines.adapters.vllm_start import PHASES, api_server_command, cache_env, warm_command
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events import Diagnosis
@@ -181,6 +181,7 @@ class VLLMAdapter:
             env=self._env(profile, runtime, model),
             served_names=profile.served_names,
             phases=PHASES,
+            warm_argv=warm_command(runtime.python),
         )
 
     def diagnose(self, line: str) -> Diagnosis | None:

@@ -41,6 +41,22 @@ def api_server_command(python: Path | str, module: str = ENTRY_MODULE) -> tuple[
     return (str(python), "-c", code)
 
 
+def warm_command(python: Path | str, module: str = ENTRY_MODULE) -> tuple[str, ...]:
+    """argv of a warm API server process (engines/warm.py): it imports ``module`` now, then
+    waits for the launch argv on stdin and runs it as ``api_server_command`` would; it exits
+    when stdin closes first (traylm stopped or went away)."""
+    code = (
+        "import json, runpy, sys\n"
+        f"import {module}\n"
+        "line = sys.stdin.readline()\n"
+        "if not line:\n"
+        "    sys.exit(0)\n"
+        "sys.argv = ['-c', *json.loads(line)['argv'][3:]]\n"
+        f"runpy.run_module({module!r}, run_name='__main__')\n"
+    )
+    return (str(python), "-c", code)
+
+
 def model_cache_key(model: str, revision: str | None) -> str:
     """A folder name for one model: readable, and unique for the exact model and revision."""
     tail = model.rstrip("/").rsplit("/", 1)[-1] or "model"

