@@ -13,8 +13,8 @@ REPEAT_S = 10.0
 
 def phase_text(status: EngineStatus) -> str:
     """ "loading weights (12 s)…" for a starting engine; "" when there is no phase to show."""
-    if status.state != EngineState.STARTING or not status.phase_label:
-        return ""
+    if status.state != EngineState.STARTING or not status.phase_label or status.phase == "ready":
+        return ""  # (ready while starting: the last launch's, during a restart's back-off)
     return f"{status.phase_label} ({status.phase_elapsed_s:.0f} s)…"
 
 

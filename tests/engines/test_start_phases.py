@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import write_toml_atomic
 from engines.events import EngineStartPhase, EngineState
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon
-from tests.fakes.fake_vllm_env import make_fake_vllm_env
+from tests.engines import test_cli
+
+# fixtures of the CLI tests: a FAKE vLLM env and a `traylm serve` process using it
+env = test_cli.env
+served = test_cli.served
 
 CPU_PHASES = ["import", "config", "engine", "weights", "compile", "kv_cache", "server", "ready"]
 
@@ -73,35 +73,11 @@ def _while_starting(status: object) -> None:
         assert status.phase_elapsed_s >= 0
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = {
-        **os.environ,
-        "TRAYLM_HOME": str(tmp_path / "home"),
-        "TRAYLM_ENVS_DIR": str(tmp_path / "envs"),
-    }
-    make_fake_vllm_env(tmp_path / "envs")
-    log = tmp_path / "serve.log"
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", "--port", str(free_loopback_port())],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    paths = Paths.from_env(env)
-    deadline = time.monotonic() + 30
-    while not paths.daemon_json.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-    yield env
-    proc.terminate()
-    proc.wait(30)
-
-
-def test_start_wait_prints_phase_lines_and_the_breakdown(served: dict[str, str]) -> None:
+def test_start_wait_prints_phase_lines_and_the_breakdown(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
     write_toml_atomic(
-        Path(served["TRAYLM_HOME"]) / "config" / "profiles" / "f.toml",
+        Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "f.toml",
         {
             "model": "org/f",
             "served_name": "f",
@@ -111,7 +87,7 @@ def test_start_wait_prints_phase_lines_and_the_breakdown(served: dict[str, str])
     )
     out = subprocess.run(
         [sys.executable, "-m", "engines", "start", "f", "--wait", "--timeout", "60"],
-        env=served,
+        env=env,
         text=True,
         capture_output=True,
         timeout=90,

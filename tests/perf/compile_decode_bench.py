@@ -2,6 +2,7 @@
 and without compilation, on the tiny test model and on a larger (still small) Llama.
 
     .venv/bin/python tests/perf/compile_decode_bench.py [--modes compile,eager] [--reps 3]
+    .venv/bin/python tests/perf/compile_decode_bench.py --device cuda   # on an NVIDIA machine
 
 For each model and mode it starts the engine with the adapter's argv and environment, sends one
 warm-up request, then measures output tokens/s of completions of --tokens tokens (ignore_eos)
@@ -86,20 +87,20 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout_s: float = 900)
 
 def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> list[str]:
     envs_dir = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", Path.home() / ".cache/traylm/test-envs"))
-    runtime = EnvManager(envs_dir).find("vllm", device="cpu").runtime()
+    runtime = EnvManager(envs_dir).find("vllm", device=args.device).runtime()
     runtime = dataclasses.replace(runtime, cache_dir=work / "cache")
     flags: list[str] = ["--enforce-eager"] if mode == "eager" else []
     if mode == "uni":
         flags += ["--distributed-executor-backend", "uni"]
     profile = profile_from_mapping(
-        "m", {"model": str(model), "served_name": "m", "device": "cpu", "dtype": "bfloat16",
+        "m", {"model": str(model), "served_name": "m", "device": args.device, "dtype": "bfloat16",
               "max_model_len": 2048, "extra_flags": flags},
     )  # fmt: skip
     port = free_loopback_port()
     spec = VLLMAdapter().launch(profile, runtime=runtime, port=port, model=str(model))
-    env = {**os.environ, **spec.env, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, **spec.env}
     env.pop("PYTHONPATH", None)
-    if mode == "eager":
+    if mode == "eager" and args.device == "cpu":
         (work / "amx").mkdir(exist_ok=True)
         (work / "amx" / "sitecustomize.py").write_text(AMX_SITECUSTOMIZE)
         env["PYTHONPATH"] = str(work / "amx")
@@ -132,12 +133,13 @@ def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="compile,eager")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--models", default="tiny,small")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     envs_dir = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", Path.home() / ".cache/traylm/test-envs"))
-    python = EnvManager(envs_dir).find("vllm", device="cpu").python
+    python = EnvManager(envs_dir).find("vllm", device=args.device).python
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         work = Path(tmp)
