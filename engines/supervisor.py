@@ -326,7 +326,10 @@ class ManagedEngine:
             log.warning("engine %s: no warm process for the next start: %s", self.engine_id, exc)
 
     def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
-        """Write the adapter's files into the run folder; put its path into argv."""
+        """Make the adapter's links; write its files into the run folder, put its path into
+        argv."""
+        for link, target in spec.links.items():
+            make_link(Path(link), Path(target))
         if not spec.files:
             return spec
         for name, text in spec.files.items():
@@ -548,6 +551,15 @@ def last_error(lines: list[str]) -> str:
                 text += " " + following.strip()
             return text
     return ""
+
+
+def make_link(link: Path, target: Path) -> None:
+    """``link`` → ``target`` (both folders made), unless ``link`` exists already."""
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink() and not link.exists():
+        with contextlib.suppress(FileExistsError):  # another start made it meanwhile
+            link.symlink_to(target, target_is_directory=True)
 
 
 def _engine_env(spec: LaunchSpec) -> dict[str, str]:

@@ -148,6 +148,9 @@ class LaunchSpec:
     phases: tuple[PhaseRule, ...] = ()
     """The phases of a start in order, with the log lines that begin them (empty: the engine's
     log is not read for progress)."""
+    links: Mapping[str, str] = field(default_factory=dict)
+    """Symlink path → target folder, made (when missing) before spawning: caches that every
+    model of one engine install shares, inside a per-model cache folder."""
     warm_argv: tuple[str, ...] = ()
     """A process that does this launch's slow imports ahead of time, then reads the launch's
     whole argv from stdin (one JSON line: {"argv": [...]}) and runs it (engines/warm.py); empty

