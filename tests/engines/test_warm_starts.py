@@ -132,11 +132,7 @@ def test_warm_process_exits_when_the_daemon_is_killed(
     assert out.returncode == 0, out.stderr
 
     def warm() -> list[psutil.Process]:
-        return [
-            p
-            for p in psutil.Process(daemon.pid).children()
-            if "--vllm-start-log" in p.cmdline() and "--port" not in p.cmdline()
-        ]
+        return [p for p in psutil.Process(daemon.pid).children() if "--warm" in p.cmdline()]
 
     deadline = time.monotonic() + 20
     while not warm():

@@ -25,11 +25,16 @@ def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True) -> Path:
     target = envs_dir / env_dir_name("vllm", FAKE_VERSION, "cpu")
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
-    # argv from the adapter: python -m MODULE FLAGS... or python -c CODE FLAGS...; the fake
-    # prints the real engine's start lines so the phases can be followed
+    # argv from the adapter: python -m MODULE FLAGS..., python -c LAUNCH_CODE FLAGS..., or the
+    # warm process's python -c WARM_CODE (flags on stdin); any other -c (an import check) fails
+    # as it would without vLLM. The fake prints the real engine's start lines (phases).
     python.write_text(
         "#!/bin/sh\n"
-        'if [ "$1" = "-m" ] || [ "$1" = "-c" ]; then shift 2; fi\n'
+        'if [ "$1" = "-m" ]; then shift 2; fi\n'
+        'if [ "$1" = "-c" ]; then case "$2" in\n'
+        '  *sys.stdin.readline*) shift 2; set -- --warm "$@" ;;\n'
+        "  *runpy.run_module*) shift 2 ;;\n"
+        "esac; fi\n"
         f'exec "{sys.executable}" "{ENGINE_SCRIPT}" --vllm-start-log "$@"\n'
     )
     python.chmod(0o755)

@@ -301,8 +301,9 @@ def vllm_start_lines(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if not any(a.startswith("--port") for a in args):
+    if "--warm" in args:
         # a warm start (engines/warm.py): the launch's argv comes as one JSON line on stdin
+        args = [a for a in args if a != "--warm"]
         print("fake engine: imports done, waiting for the launch", flush=True)
         line = sys.stdin.readline()
         if not line:
