@@ -154,13 +154,15 @@ async def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each (first, second) pair")
     ap.add_argument("--variants", default="old,new,warm")
     ap.add_argument("--starts", type=int, default=2, help="starts per run (2: first and second)")
+    ap.add_argument("--keep", type=Path, help="keep the engine logs and caches in this folder")
     args = ap.parse_args()
     default_envs = Path.home() / ".cache" / "traylm" / "test-envs"
     envs_dir = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", str(default_envs)))
     env = EnvManager(envs_dir).find("vllm", device="cpu")
     rows: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
-        work = Path(tmp)
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         base_runtime = await asyncio.to_thread(env.runtime)
         model = work / "tiny-llama"
         build_model(base_runtime, model)
