@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.errors import ChatNotFound, ConfigError
-from engines.events import CHAT_ROLES, ChatMessage, ChatSummary, ChatTranscript
+from engines.events.chat import CHAT_ROLES, ChatMessage, ChatSummary, ChatTranscript
 from engines.store import Store, dumps
 
 TITLE_MAX_CHARS = 200

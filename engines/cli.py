@@ -20,7 +20,8 @@ from engines.client import DaemonClient
 from engines.config import Paths, load_settings, replace_setting, save_settings
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
-from engines.events import EngineLogLine, EngineState, EngineStateChanged, EngineStatus, to_plain
+from engines.events.codec import to_plain
+from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")

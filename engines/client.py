@@ -22,36 +22,24 @@ import aiohttp
 from engines import __version__
 from engines.config import Paths
 from engines.errors import ControlAPIError, DaemonUnavailable
-from engines.events import (
-    BenchConfig,
-    BenchProgress,
-    BenchRun,
-    BenchRunSummary,
-    ChatSummary,
-    ChatTranscript,
-    DownloadStatus,
-    EngineState,
-    EngineStatus,
-    Event,
+from engines.events.bench import BenchConfig, BenchProgress, BenchRun, BenchRunSummary
+from engines.events.chat import ChatSummary, ChatTranscript
+from engines.events.codec import Event, from_plain, to_plain
+from engines.events.core import EngineState, EngineStatus
+from engines.events.gpu import (
     FanCurve,
     FanCurveResult,
-    FitResult,
     GPUFanStatus,
     GPUHistory,
     GPUOverview,
     GPUPresets,
     GuardStatus,
-    LocalModel,
-    ModelDetails,
-    ModelSummary,
     PowerLimitStatus,
-    RemoteStatus,
-    TRTBuildProgress,
-    TRTCacheEntry,
-    from_plain,
-    from_wire,
-    to_plain,
 )
+from engines.events.hub import DownloadStatus, FitResult, LocalModel, ModelDetails, ModelSummary
+from engines.events.registry import from_wire
+from engines.events.remote import RemoteStatus
+from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 
 JSON = dict[str, Any]
 

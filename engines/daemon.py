@@ -47,7 +47,13 @@ from engines.errors import (
     PortInUseError,
     TraylmError,
 )
-from engines.events import DaemonStopping, EngineState, EngineStatus, EnvInstallProgress, Notice
+from engines.events.core import (
+    DaemonStopping,
+    EngineState,
+    EngineStatus,
+    EnvInstallProgress,
+    Notice,
+)
 from engines.gateway.app import GatewayContext, build_app
 from engines.gateway.control import control_routes
 from engines.gateway.metrics import MetricsRegistry

@@ -32,14 +32,14 @@ import aiohttp
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings, Profile, write_bytes_atomic
 from engines.errors import EngineError, TraylmError
-from engines.events import (
+from engines.events.codec import Event
+from engines.events.core import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
     EngineState,
     EngineStateChanged,
     EngineStatus,
-    Event,
 )
 from engines.procs import (
     EngineRecord,

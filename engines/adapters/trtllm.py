@@ -31,7 +31,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 CONFIG_NAME = "trtllm-serve.yaml"
 """The generated --config file (JSON text, which YAML loaders read as YAML)."""

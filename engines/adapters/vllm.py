@@ -20,7 +20,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})

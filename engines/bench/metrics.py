@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engines.events import BenchLevel, BenchRequest, BenchTelemetry, LatencyStats
+from engines.events.bench import BenchLevel, BenchRequest, BenchTelemetry, LatencyStats
 
 DEFINITIONS = (
     "vLLM `bench serve` definitions: TTFT = first content chunk − request start; "

@@ -39,18 +39,17 @@ from engines.bench.metrics import DEFINITIONS
 from engines.bench.runner import check_config
 from engines.bench.runs import RunStore, summary
 from engines.errors import BenchError, ConfigError
-from engines.events import (
+from engines.events.bench import (
     BenchConfig,
     BenchFinished,
     BenchLevel,
     BenchProgress,
     BenchRun,
     BenchState,
-    EngineState,
-    from_plain,
-    from_wire,
-    to_plain,
 )
+from engines.events.codec import from_plain, to_plain
+from engines.events.core import EngineState
+from engines.events.registry import from_wire
 
 if TYPE_CHECKING:
     from engines.daemon import Daemon

@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from engines.config import Settings
-from engines.events import EngineState
+from engines.events.core import EngineState
 from engines.gateway.admission import Admission, QueueFull
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
 from engines.gateway.proxy import (

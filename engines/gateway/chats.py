@@ -25,7 +25,7 @@ from aiohttp import web
 from engines.bus import EventBus
 from engines.chats import ChatStore, NewMessage
 from engines.errors import ConfigError
-from engines.events import ChatChanged
+from engines.events.chat import ChatChanged
 from engines.gateway.control import json_body, ok, traylm_errors
 from engines.gateway.metrics import MetricsRegistry
 

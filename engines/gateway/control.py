@@ -20,7 +20,7 @@ from engines import __version__
 from engines.config import SECTIONS, Profile, profile_from_mapping, profile_to_mapping
 from engines.envs import env_summary
 from engines.errors import ConfigError, TraylmError
-from engines.events import to_plain
+from engines.events.codec import to_plain
 from engines.gateway.proxy import openai_error
 
 if TYPE_CHECKING:

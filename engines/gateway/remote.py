@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 
 from engines.config import RemoteSettings
 from engines.errors import ConfigError
-from engines.events import Event, RemoteRouted, RemoteStatus
+from engines.events.codec import Event
+from engines.events.remote import RemoteRouted, RemoteStatus
 from engines.gateway.proxy import Upstream
 
 log = logging.getLogger(__name__)

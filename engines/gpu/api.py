@@ -28,7 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from engines.errors import ConfigError
-from engines.events import (
+from engines.events.codec import to_plain
+from engines.events.gpu import (
     FanCurve,
     FanCurveResult,
     GPUControlChanged,
@@ -39,7 +40,6 @@ from engines.events import (
     GPUPresets,
     GuardStatus,
     PowerLimitStatus,
-    to_plain,
 )
 from engines.gateway.control import daemon_of, json_body, ok, traylm_errors
 from engines.gpu import fans as fan_curves

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import GPUError, GPUNotFound
-from engines.events import FanCurve, GPUInfo, GPUSnapshot, GPUState, to_plain
+from engines.events.codec import to_plain
+from engines.events.gpu import FanCurve, GPUInfo, GPUSnapshot, GPUState
 from engines.gpu.backend import GPUBackend, find_info
 from engines.gpu.fans import FanController, curve_from_mapping, validate_curve
 from engines.gpu.power import check_limit

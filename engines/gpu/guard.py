@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.config import GPUSettings
-from engines.events import GPUGuardAction, GPUInfo, GPUSnapshot, GPUState, GuardGPU, GuardLevel
+from engines.events.gpu import GPUGuardAction, GPUInfo, GPUSnapshot, GPUState, GuardGPU, GuardLevel
 
 log = logging.getLogger(__name__)
 

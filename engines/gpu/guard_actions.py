@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engines.errors import TraylmError
-from engines.events import EngineState, GuardLevel
+from engines.events.core import EngineState
+from engines.events.gpu import GuardLevel
 from engines.gateway.app import Pause
 from engines.gpu.guard import Step
 

@@ -25,7 +25,7 @@ from engines.errors import (
     GPUPermissionDenied,
     GPUUnavailable,
 )
-from engines.events import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
+from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import decode_clock_event_reasons, find_info
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from engines.events import EngineEnergy, GPUSnapshot, GPUState
+from engines.events.gpu import EngineEnergy, GPUSnapshot, GPUState
 from engines.gateway.metrics import Labels, fmt_labels, fmt_number
 from engines.gpu.sampler import Sampler
 

@@ -24,16 +24,15 @@ from aiohttp import web
 
 from engines.config import Settings
 from engines.errors import GPUUnavailable, HelperUnavailable, TraylmError
-from engines.events import (
+from engines.events.core import EngineState, Notice
+from engines.events.gpu import (
     EngineEnergy,
-    EngineState,
     GPUEnergyUpdated,
     GPUHelperChanged,
     GPUInfo,
     GPUProcess,
     GPUSnapshot,
     HelperStatus,
-    Notice,
     PSUStatus,
 )
 from engines.gpu.backend import GPUBackend, cuda_order

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
-from engines.events import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
+from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
 
 MIB = 1024 * 1024

@@ -21,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engines.events import FitFix, FitResult, GPUSpec, ModelDetails
+from engines.events.hub import FitFix, FitResult, GPUSpec, ModelDetails
 
 GIB = 1 << 30
 RTX_4090 = GPUSpec("NVIDIA GeForce RTX 4090", 25_757_220_864, "8.9")

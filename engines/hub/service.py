@@ -35,7 +35,9 @@ from aiohttp import web
 
 from engines.config import ProfileStore, Settings
 from engines.errors import ConfigError, HubError, ModelInUse
-from engines.events import EngineState, Event, GPUSpec, LibraryChanged, ModelDetails
+from engines.events.codec import Event
+from engines.events.core import EngineState
+from engines.events.hub import GPUSpec, LibraryChanged, ModelDetails
 from engines.gateway.control import ok, traylm_errors
 from engines.hub import fit
 from engines.hub.access import HubAccess, resolve_access

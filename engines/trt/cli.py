@@ -17,7 +17,8 @@ from typing import Any
 from engines.client import DaemonClient
 from engines.config import Paths, load_settings
 from engines.errors import ConfigError, DaemonUnavailable
-from engines.events import TRTCacheEntry, to_plain
+from engines.events.codec import to_plain
+from engines.events.trt import TRTCacheEntry
 from engines.gateway.remote import store_keyring
 from engines.trt.cache import EngineCache
 

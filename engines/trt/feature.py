@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from engines.errors import ConfigError
-from engines.events import TRTCacheEntry, to_plain
+from engines.events.codec import to_plain
+from engines.events.trt import TRTCacheEntry
 from engines.gateway.control import traylm_errors
 from engines.gateway.remote import RemoteFallback
 from engines.gateway.usage import UsageRecorder

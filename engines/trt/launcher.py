@@ -21,7 +21,8 @@ from engines.adapters.base import EngineRuntime, tp_env
 from engines.config import Profile
 from engines.envs import EnvInfo, load_flags
 from engines.errors import EngineEnvError, EngineError
-from engines.events import EngineState, Notice, TRTBuildProgress, TRTCacheEntry
+from engines.events.core import EngineState, Notice
+from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 from engines.supervisor import LogSink, Prepare
 from engines.trt.build import ETAModel, run_build
 from engines.trt.cache import CacheKey, EngineCache, mismatch_error
