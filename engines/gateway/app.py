@@ -24,12 +24,11 @@ from engines.gateway.proxy import (
     REPLY_COMPLETE,
     Upstream,
     UsageSink,
-    openai_error,
-    parse_json_body,
     relay,
 )
 from engines.gateway.security import Guard
 from engines.gateway.usage import UsageRecord
+from engines.http import openai_error, parse_json_body
 from engines.supervisor import Supervisor
 
 if TYPE_CHECKING:

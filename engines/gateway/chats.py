@@ -26,8 +26,8 @@ from engines.bus import EventBus
 from engines.chats import ChatStore, NewMessage
 from engines.errors import ConfigError
 from engines.events.chat import ChatChanged
-from engines.gateway.control import json_body, ok, traylm_errors
 from engines.gateway.metrics import MetricsRegistry
+from engines.http import json_body, ok, traylm_errors
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_MESSAGES_PER_CALL = 1000

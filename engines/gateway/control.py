@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -21,7 +20,7 @@ from engines.config import SECTIONS, Profile, profile_from_mapping, profile_to_m
 from engines.envs import env_summary
 from engines.errors import ConfigError, TraylmError
 from engines.events.codec import to_plain
-from engines.gateway.proxy import openai_error
+from engines.http import error_response, json_body, ok, traylm_errors
 
 if TYPE_CHECKING:
     from engines.daemon import Daemon
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 SSE_KEEPALIVE_S = 15.0
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def control_routes() -> list[web.RouteDef]:
@@ -43,35 +40,6 @@ def daemon_of(request: web.Request) -> Daemon:
     daemon = request.app[CONTEXT].daemon
     assert daemon is not None
     return daemon
-
-
-def error_response(exc: TraylmError) -> web.Response:
-    return openai_error(exc.http_status, exc.message, type_=exc.code, code=exc.code)
-
-
-def traylm_errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except TraylmError as exc:
-            return error_response(exc)
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
-async def json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        data = await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("the request body must be a JSON object")
-    return data
-
-
-def ok(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(to_plain(data), status=status)
 
 
 # --------------------------------------------------------------------------- status

@@ -41,13 +41,14 @@ from engines.events.gpu import (
     GuardStatus,
     PowerLimitStatus,
 )
-from engines.gateway.control import daemon_of, json_body, ok, traylm_errors
+from engines.gateway.control import daemon_of
 from engines.gpu import fans as fan_curves
 from engines.gpu import power as power_presets
 from engines.gpu.backend import find_info
 from engines.gpu.guard import THRESHOLD_FIELDS, GuardThresholds
 from engines.gpu.history import build_history
 from engines.gpu.service import GPUFeature
+from engines.http import json_body, ok, traylm_errors
 
 routes = web.RouteTableDef()
 MAX_HISTORY_S = 7 * 86400

@@ -38,7 +38,7 @@ from engines.errors import ConfigError, HubError, ModelInUse
 from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.hub import GPUSpec, LibraryChanged, ModelDetails
-from engines.gateway.control import ok, traylm_errors
+from engines.http import ok, traylm_errors
 from engines.hub import fit
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager

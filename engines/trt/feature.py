@@ -16,16 +16,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.trt import TRTCacheEntry
-from engines.gateway.control import traylm_errors
 from engines.gateway.remote import RemoteFallback
 from engines.gateway.usage import UsageRecorder
+from engines.http import json_body, ok, traylm_errors
 from engines.trt.cache import EngineCache, differences
 from engines.trt.launcher import GIB, TRTLauncher, current_environment
 
@@ -86,15 +86,15 @@ class EnginesFeature:
         return out
 
     async def list_cache(self, request: web.Request) -> web.Response:
-        return _ok(await self.entries())
+        return ok(await self.entries())
 
     async def remove_entry(self, request: web.Request) -> web.Response:
         entry_id = request.match_info["entry_id"]
         removed = await asyncio.to_thread(self.cache.remove, entry_id, self.launcher.in_use())
-        return _ok(removed)
+        return ok(removed)
 
     async def prune(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        body = await json_body(request, empty_ok=True)
         stale = bool(body.get("stale", False))
         budget = body.get("budget_gib")
         if budget is not None and (not isinstance(budget, int | float) or budget < 0):
@@ -113,30 +113,14 @@ class EnginesFeature:
             if budget is not None
             else int(self._d.settings.trt.cache_budget_gib * GIB),
         )
-        return _ok(removed)
+        return ok(removed)
 
     async def list_builds(self, request: web.Request) -> web.Response:
-        return _ok(list(self.launcher.builds.values()))
+        return ok(list(self.launcher.builds.values()))
 
     async def remote_status(self, request: web.Request) -> web.Response:
-        return _ok(self.remote.status())
+        return ok(self.remote.status())
 
     async def refresh_key(self, request: web.Request) -> web.Response:
         await self.remote.refresh_key()
-        return _ok(self.remote.status())
-
-
-def _ok(data: Any) -> web.Response:
-    return web.json_response(to_plain(data))
-
-
-async def _json(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        data = await request.json()
-    except ValueError as exc:
-        raise ConfigError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("the request body must be a JSON object")
-    return data
+        return ok(self.remote.status())
