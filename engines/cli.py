@@ -387,7 +387,9 @@ async def cmd_shutdown(args: argparse.Namespace) -> int:
 
 
 def _env_manager() -> EnvManager:
-    return EnvManager(Paths.from_env().envs_dir)
+    from engines.trt.env import ENV_EXTRAS
+
+    return EnvManager(Paths.from_env().envs_dir, extras=ENV_EXTRAS)
 
 
 async def cmd_engines_install(args: argparse.Namespace) -> int:

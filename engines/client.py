@@ -281,7 +281,7 @@ class DaemonClient:
         return await asyncio.wait_for(poll(), timeout_s)
 
     # ----------------------------------------------------------------- gpu (issue 3)
-    # GPU telemetry and control (engines/gpu/api.py). ``gpu`` is a UUID or an NVML index;
+    # GPU telemetry and control (engines/gpu/routes.py). ``gpu`` is a UUID or an NVML index;
     # "all" is accepted by restore_fans and reset_power_limit. Live samples arrive as
     # GPUSampled events: ``events(kinds=("gpu",))``.
 

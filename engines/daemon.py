@@ -39,6 +39,7 @@ from engines.config import (
     save_settings,
     write_bytes_atomic,
 )
+from engines.control.routes import control_routes
 from engines.envs import EnvManager, has_nvidia_gpu
 from engines.errors import (
     ConfigError,
@@ -55,12 +56,12 @@ from engines.events.core import (
     Notice,
 )
 from engines.gateway.app import GatewayContext, build_app
-from engines.gateway.control import control_routes
 from engines.gateway.metrics import MetricsRegistry
 from engines.procs import PidRegistry, port_holder, reap_orphans
 from engines.store import Store
 from engines.supervisor import ManagedEngine, Prepare, Supervisor
-from engines.trt.feature import EnginesFeature
+from engines.trt.env import ENV_EXTRAS
+from engines.trt.service import EnginesFeature
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Daemon:
         self.supervisor = Supervisor()
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
-        self.envs = EnvManager(paths.envs_dir)
+        self.envs = EnvManager(paths.envs_dir, extras=ENV_EXTRAS)
         self.store = Store(paths.db_path)
         self.pids = PidRegistry(paths.engine_pids_json)
         self.token = secrets.token_urlsafe(32)
@@ -148,8 +149,8 @@ class Daemon:
         features.append(EnginesFeature(self))
 
         # desktop (issue 6): chats persisted for the chat window
-        from engines.chats import ChatStore
-        from engines.gateway.chats import DesktopFeature
+        from engines.chats.routes import DesktopFeature
+        from engines.chats.store import ChatStore
 
         features.append(DesktopFeature(ChatStore(self.store), self.bus, self.registry))
 

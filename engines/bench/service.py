@@ -86,7 +86,7 @@ class BenchFeature:
         return to_plain(summary(self._job.run)) if self._job is not None else None
 
     def routes(self) -> list[web.RouteDef]:
-        from engines.bench.api import bench_routes
+        from engines.bench.routes import bench_routes
 
         return bench_routes()
 

@@ -3,7 +3,8 @@
 It runs as root (systemd system unit, installers/linux/traylm-gpud.service) and listens on a unix
 socket owned by root:traylm, mode 0660, so only members of the ``traylm`` group can talk to it.
 The protocol (engines/gpu/protocol.py) is one strict JSON object per line, rate limited per
-connection; every value is checked against the card before it is applied (engines/gpu/control.py).
+connection; every value is checked against the card before it is applied
+(engines/gpu/helper_core.py).
 
 It runs the fan-curve loop itself, so fans stay safe while the daemon is gone, and gives control
 back — every fan to the firmware, every power limit to its default — on exit, on SIGTERM/SIGINT/
@@ -39,8 +40,8 @@ from typing import Any
 from engines import __version__
 from engines.errors import ConfigError, TraylmError
 from engines.gpu.backend import GPUBackend
-from engines.gpu.control import HelperCore
 from engines.gpu.fans import curve_from_mapping
+from engines.gpu.helper_core import HelperCore
 from engines.gpu.protocol import MAX_LINE_BYTES, ProtocolError, Request, ok, parse_request, refused
 
 log = logging.getLogger("traylm-gpud")

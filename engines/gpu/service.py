@@ -1,6 +1,6 @@
 """``GPUFeature``: the daemon's GPU part. It builds the backend (NVML, the simulator with
 ``--simulate-gpus N``, or a replayed trace), runs the sampler thread, talks to traylm-gpud, runs
-the thermal guard and the energy meter, and serves the /api/gpus routes (engines/gpu/api.py).
+the thermal guard and the energy meter, and serves the /api/gpus routes (engines/gpu/routes.py).
 
 With the simulator the feature also runs an in-process traylm-gpud on the same simulated GPUs
 (a private socket in the state dir), so fan curves, power limits and the guard work end to end
@@ -36,7 +36,6 @@ from engines.events.gpu import (
     PSUStatus,
 )
 from engines.gpu.backend import GPUBackend, cuda_order
-from engines.gpu.control import HelperCore
 from engines.gpu.energy import (
     EnergyPoint,
     EnergyWindow,
@@ -47,6 +46,7 @@ from engines.gpu.energy import (
 )
 from engines.gpu.guard import GuardThresholds, Step, ThermalGuard
 from engines.gpu.helper_client import HelperClient
+from engines.gpu.helper_core import HelperCore
 from engines.gpu.helperd import HelperServer
 from engines.gpu.history import TelemetryHistory
 from engines.gpu.prometheus import gpu_exposition
@@ -130,7 +130,7 @@ class GPUFeature:
     # ----------------------------------------------------------------- Feature protocol
 
     def routes(self) -> list[web.RouteDef]:
-        from engines.gpu.api import gpu_routes
+        from engines.gpu.routes import gpu_routes
 
         return gpu_routes()
 

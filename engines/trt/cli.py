@@ -19,7 +19,7 @@ from engines.config import Paths, load_settings
 from engines.errors import ConfigError, DaemonUnavailable
 from engines.events.codec import to_plain
 from engines.events.trt import TRTCacheEntry
-from engines.gateway.remote import store_keyring
+from engines.remote.service import store_keyring
 from engines.trt.cache import EngineCache
 
 GIB = 1024**3

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.config import resources_dir, write_bytes_atomic
-from engines.envs import META_FILE, Check, EnvInfo, ProgressFn, _capture, _report
+from engines.envsteps import META_FILE, Check, EnvExtras, ProgressFn, capture, report
 from engines.errors import EngineEnvError
 from engines.trt.gpuinfo import GPUFacts, probe_gpus
 
@@ -51,7 +51,7 @@ async def after_install(target: Path, version: str, progress: ProgressFn | None)
         try:
             data = await asyncio.to_thread(_fetch, url)
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            await _report(
+            await report(
                 progress,
                 "fix",
                 f"could not fetch {url} ({exc}); mode = 'build' needs it: install again when "
@@ -59,7 +59,7 @@ async def after_install(target: Path, version: str, progress: ProgressFn | None)
             )
             continue
         write_bytes_atomic(examples / path, data)
-        await _report(progress, "fix", f"fetched {path} of TensorRT-LLM {version}")
+        await report(progress, "fix", f"fetched {path} of TensorRT-LLM {version}")
     await probe_flags(target, progress)
 
 
@@ -71,11 +71,11 @@ async def probe_flags(target: Path, progress: ProgressFn | None) -> None:
         argv = [a.format(examples=target / EXAMPLES_DIR) for a in args]
         name = f"flags-{tool}.json" if tool else "flags.json"
         try:
-            out = await _capture([python, probe, *argv])
+            out = await capture([python, probe, *argv])
             json.loads(out)
         except (EngineEnvError, ValueError) as exc:
             reason = exc.message.splitlines()[-1] if isinstance(exc, EngineEnvError) else exc
-            await _report(
+            await report(
                 progress,
                 "probe",
                 f"could not probe {tool or 'trtllm-serve'} flags ({reason}); "
@@ -83,13 +83,13 @@ async def probe_flags(target: Path, progress: ProgressFn | None) -> None:
             )
             continue
         write_bytes_atomic(target / name, out.encode())
-        await _report(progress, "probe", f"probed {tool or 'trtllm-serve'} flags")
+        await report(progress, "probe", f"probed {tool or 'trtllm-serve'} flags")
 
 
-def import_facts(env: EnvInfo) -> dict[str, str]:
+def import_facts(env_path: Path) -> dict[str, str]:
     """The versions the install's import check printed (``TRAYLM {json}``)."""
     try:
-        meta = json.loads((env.path / META_FILE).read_text())
+        meta = json.loads((env_path / META_FILE).read_text())
     except (OSError, ValueError):
         return {}
     for line in reversed(str(meta.get("import_check", "")).splitlines()):
@@ -107,8 +107,8 @@ def find_openmpi() -> str | None:
     return ctypes.util.find_library("mpi")
 
 
-async def doctor_checks(env: EnvInfo, extras: str) -> list[Check]:
-    facts = import_facts(env)
+async def doctor_checks(env_path: Path, extras: str) -> list[Check]:
+    facts = import_facts(env_path)
     gpus = await asyncio.to_thread(probe_gpus)
     checks = [gpu_architecture_check(gpus), cuda_check(gpus, facts.get("torch_cuda", ""))]
     if extras == "trtllm":
@@ -121,7 +121,7 @@ async def doctor_checks(env: EnvInfo, extras: str) -> list[Check]:
                 "" if mpi else "sudo apt install openmpi-bin libopenmpi-dev",
             )
         )
-        missing = [p for p in EXAMPLE_SCRIPTS if not (env.path / EXAMPLES_DIR / p).exists()]
+        missing = [p for p in EXAMPLE_SCRIPTS if not (env_path / EXAMPLES_DIR / p).exists()]
         checks.append(
             Check(
                 "engine-build scripts",
@@ -181,3 +181,10 @@ def _fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as resp:  # noqa: S310 - https only
         data: bytes = resp.read()
     return data
+
+
+ENV_EXTRAS: dict[str, EnvExtras] = {
+    "trtllm": EnvExtras(doctor_checks=doctor_checks, after_install=after_install),
+    "sglang": EnvExtras(doctor_checks=doctor_checks),
+}
+"""The steps EnvManager runs for the engines that need more than pip (EngineRecipe.extras)."""

@@ -253,7 +253,7 @@ def identity(profile: Profile, facts: ModelFacts, arguments: dict[str, str]) -> 
 
 
 def environment(env: EnvInfo, runtime: EngineRuntime, gpus: list[GPUFacts]) -> dict[str, str]:
-    facts = import_facts(env)
+    facts = import_facts(env.path)
     first = gpus[0]
     return {
         "tensorrt_llm": facts.get("tensorrt_llm") or str(runtime.version),

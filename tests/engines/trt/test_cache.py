@@ -131,7 +131,7 @@ def test_flag_probe_reads_a_script_parser_like_the_shipped_list() -> None:
     """The install-time probe (run in the engine env) captures a script's argparse parser; on
     the fake quantize.py it must reproduce the shipped allow-list it was built from."""
     probe = resources_dir() / "probes" / "argparse_flags.py"
-    script = Path(__file__).parents[1] / "fakes" / "fake_quantize.py"
+    script = Path(__file__).parents[2] / "fakes" / "fake_quantize.py"
     out = subprocess.run(
         [sys.executable, str(probe), "script", str(script), "trtllm-quantize"],
         capture_output=True,

@@ -23,9 +23,9 @@ from aiohttp import web
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.trt import TRTCacheEntry
-from engines.gateway.remote import RemoteFallback
 from engines.gateway.usage import UsageRecorder
 from engines.http import json_body, ok, traylm_errors
+from engines.remote.service import RemoteFallback
 from engines.trt.cache import EngineCache, differences
 from engines.trt.launcher import GIB, TRTLauncher, current_environment
 

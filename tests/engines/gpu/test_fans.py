@@ -12,7 +12,6 @@ import pytest
 
 from engines.errors import GPUError, GPUNotFound
 from engines.events import FanCurve
-from engines.gpu.control import HelperCore
 from engines.gpu.fans import (
     FanController,
     FanCurveError,
@@ -22,6 +21,7 @@ from engines.gpu.fans import (
     preset,
     validate_curve,
 )
+from engines.gpu.helper_core import HelperCore
 from engines.gpu.power import PowerLimitError
 from engines.gpu.sim import ManualClock, SimulatedBackend, sim_uuid
 

@@ -1,6 +1,6 @@
-"""The desktop feature of the daemon: ``/api/chats`` (the chat window's conversations, kept in
-SQLite through engines/chats.py) and ``/api/metrics`` (the gateway's Prometheus text behind the
-control token, so the tray can read tokens/s also when API keys guard ``/metrics``).
+"""The chats feature of the daemon: ``/api/chats`` (the chat window's conversations, kept in
+SQLite through engines/chats/store.py) and ``/api/metrics`` (the gateway's Prometheus text
+behind the control token, so the tray can read tokens/s also when API keys guard ``/metrics``).
 
 Routes (all under the control token):
 
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from engines.bus import EventBus
-from engines.chats import ChatStore, NewMessage
+from engines.chats.store import ChatStore, NewMessage
 from engines.errors import ConfigError
 from engines.events.chat import ChatChanged
 from engines.gateway.metrics import MetricsRegistry

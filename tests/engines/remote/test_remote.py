@@ -21,8 +21,8 @@ from aiohttp import web
 from engines.config import RemoteSettings, Settings
 from engines.errors import ConfigError
 from engines.events import EngineState, RemoteRouted
-from engines.gateway.remote import base_url_problem, read_keyring, store_keyring, upstream_base
 from engines.procs import free_loopback_port
+from engines.remote.service import base_url_problem, read_keyring, store_keyring, upstream_base
 from tests.conftest import RunningDaemon, fast_settings
 
 KEY_ENV = "TRAYLM_TEST_REMOTE_KEY"

@@ -278,7 +278,7 @@ def test_the_real_gpu_scripts_comparison_rules() -> None:
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "gpu" / "check_nvml.py"
+    path = Path(__file__).resolve().parents[2] / "gpu" / "check_nvml.py"
     spec = importlib.util.spec_from_file_location("check_nvml", path)
     assert spec is not None and spec.loader is not None
     check = importlib.util.module_from_spec(spec)

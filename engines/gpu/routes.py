@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engines.control.routes import daemon_of
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.gpu import (
@@ -41,7 +42,6 @@ from engines.events.gpu import (
     GuardStatus,
     PowerLimitStatus,
 )
-from engines.gateway.control import daemon_of
 from engines.gpu import fans as fan_curves
 from engines.gpu import power as power_presets
 from engines.gpu.backend import find_info

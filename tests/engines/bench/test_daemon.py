@@ -31,8 +31,8 @@ from engines.events import (
 from engines.gpu.sim import SimulatedBackend, sim_uuid
 from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon
+from tests.engines.gpu.test_daemon import feature, sim_settings
 from tests.engines.test_daemon_gateway import start_fake
-from tests.engines.test_gpu_daemon import feature, sim_settings
 
 pytestmark = pytest.mark.slow
 FIRST_TOKEN_S, TOKEN_S = 0.2, 0.02

@@ -18,7 +18,7 @@ from engines.errors import EngineEnvError
 from engines.events import EngineState
 from engines.procs import free_loopback_port
 from engines.trt.cache import CacheKey, EngineCache
-from engines.trt.env import gpu_architecture_check, import_facts
+from engines.trt.env import ENV_EXTRAS, gpu_architecture_check, import_facts
 from engines.trt.gpuinfo import GPUFacts, simulated_gpus
 from tests.conftest import fast_settings
 from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
@@ -98,8 +98,9 @@ def test_flag_lists_fall_back_to_the_release_line() -> None:
 async def test_doctor_checks_for_a_trtllm_env(paths: Any) -> None:
     make_fake_trtllm_env(paths.envs_dir, examples=False)
     (env,) = EnvManager(paths.envs_dir).list()
-    assert import_facts(env)["tensorrt"] == "10.13.3.9"
-    checks = {c.name: c for c in await EnvManager(paths.envs_dir).doctor(env)}
+    assert import_facts(env.path)["tensorrt"] == "10.13.3.9"
+    manager = EnvManager(paths.envs_dir, extras=ENV_EXTRAS)
+    checks = {c.name: c for c in await manager.doctor(env)}
     assert {"GPU architecture", "OpenMPI (tensor parallel)", "engine-build scripts"} <= set(checks)
     assert not checks["engine-build scripts"].ok
     assert "install trtllm" in checks["engine-build scripts"].fix
