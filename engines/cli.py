@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-# desktop (issue 6): `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray
+# the tray app: `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray
 # app; its options belong to desktop.app, so they are not parsed here.
 _GLOBAL_FLAGS = ("-v", "--verbose")
 _CLI_FLAGS = ("-h", "--help", "--version")
@@ -157,20 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _feature_parsers(sub: Any) -> None:
     """Each feature package adds its own subcommands (its module has add_parsers(sub))."""
-    # gpu (issue 3): traylm gpus [watch|record], fans, power
+    # gpu: traylm gpus [watch|record], fans, power
     from engines.gpu.cli import add_parsers as add_gpu_parsers
 
     add_gpu_parsers(sub)
 
-    # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
+    # hub: traylm models search|info|fit|pull|ls|rm|verify
     from engines.hub.cli import add_parsers as hub_parsers
 
     hub_parsers(sub)
 
-    # engines (issue 5): traylm engines cache ls|rm|prune, remote
+    # TensorRT-LLM engine cache and the remote fallback: traylm engines cache ls|rm|prune, remote
     trt_cli.add_parsers(sub)
-
-    # desktop (issue 6)
 
     # bench: traylm bench run|ls|show|compare|cancel|rm
     from engines.bench.cli import add_parsers as add_bench_parsers
@@ -205,7 +203,7 @@ def _engines_parser(sub: Any) -> None:
         "--tool", default="", help="TensorRT-LLM build tools: build, quantize, convert-llama"
     )
     s.set_defaults(func=cmd_engines_flags)
-    trt_cli.add_engine_parsers(esub)  # engines (issue 5): traylm engines cache ls|rm|prune
+    trt_cli.add_engine_parsers(esub)  # traylm engines cache ls|rm|prune
 
 
 def _profiles_parser(sub: Any) -> None:

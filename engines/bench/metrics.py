@@ -1,4 +1,4 @@
-"""Benchmark figures, defined as `vllm bench serve` defines them (notes/engines.md).
+"""Benchmark figures, defined as `vllm bench serve` (vLLM 0.32) defines them.
 
 Per request (times from ``time.perf_counter``):
 - TTFT = first streamed content chunk − request start;
