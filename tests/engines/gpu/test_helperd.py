@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from engines.gpu.protocol import ProtocolError, parse_request
-from engines.gpu.sim import sim_uuid
+from engines.gpu.helper_core import HelperCore
+from engines.gpu.helperd import HelperServer
+from engines.gpu.protocol import OPS, ProtocolError, parse_request
+from engines.gpu.sim import SimulatedBackend, sim_uuid
 
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 FULL = {"points": [[30, 100], [100, 100]]}
@@ -70,6 +72,13 @@ def test_protocol_refusals(line: bytes, expected: str) -> None:
         parse_request(line)
     assert expected in err.value.message
     assert err.value.code == "bad_request"
+
+
+def test_every_protocol_op_has_a_handler(tmp_path: Path) -> None:
+    """The helper dispatches through one table; an op the parser accepts but the table lacks
+    would reach clients as "unknown op"."""
+    server = HelperServer(HelperCore(SimulatedBackend(1)), tmp_path / "s.sock")
+    assert set(server._ops) == set(OPS)
 
 
 def test_protocol_accepts_a_well_formed_request() -> None:
