@@ -167,8 +167,10 @@ def _feature_parsers(sub: Any) -> None:
 
     hub_parsers(sub)
 
-    # TensorRT-LLM engine cache and the remote fallback: traylm engines cache ls|rm|prune, remote
-    trt_cli.add_parsers(sub)
+    # remote fallback: traylm remote status|set-key|clear-key
+    from engines.remote.cli import add_parsers as add_remote_parsers
+
+    add_remote_parsers(sub)
 
     # bench: traylm bench run|ls|show|compare|cancel|rm
     from engines.bench.cli import add_parsers as add_bench_parsers
@@ -241,13 +243,15 @@ def _keys_parser(sub: Any) -> None:
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     from engines.daemon import Daemon
+    from engines.settings import LiveSettings
 
     paths = Paths.from_env()
-    settings = await asyncio.to_thread(load_settings, paths.config_file)
+    overrides: dict[str, Any] = {}  # for this run only: never written to config.toml
     if args.port:
-        settings = replace_setting(settings, "gateway.port", args.port)
+        overrides["gateway.port"] = args.port
     if args.simulate_gpus is not None:
-        settings = replace_setting(settings, "gpu.simulate_gpus", args.simulate_gpus)
+        overrides["gpu.simulate_gpus"] = args.simulate_gpus
+    settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
     await Daemon(paths, settings).run()
     return 0
 
@@ -385,9 +389,12 @@ async def cmd_shutdown(args: argparse.Namespace) -> int:
 
 
 def _env_manager() -> EnvManager:
-    from engines.trt.env import ENV_EXTRAS
+    from engines.gpu.inventory import GPUInventory
+    from engines.gpu.nvml import NVMLBackend
+    from engines.trt.env import env_extras
 
-    return EnvManager(Paths.from_env().envs_dir, extras=ENV_EXTRAS)
+    inventory = GPUInventory(NVMLBackend())  # without a daemon: the real GPUs, if any
+    return EnvManager(Paths.from_env().envs_dir, extras=env_extras(inventory))
 
 
 async def cmd_engines_install(args: argparse.Namespace) -> int:

@@ -164,7 +164,7 @@ def has_nvidia_gpu() -> bool:
 class EnvManager:
     def __init__(self, envs_dir: Path, *, extras: Mapping[str, EnvExtras] | None = None) -> None:
         """``extras``: engine-specific steps by EngineRecipe.extras name (engines/trt/env.py's
-        ENV_EXTRAS); without them those steps and checks are skipped."""
+        env_extras()); without them those steps and checks are skipped."""
         self.envs_dir = envs_dir
         self._extras = dict(extras or {})
 

@@ -23,9 +23,9 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import aiohttp
 
@@ -524,8 +524,31 @@ async def _drain(task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
+class EngineView(Protocol):
+    """The engines the daemon runs, read-only (GPU telemetry, hub, TensorRT-LLM cache)."""
+
+    @property
+    def engines(self) -> Mapping[str, ManagedEngine]: ...
+
+
+class RoutingView(EngineView, Protocol):
+    """How the gateway (and a benchmark) finds the engine for a model name. ``Supervisor`` is
+    the one implementation today; models on demand will put a catalog in front of it (start the
+    engine a request asks for, stop idle ones) behind this same view."""
+
+    def route(self, model: str) -> ManagedEngine | None:
+        """The engine serving ``model``: a ready one first, else one starting or stopping;
+        None when no engine serves that name."""
+        ...
+
+    def served_models(self) -> list[tuple[str, ManagedEngine]]:
+        """(served name, engine) for every ready engine (GET /v1/models)."""
+        ...
+
+
 class Supervisor:
-    """The engines the daemon runs, keyed by engine id (the profile name)."""
+    """The engines the daemon runs, keyed by engine id (the profile name). Implements
+    RoutingView."""
 
     def __init__(self) -> None:
         self.engines: dict[str, ManagedEngine] = {}

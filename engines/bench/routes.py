@@ -9,7 +9,6 @@ from aiohttp import web
 from engines.bench.report import render_report
 from engines.bench.runs import summary
 from engines.bench.service import BenchFeature, config_from_body
-from engines.control.routes import daemon_of
 from engines.errors import ConfigError
 from engines.http import json_body, ok, traylm_errors
 
@@ -17,15 +16,16 @@ routes = web.RouteTableDef()
 MAX_REPORT_RUNS = 12
 
 
+BENCH: web.AppKey[BenchFeature] = web.AppKey("bench", BenchFeature)
+"""``request.app[BENCH]``: the benchmark feature these routes act on (mounted by the daemon)."""
+
+
 def bench_routes() -> list[web.RouteDef]:
     return list(routes)  # type: ignore[arg-type]
 
 
 def _feature(request: web.Request) -> BenchFeature:
-    for feature in daemon_of(request).features:
-        if isinstance(feature, BenchFeature):
-            return feature
-    raise ConfigError("benchmarks are not part of this daemon")
+    return request.app[BENCH]
 
 
 def _run_id(text: str) -> int:

@@ -1,36 +1,36 @@
-"""The chats feature of the daemon: ``/api/chats`` (the chat window's conversations, kept in
-SQLite through engines/chats/store.py) and ``/api/metrics`` (the gateway's Prometheus text
-behind the control token, so the tray can read tokens/s also when API keys guard ``/metrics``).
+"""The chats routes (all under the control token):
 
-Routes (all under the control token):
-
-    GET    /api/chats                      conversations, newest first
-    POST   /api/chats                      {title?, model?, system_prompt?, params?} → summary
-    GET    /api/chats/{id}                 {chat, messages}
-    PATCH  /api/chats/{id}                 {title?, model?, system_prompt?, params?} → summary
-    DELETE /api/chats/{id}
-    POST   /api/chats/{id}/messages        {messages: [...], truncate_from?: N} → transcript
-    GET    /api/metrics                    {"text": Prometheus exposition}
-
-Every change publishes ``ChatChanged`` so other windows (or a second client) can refresh.
+GET    /api/chats                      conversations, newest first
+POST   /api/chats                      {title?, model?, system_prompt?, params?} → summary
+GET    /api/chats/{id}                 {chat, messages}
+PATCH  /api/chats/{id}                 {title?, model?, system_prompt?, params?} → summary
+DELETE /api/chats/{id}
+POST   /api/chats/{id}/messages        {messages: [...], truncate_from?: N} → transcript
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
 
-from engines.bus import EventBus
-from engines.chats.store import ChatStore, NewMessage
+from engines.chats.service import ChatsFeature
+from engines.chats.store import NewMessage
 from engines.errors import ConfigError
-from engines.events.chat import ChatChanged
-from engines.gateway.metrics import MetricsRegistry
 from engines.http import json_body, ok, traylm_errors
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CHATS: web.AppKey[ChatsFeature] = web.AppKey("chats", ChatsFeature)
+"""``request.app[CHATS]``: the chats feature these routes act on (mounted by the daemon)."""
 MAX_MESSAGES_PER_CALL = 1000
+
+
+def chats_routes() -> list[web.RouteDef]:
+    return [
+        web.get("/api/chats", traylm_errors(list_chats)),
+        web.post("/api/chats", traylm_errors(create_chat)),
+        web.get("/api/chats/{chat_id}", traylm_errors(get_chat)),
+        web.patch("/api/chats/{chat_id}", traylm_errors(update_chat)),
+        web.delete("/api/chats/{chat_id}", traylm_errors(delete_chat)),
+        web.post("/api/chats/{chat_id}/messages", traylm_errors(add_messages)),
+    ]
 
 
 def _chat_id(request: web.Request) -> int:
@@ -40,86 +40,48 @@ def _chat_id(request: web.Request) -> int:
     return int(raw)
 
 
-class DesktopFeature:
-    """Routes the desktop app needs beyond the core control API. No background work."""
+async def list_chats(request: web.Request) -> web.Response:
+    return ok(await request.app[CHATS].summaries())
 
-    name = "desktop"
 
-    def __init__(self, chats: ChatStore, bus: EventBus, registry: MetricsRegistry) -> None:
-        self._chats = chats
-        self._bus = bus
-        self._registry = registry
+async def create_chat(request: web.Request) -> web.Response:
+    body = await json_body(request)
+    unknown = set(body) - {"title", "model", "system_prompt", "params"}
+    if unknown:
+        raise ConfigError(f"unknown conversation fields: {', '.join(sorted(unknown))}")
+    summary = await request.app[CHATS].create(
+        title=body.get("title", ""),
+        model=body.get("model", ""),
+        system_prompt=body.get("system_prompt", ""),
+        params=body.get("params") or {},
+    )
+    return ok(summary, status=201)
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/api/chats", traylm_errors(self.list_chats)),
-            web.post("/api/chats", traylm_errors(self.create_chat)),
-            web.get("/api/chats/{chat_id}", traylm_errors(self.get_chat)),
-            web.patch("/api/chats/{chat_id}", traylm_errors(self.update_chat)),
-            web.delete("/api/chats/{chat_id}", traylm_errors(self.delete_chat)),
-            web.post("/api/chats/{chat_id}/messages", traylm_errors(self.add_messages)),
-            web.get("/api/metrics", traylm_errors(self.metrics)),
-        ]
 
-    async def start(self) -> None:
-        return None
+async def get_chat(request: web.Request) -> web.Response:
+    return ok(await request.app[CHATS].get(_chat_id(request)))
 
-    async def stop(self) -> None:
-        return None
 
-    def _changed(self, chat_id: int, change: str) -> None:
-        self._bus.publish(ChatChanged(chat_id=chat_id, change=change))
+async def update_chat(request: web.Request) -> web.Response:
+    chat_id = _chat_id(request)
+    body = await json_body(request)
+    return ok(await request.app[CHATS].update(chat_id, body))
 
-    async def list_chats(self, request: web.Request) -> web.Response:
-        return ok(await asyncio.to_thread(self._chats.summaries))
 
-    async def create_chat(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
-        unknown = set(body) - {"title", "model", "system_prompt", "params"}
-        if unknown:
-            raise ConfigError(f"unknown conversation fields: {', '.join(sorted(unknown))}")
-        summary = await asyncio.to_thread(
-            lambda: self._chats.create(
-                title=body.get("title", ""),
-                model=body.get("model", ""),
-                system_prompt=body.get("system_prompt", ""),
-                params=body.get("params") or {},
-            )
-        )
-        self._changed(summary.chat_id, "created")
-        return ok(summary, status=201)
+async def delete_chat(request: web.Request) -> web.Response:
+    chat_id = _chat_id(request)
+    await request.app[CHATS].delete(chat_id)
+    return ok({"deleted": chat_id})
 
-    async def get_chat(self, request: web.Request) -> web.Response:
-        return ok(await asyncio.to_thread(self._chats.get, _chat_id(request)))
 
-    async def update_chat(self, request: web.Request) -> web.Response:
-        chat_id = _chat_id(request)
-        body = await json_body(request)
-        summary = await asyncio.to_thread(self._chats.update, chat_id, body)
-        self._changed(chat_id, "updated")
-        return ok(summary)
-
-    async def delete_chat(self, request: web.Request) -> web.Response:
-        chat_id = _chat_id(request)
-        await asyncio.to_thread(self._chats.delete, chat_id)
-        self._changed(chat_id, "deleted")
-        return ok({"deleted": chat_id})
-
-    async def add_messages(self, request: web.Request) -> web.Response:
-        chat_id = _chat_id(request)
-        body = await json_body(request)
-        raw = body.get("messages")
-        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES_PER_CALL:
-            raise ConfigError(f"messages must be a list of 1 to {MAX_MESSAGES_PER_CALL} messages")
-        messages = [NewMessage.parse(m, f"messages[{i}]") for i, m in enumerate(raw)]
-        truncate = body.get("truncate_from")
-        if truncate is not None and (isinstance(truncate, bool) or not isinstance(truncate, int)):
-            raise ConfigError("truncate_from must be a message position (a whole number)")
-        transcript = await asyncio.to_thread(
-            lambda: self._chats.add_messages(chat_id, messages, truncate_from=truncate)
-        )
-        self._changed(chat_id, "messages")
-        return ok(transcript)
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return ok({"text": self._registry.render()})
+async def add_messages(request: web.Request) -> web.Response:
+    chat_id = _chat_id(request)
+    body = await json_body(request)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_MESSAGES_PER_CALL:
+        raise ConfigError(f"messages must be a list of 1 to {MAX_MESSAGES_PER_CALL} messages")
+    messages = [NewMessage.parse(m, f"messages[{i}]") for i, m in enumerate(raw)]
+    truncate = body.get("truncate_from")
+    if truncate is not None and (isinstance(truncate, bool) or not isinstance(truncate, int)):
+        raise ConfigError("truncate_from must be a message position (a whole number)")
+    return ok(await request.app[CHATS].add_messages(chat_id, messages, truncate_from=truncate))

@@ -10,36 +10,31 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from engines import __version__
-from engines.config import SECTIONS, Profile, profile_from_mapping, profile_to_mapping
+from engines.config import SECTIONS, Profile, doc, profile_from_mapping, profile_to_mapping
+from engines.control.service import ControlAPI, adhoc_profile
 from engines.envs import env_summary
 from engines.errors import ConfigError, TraylmError
 from engines.events.codec import to_plain
 from engines.http import error_response, json_body, ok, traylm_errors
 
-if TYPE_CHECKING:
-    from engines.daemon import Daemon
-
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 SSE_KEEPALIVE_S = 15.0
+
+CONTROL: web.AppKey[ControlAPI] = web.AppKey("control", ControlAPI)
+"""``request.app[CONTROL]``: what these routes act on (mounted by the daemon)."""
 
 
 def control_routes() -> list[web.RouteDef]:
     return list(routes)  # type: ignore[arg-type]
 
 
-def daemon_of(request: web.Request) -> Daemon:
-    from engines.gateway.app import CONTEXT
-
-    daemon = request.app[CONTEXT].daemon
-    assert daemon is not None
-    return daemon
+def _api(request: web.Request) -> ControlAPI:
+    return request.app[CONTROL]
 
 
 # --------------------------------------------------------------------------- status
@@ -48,29 +43,13 @@ def daemon_of(request: web.Request) -> Daemon:
 @routes.get("/api/status")
 @traylm_errors
 async def status(request: web.Request) -> web.Response:
-    d = daemon_of(request)
-    ctx = d.ctx
-    return ok(
-        {
-            "version": __version__,
-            "pid": os.getpid(),
-            "url": f"http://127.0.0.1:{d.settings.gateway.port}",
-            "bind_host": d.settings.bind_host,
-            "lan_sharing": d.settings.gateway.lan_sharing,
-            "api_key_required": bool(d.settings.gateway.api_key_sha256),
-            "started_at_s": d.started_at_s,
-            "engines": [e.status() for e in d.supervisor.engines.values()],
-            "paused": ctx.pause.reason if ctx and ctx.pause else None,
-            "reaped_orphans": d.reaped,
-            **{key: provide() for key, provide in d.status_providers.items()},
-        }
-    )
+    return ok(_api(request).status.report())
 
 
 @routes.post("/api/shutdown")
 @traylm_errors
 async def shutdown(request: web.Request) -> web.Response:
-    daemon_of(request).request_stop("asked through the control API")
+    _api(request).request_stop("asked through the control API")
     return ok({"stopping": True}, status=202)
 
 
@@ -80,32 +59,32 @@ async def shutdown(request: web.Request) -> web.Response:
 @routes.get("/api/engines")
 @traylm_errors
 async def engines(request: web.Request) -> web.Response:
-    return ok([e.status() for e in daemon_of(request).supervisor.engines.values()])
+    return ok(_api(request).engines.statuses())
 
 
 @routes.post("/api/engines")
 async def start_engine(request: web.Request) -> web.Response:
     """Body: {"profile": NAME} or an ad-hoc profile {"model": M, "engine": "vllm", ...}."""
-    d = daemon_of(request)
+    api = _api(request)
     title = "cannot start engine"
     try:
         body = await json_body(request)
         if "profile" in body:
             title = f"cannot start {body['profile']}"
-            profile = await asyncio.to_thread(d.profiles.load, str(body["profile"]))
+            profile = await asyncio.to_thread(api.profiles.load, str(body["profile"]))
         else:
-            profile = d.adhoc_profile(dict(body))
+            profile = adhoc_profile(dict(body))
             title = f"cannot start {profile.name}"
-        return ok(await d.start_engine(profile), status=202)
+        return ok(await api.engines.start_engine(profile), status=202)
     except TraylmError as exc:
-        d.notify_error(title, exc)
+        api.engines.notify_error(title, exc)
         return error_response(exc)
 
 
 @routes.post("/api/engines/{engine_id}/stop")
 @traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:
-    engine = daemon_of(request).engine(request.match_info["engine_id"])
+    engine = _api(request).engines.engine(request.match_info["engine_id"])
     await engine.stop()
     return ok(engine.status())
 
@@ -113,7 +92,7 @@ async def stop_engine(request: web.Request) -> web.Response:
 @routes.post("/api/engines/{engine_id}/restart")
 @traylm_errors
 async def restart_engine(request: web.Request) -> web.Response:
-    engine = daemon_of(request).engine(request.match_info["engine_id"])
+    engine = _api(request).engines.engine(request.match_info["engine_id"])
     await engine.restart()
     return ok(engine.status(), status=202)
 
@@ -121,7 +100,7 @@ async def restart_engine(request: web.Request) -> web.Response:
 @routes.get("/api/engines/{engine_id}/logs")
 @traylm_errors
 async def engine_logs(request: web.Request) -> web.Response:
-    engine = daemon_of(request).engine(request.match_info["engine_id"])
+    engine = _api(request).engines.engine(request.match_info["engine_id"])
     try:
         tail = int(request.query.get("tail", "200"))
     except ValueError:
@@ -138,14 +117,14 @@ async def engine_logs(request: web.Request) -> web.Response:
 # --------------------------------------------------------------------------- profiles
 
 
-def _profile_view(d: Daemon, p: Profile) -> dict[str, Any]:
-    return {"name": p.name, "preset": d.profiles.is_preset(p.name), "profile": to_plain(p)}
+def _profile_view(api: ControlAPI, p: Profile) -> dict[str, Any]:
+    return {"name": p.name, "preset": api.profiles.is_preset(p.name), "profile": to_plain(p)}
 
 
 @routes.get("/api/profiles")
 @traylm_errors
 async def profiles(request: web.Request) -> web.Response:
-    d = daemon_of(request)
+    d = _api(request)
     good, broken = await asyncio.to_thread(d.profiles.load_all)
     return ok({"profiles": [_profile_view(d, p) for p in good], "broken": broken})
 
@@ -153,7 +132,7 @@ async def profiles(request: web.Request) -> web.Response:
 @routes.get("/api/profiles/{name}")
 @traylm_errors
 async def profile(request: web.Request) -> web.Response:
-    d = daemon_of(request)
+    d = _api(request)
     p = await asyncio.to_thread(d.profiles.load, request.match_info["name"])
     return ok(_profile_view(d, p))
 
@@ -162,7 +141,7 @@ async def profile(request: web.Request) -> web.Response:
 @traylm_errors
 async def save_profile(request: web.Request) -> web.Response:
     """Validate and save; ``?dry_run=1`` only validates (the profile editor's live check)."""
-    d = daemon_of(request)
+    d = _api(request)
     name = request.match_info["name"]
     body = await json_body(request)
     body.pop("name", None)
@@ -175,7 +154,7 @@ async def save_profile(request: web.Request) -> web.Response:
 @routes.delete("/api/profiles/{name}")
 @traylm_errors
 async def delete_profile(request: web.Request) -> web.Response:
-    d = daemon_of(request)
+    d = _api(request)
     await asyncio.to_thread(d.profiles.delete, request.match_info["name"])
     return ok({"deleted": request.match_info["name"]})
 
@@ -186,25 +165,22 @@ async def delete_profile(request: web.Request) -> web.Response:
 @routes.get("/api/settings")
 @traylm_errors
 async def settings(request: web.Request) -> web.Response:
-    from engines.config import doc
-
-    d = daemon_of(request)
+    d = _api(request)
     docs = {
         f"{name}.{field}": doc(cls, field)
         for name, cls in SECTIONS.items()
         for field in cls.__dataclass_fields__
     }
-    return ok({"settings": d.settings, "docs": docs})
+    return ok({"settings": d.settings.current, "docs": docs})
 
 
 @routes.patch("/api/settings")
 @traylm_errors
 async def update_settings(request: web.Request) -> web.Response:
     """Body: {"section.field": value, ...}; all are applied or none."""
-    d = daemon_of(request)
+    d = _api(request)
     body = await json_body(request)
-    await d.update_settings(body)
-    return ok({"settings": d.settings})
+    return ok({"settings": await d.settings.update(body)})
 
 
 # --------------------------------------------------------------------------- engine envs
@@ -213,7 +189,7 @@ async def update_settings(request: web.Request) -> web.Response:
 @routes.get("/api/envs")
 @traylm_errors
 async def envs(request: web.Request) -> web.Response:
-    d = daemon_of(request)
+    d = _api(request)
     found = await asyncio.to_thread(d.envs.list)
     return ok([env_summary(e) for e in found])
 
@@ -221,7 +197,7 @@ async def envs(request: web.Request) -> web.Response:
 @routes.get("/api/envs/{name}/doctor")
 @traylm_errors
 async def env_doctor(request: web.Request) -> web.Response:
-    d = daemon_of(request)
+    d = _api(request)
     name = request.match_info["name"]
     for env in await asyncio.to_thread(d.envs.list):
         if env.name == name:
@@ -234,22 +210,28 @@ async def env_doctor(request: web.Request) -> web.Response:
 async def install_env(request: web.Request) -> web.Response:
     """Body: {"engine": "vllm", "device": "cpu"|"cuda"|"auto", "version": null}. Starts the
     install in the background; progress arrives as ``env.install`` events."""
-    d = daemon_of(request)
+    d = _api(request)
     body = await json_body(request)
     engine = str(body.get("engine", ""))
     device = str(body.get("device") or "auto")
     version = body.get("version")
-    job = d.install_env(engine, device=device, version=str(version) if version else None)
+    job = d.engines.install_env(engine, device=device, version=str(version) if version else None)
     return ok(job, status=202)
 
 
-# --------------------------------------------------------------------------- events
+# --------------------------------------------------------------------------- metrics, events
+
+
+@routes.get("/api/metrics")
+@traylm_errors
+async def metrics(request: web.Request) -> web.Response:
+    return ok({"text": _api(request).metrics_text()})
 
 
 @routes.get("/api/events")
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events; ``?kinds=engine,notice`` filters by kind or kind prefix."""
-    d = daemon_of(request)
+    d = _api(request)
     kinds_param = request.query.get("kinds")
     kinds = (
         frozenset(k.strip() for k in kinds_param.split(",") if k.strip()) if kinds_param else None

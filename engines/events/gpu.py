@@ -64,6 +64,8 @@ class GPUInfo:
     driver_version: str = ""
     cuda_version: str = ""
     memory_total_bytes: int | None = None
+    compute_capability: str = ""
+    """CUDA compute capability, "8.9" (Ada); "" when the driver did not say."""
     slowdown_temperature_c: int | None = None
     shutdown_temperature_c: int | None = None
     power_default_mw: int | None = None

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from engines.events.codec import Event
+from engines.events.gpu import GPUInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +74,6 @@ class ModelDetails:
 
 
 @dataclasses.dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    memory_bytes: int
-    compute_capability: str  # "8.9" for Ada (RTX 4090)
-
-
-@dataclasses.dataclass(frozen=True)
 class FitFix:
     """One change that would make a model fit, with the verdict it would give."""
 
@@ -96,7 +90,8 @@ class FitResult:
     there is little room to spare), ``wont_fit`` (weights or one full-length sequence do not)."""
 
     engine: str
-    gpus: tuple[GPUSpec, ...]
+    gpus: tuple[GPUInfo, ...]
+    """The GPUs the estimate is for (the machine's, or RTX 4090s when it has none)."""
     tensor_parallel: int
     quantization: str | None
     kv_cache_dtype: str

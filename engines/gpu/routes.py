@@ -27,7 +27,6 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.control.routes import daemon_of
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.gpu import (
@@ -54,15 +53,16 @@ routes = web.RouteTableDef()
 MAX_HISTORY_S = 7 * 86400
 
 
+GPU: web.AppKey[GPUFeature] = web.AppKey("gpu", GPUFeature)
+"""``request.app[GPU]``: the GPU feature these routes act on (mounted by the daemon)."""
+
+
 def gpu_routes() -> list[web.RouteDef]:
     return list(routes)  # type: ignore[arg-type]
 
 
 def _feature(request: web.Request) -> GPUFeature:
-    for feature in daemon_of(request).features:
-        if isinstance(feature, GPUFeature):
-            return feature
-    raise ConfigError("GPU telemetry is not part of this daemon")
+    return request.app[GPU]
 
 
 def _dry_run(request: web.Request) -> bool:
@@ -96,7 +96,6 @@ async def overview(request: web.Request) -> web.Response:
         GPUEntry(info=i, snapshot=latest.get(i.uuid), guard_level=f.guard.level(i.uuid))
         for i in f.sampler.infos
     )
-    ctx = f.daemon.ctx
     return ok(
         GPUOverview(
             backend=f.backend.name,
@@ -108,7 +107,7 @@ async def overview(request: web.Request) -> web.Response:
             energy=tuple(f.energy.values()),
             psu=f.psu(),
             sample_interval_s=f.sampler.interval_s,
-            paused=ctx.pause.reason if ctx is not None and ctx.pause is not None else None,
+            paused=f.gateway.paused,
         )
     )
 
@@ -163,7 +162,7 @@ async def presets(request: web.Request) -> web.Response:
 
 
 def _guard_status(f: GPUFeature) -> GuardStatus:
-    th = GuardThresholds.from_settings(f.daemon.settings.gpu)
+    th = GuardThresholds.from_settings(f.settings.current.gpu)
     return GuardStatus(
         enabled=th.enabled,
         thresholds=th.as_mapping(),
@@ -189,15 +188,14 @@ async def set_guard(request: web.Request) -> web.Response:
     body = await json_body(request)
     _check_keys(body, {"guard_enabled", *THRESHOLD_FIELDS})
     changes = {f"gpu.{k}": v for k, v in body.items()}
-    new = f.daemon.settings
+    new = f.settings.current
     for dotted, value in changes.items():
         new = replace_setting(new, dotted, value)
     problems = GuardThresholds.from_settings(new.gpu).problems()
     if problems:
         raise ConfigError("guard thresholds refused: " + "; ".join(problems))
     if not _dry_run(request):
-        await f.daemon.update_settings(changes)
-        f.guard.thresholds = GuardThresholds.from_settings(f.daemon.settings.gpu)
+        await f.settings.update(changes)  # the feature's subscription gives the guard them
         return ok(_guard_status(f))
     status = _guard_status(f)
     th = GuardThresholds.from_settings(new.gpu)
@@ -262,7 +260,7 @@ async def set_fans(request: web.Request) -> web.Response:
     await helper.refresh()
     extra = tuple(str(w) for w in answer.get("warnings", []) if str(w) not in warnings)
     detail = f"{curve.name or 'custom'} curve on fans {', '.join(map(str, fan_ids))}"
-    f.daemon.bus.publish(
+    f.bus.publish(
         GPUControlChanged(uuid=info.uuid, what="fan_curve", detail=detail, simulated=info.simulated)
     )
     return ok(
@@ -313,7 +311,7 @@ async def fans_auto(request: web.Request) -> web.Response:
     answer = await helper.request("restore_fans", gpu=target)
     await helper.refresh()
     for uuid in answer.get("gpus", []):
-        f.daemon.bus.publish(
+        f.bus.publish(
             GPUControlChanged(
                 uuid=str(uuid),
                 what="fans_auto",
@@ -381,7 +379,7 @@ async def set_power(request: web.Request) -> web.Response:
         await helper.request("apply_power", gpu=info.uuid, limit_mw=limit_mw, persist=persist)
         detail = f"power limit set to {limit_mw / 1000:g} W"
     await helper.refresh()
-    f.daemon.bus.publish(
+    f.bus.publish(
         GPUControlChanged(
             uuid=info.uuid, what="power_limit", detail=detail, simulated=info.simulated
         )
@@ -399,7 +397,7 @@ async def power_reset(request: web.Request) -> web.Response:
     answer = await helper.request("restore_power", gpu=target, source="user")
     await helper.refresh()
     for uuid in answer.get("gpus", []):
-        f.daemon.bus.publish(
+        f.bus.publish(
             GPUControlChanged(
                 uuid=str(uuid),
                 what="power_reset",

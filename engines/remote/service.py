@@ -90,7 +90,10 @@ def upstream_base(url: str) -> str:
 
 
 class RemoteFallback:
-    """``GatewayContext.fallback``: (model, why) → the remote upstream, or None."""
+    """The remote fallback feature; as ``GatewayContext.fallback``: (model, why) → the remote
+    upstream, or None. /api/status gains "remote" (RemoteStatus); routes in routes.py."""
+
+    name = "remote"
 
     def __init__(
         self,
@@ -103,7 +106,15 @@ class RemoteFallback:
         self._environ = environ
         self._keyring_key: str | None = None
         self._keyring_detail = "not read yet"
+        self._started = False
         self.routed = 0
+
+    async def start(self) -> None:
+        await self.refresh_key()
+        self._started = True
+
+    async def stop(self) -> None:
+        return None
 
     async def refresh_key(self) -> None:
         """Read the keyring again (at start and after `traylm remote set-key`)."""
@@ -120,6 +131,8 @@ class RemoteFallback:
 
     def __call__(self, model: str, why: str) -> Upstream | None:
         s = self._settings()
+        if not self._started:  # the keyring's key is not read yet: answer as if off
+            return None
         if not s.enabled or model not in s.aliases or base_url_problem(s.base_url):
             return None
         key, _ = self._key()

@@ -18,13 +18,15 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from engines.config import resources_dir, write_bytes_atomic
 from engines.envsteps import META_FILE, Check, EnvExtras, ProgressFn, capture, report
 from engines.errors import EngineEnvError
-from engines.trt.gpuinfo import GPUFacts, probe_gpus
+from engines.events.gpu import GPUInfo
+from engines.gpu.inventory import Inventory, architecture, capability, sm_name
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,8 @@ def find_openmpi() -> str | None:
     return ctypes.util.find_library("mpi")
 
 
-async def doctor_checks(env_path: Path, extras: str) -> list[Check]:
+async def doctor_checks(env_path: Path, extras: str, gpus: Sequence[GPUInfo]) -> list[Check]:
     facts = import_facts(env_path)
-    gpus = await asyncio.to_thread(probe_gpus)
     checks = [gpu_architecture_check(gpus), cuda_check(gpus, facts.get("torch_cuda", ""))]
     if extras == "trtllm":
         mpi = await asyncio.to_thread(find_openmpi)
@@ -136,12 +137,12 @@ async def doctor_checks(env_path: Path, extras: str) -> list[Check]:
     return [c for c in checks if c.name]
 
 
-def gpu_architecture_check(gpus: list[GPUFacts]) -> Check:
+def gpu_architecture_check(gpus: Sequence[GPUInfo]) -> Check:
     if not gpus:
         return Check("GPU architecture", False, "no NVIDIA GPU answered NVML", "install the driver")
     parts = []
     for g in gpus:
-        cc = g.compute_capability
+        cc = capability(g.compute_capability)
         if cc >= (10, 0):
             formats = "FP8, NVFP4, AWQ, INT8"
         elif cc >= (8, 9):
@@ -150,16 +151,17 @@ def gpu_architecture_check(gpus: list[GPUFacts]) -> Check:
             formats = "AWQ, INT8 weight-only; no FP8 (use int4_awq or int8_wo)"
         else:
             formats = "too old for TensorRT-LLM 1.2"
-        parts.append(f"GPU {g.index} {g.name} ({g.sm}, {g.architecture}): {formats}")
-    ok = all(g.compute_capability >= (8, 0) for g in gpus)
+        where = f"{sm_name(g.compute_capability)}, {architecture(g.compute_capability)}"
+        parts.append(f"GPU {g.index} {g.name} ({where}): {formats}")
+    ok = all(capability(g.compute_capability) >= (8, 0) for g in gpus)
     return Check("GPU architecture", ok, "; ".join(parts), "" if ok else "use vLLM on this GPU")
 
 
-def cuda_check(gpus: list[GPUFacts], torch_cuda: str) -> Check:
+def cuda_check(gpus: Sequence[GPUInfo], torch_cuda: str) -> Check:
     """The driver must support at least the CUDA version torch was built for."""
     if not gpus or not torch_cuda:
         return Check("", True, "")
-    driver = gpus[0].cuda_driver_version
+    driver = gpus[0].cuda_version
     ok = _version_tuple(driver) >= _version_tuple(torch_cuda)
     return Check(
         "driver/CUDA",
@@ -183,8 +185,14 @@ def _fetch(url: str) -> bytes:
     return data
 
 
-ENV_EXTRAS: dict[str, EnvExtras] = {
-    "trtllm": EnvExtras(doctor_checks=doctor_checks, after_install=after_install),
-    "sglang": EnvExtras(doctor_checks=doctor_checks),
-}
-"""The steps EnvManager runs for the engines that need more than pip (EngineRecipe.extras)."""
+def env_extras(inventory: Inventory) -> dict[str, EnvExtras]:
+    """The steps EnvManager runs for the engines that need more than pip (EngineRecipe.extras);
+    the doctor reads the GPUs from ``inventory``."""
+
+    async def doctor(env_path: Path, extras: str) -> list[Check]:
+        return await doctor_checks(env_path, extras, await inventory.gpus())
+
+    return {
+        "trtllm": EnvExtras(doctor_checks=doctor, after_install=after_install),
+        "sglang": EnvExtras(doctor_checks=doctor),
+    }

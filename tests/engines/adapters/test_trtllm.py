@@ -15,15 +15,30 @@ from engines.adapters.trtllm import CONFIG_NAME, RULES, TRTLLMAdapter
 from engines.config import Profile, profile_from_mapping
 from engines.envs import load_flags
 from engines.errors import ConfigError, UnknownFlagError
+from engines.events.gpu import GPUInfo
+from engines.gpu.sim import SimulatedBackend
 from engines.trt.checks import check_build_model, check_fit, check_precision
-from engines.trt.gpuinfo import GPUFacts, simulated_gpus
 from engines.trt.model import read_model_facts
 from engines.trt.plan import BuildTools, build_arguments, plan_build
 from tests.fakes.fake_trt_env import make_tiny_hf_model
 
-ADA = simulated_gpus(2)
-AMPERE = [GPUFacts(0, "NVIDIA A100-SXM4-80GB", (8, 0), 80 * 2**30, "570.1", "12.8")]
-HOPPER = [GPUFacts(0, "NVIDIA H100", (9, 0), 80 * 2**30, "570.1", "12.8")]
+ADA = list(SimulatedBackend(2).open())  # the simulator's RTX 4090s, as the inventory has them
+
+
+def _gpu(name: str, cc: str) -> GPUInfo:
+    return GPUInfo(
+        uuid=f"GPU-{name}",
+        index=0,
+        name=name,
+        compute_capability=cc,
+        memory_total_bytes=80 * 2**30,
+        driver_version="570.1",
+        cuda_version="12.8",
+    )
+
+
+AMPERE = [_gpu("NVIDIA A100-SXM4-80GB", "8.0")]
+HOPPER = [_gpu("NVIDIA H100", "9.0")]
 
 
 def runtime() -> EngineRuntime:

@@ -16,10 +16,12 @@ from engines.config import GPUSettings
 from engines.envs import RECIPES, EngineRecipe, EnvManager, _python_for, load_flags
 from engines.errors import EngineEnvError
 from engines.events import EngineState
+from engines.events.gpu import GPUInfo
+from engines.gpu.inventory import GPUInventory
+from engines.gpu.sim import SimulatedBackend
 from engines.procs import free_loopback_port
 from engines.trt.cache import CacheKey, EngineCache
-from engines.trt.env import ENV_EXTRAS, gpu_architecture_check, import_facts
-from engines.trt.gpuinfo import GPUFacts, simulated_gpus
+from engines.trt.env import env_extras, gpu_architecture_check, import_facts
 from tests.conftest import fast_settings
 from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
 
@@ -99,7 +101,8 @@ async def test_doctor_checks_for_a_trtllm_env(paths: Any) -> None:
     make_fake_trtllm_env(paths.envs_dir, examples=False)
     (env,) = EnvManager(paths.envs_dir).list()
     assert import_facts(env.path)["tensorrt"] == "10.13.3.9"
-    manager = EnvManager(paths.envs_dir, extras=ENV_EXTRAS)
+    extras = env_extras(GPUInventory(SimulatedBackend(2)))
+    manager = EnvManager(paths.envs_dir, extras=extras)
     checks = {c.name: c for c in await manager.doctor(env)}
     assert {"GPU architecture", "OpenMPI (tensor parallel)", "engine-build scripts"} <= set(checks)
     assert not checks["engine-build scripts"].ok
@@ -108,10 +111,14 @@ async def test_doctor_checks_for_a_trtllm_env(paths: Any) -> None:
 
 
 def test_gpu_architecture_check_names_what_each_gpu_runs() -> None:
-    ada = gpu_architecture_check(simulated_gpus(1))
+    ada = gpu_architecture_check(SimulatedBackend(1).open())
     assert ada.ok and "sm_89, Ada): FP8 (weights and KV cache), AWQ, INT8; not NVFP4" in ada.detail
     ampere = gpu_architecture_check(
-        [GPUFacts(0, "NVIDIA GeForce RTX 3090", (8, 6), 24 * 2**30, "570", "12.8")]
+        [
+            GPUInfo(
+                uuid="GPU-3090", index=0, name="NVIDIA GeForce RTX 3090", compute_capability="8.6"
+            )
+        ]
     )
     assert ampere.ok and "no FP8 (use int4_awq or int8_wo)" in ampere.detail
     assert not gpu_architecture_check([]).ok

@@ -209,7 +209,7 @@ async def test_build_miss_then_cache_hit_then_eta_for_the_next_build(
     entry = entries[0]
     assert entry.in_use_by == ("built",)
     assert entry.environment["tensorrt_llm"] == "1.2.1"
-    assert entry.environment["gpu"] == "NVIDIA GeForce RTX 4090"
+    assert entry.environment["gpu"] == "NVIDIA GeForce RTX 4090 (simulated)"  # the inventory's
     assert entry.environment["compute_capability"] == "8.9"
     assert entry.arguments["build.use_fp8_context_fmha"] == "disable"  # Ada: no FP8 FMHA
     assert entry.arguments["checkpoint.qformat"] == "fp8"
