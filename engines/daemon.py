@@ -36,7 +36,6 @@ from engines.errors import PortInUseError, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import DaemonStopping
 from engines.gateway.app import build_app
-from engines.gateway.metrics import MetricsRegistry
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
@@ -44,6 +43,7 @@ from engines.gpu.service import GPUFeature
 from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
+from engines.metrics import MetricsRegistry
 from engines.procs import PidRegistry, port_holder, reap_orphans
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback

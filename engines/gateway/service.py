@@ -19,11 +19,12 @@ from aiohttp import web
 from engines.config import Settings
 from engines.events.core import EngineState
 from engines.gateway.admission import Admission
-from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
+from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import Upstream, UsageSink
 from engines.gateway.security import Guard
 from engines.gateway.usage import UsageRecord
 from engines.http import openai_error
+from engines.metrics import MetricsRegistry
 from engines.settings import SettingsView
 from engines.supervisor import RoutingView
 

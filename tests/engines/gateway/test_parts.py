@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from engines.gateway.admission import Admission, QueueFull
-from engines.gateway.metrics import MetricsRegistry
 from engines.gateway.proxy import whole_events
 from engines.gateway.security import Guard, hash_key
+from engines.metrics import MetricsRegistry
 
 
 async def test_admission_queues_in_order_then_refuses() -> None:
