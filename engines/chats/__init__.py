@@ -1,1 +1,2 @@
-"""chats"""
+"""Chats: the chat window's conversations (store.py), the feature (service.py), /api/chats
+(routes.py)."""
