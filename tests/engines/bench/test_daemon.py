@@ -163,9 +163,8 @@ async def test_run_through_the_gateway_figures_telemetry_and_storage(
 
 
 def feature_runs(d: RunningDaemon) -> Any:
-    from engines.bench.service import BenchFeature
 
-    return next(f for f in d.daemon.features if isinstance(f, BenchFeature)).runs
+    return d.daemon.bench.runs
 
 
 async def traylm(*args: str) -> tuple[int, str]:
@@ -257,7 +256,7 @@ async def test_interrupted_by_daemon_stop_and_marked_on_next_start(
             event = await asyncio.wait_for(sub.get(), 30)
             if isinstance(event, BenchProgress) and event.phase == "measure":
                 break
-    bench = next(f for f in d.daemon.features if f.name == "bench")
+    bench = d.daemon.bench
     await bench.stop()  # what the daemon does on its way out
     runs = feature_runs(d)
     stored = await asyncio.to_thread(runs.get, run.id)

@@ -45,7 +45,7 @@ def sim_settings(**gpu: Any) -> Settings:
 
 
 def feature(d: RunningDaemon) -> GPUFeature:
-    return next(f for f in d.daemon.features if isinstance(f, GPUFeature))
+    return d.daemon.gpu
 
 
 async def until(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
