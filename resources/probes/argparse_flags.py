@@ -33,6 +33,23 @@ def _vllm_parser() -> argparse.ArgumentParser:
     raise SystemExit("cannot find vLLM's make_arg_parser in this version")
 
 
+def _vllm_parser_choices(flags: dict[str, dict[str, object]]) -> None:
+    """vLLM leaves --tool-call-parser and --reasoning-parser open in argparse (plugins can add
+    names) and keeps the built-in names in two registries: record those as the choices."""
+    registries = {
+        "--tool-call-parser": ("vllm.tool_parsers", "ToolParserManager"),
+        "--reasoning-parser": ("vllm.reasoning", "ReasoningParserManager"),
+    }
+    for flag, (module, manager) in registries.items():
+        if flag not in flags:
+            continue
+        try:
+            names = getattr(importlib.import_module(module), manager).list_registered()
+        except (ImportError, AttributeError):  # an older layout: leave the flag open
+            continue
+        flags[flag]["choices"] = sorted(str(n) for n in names)
+
+
 def _sglang_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -139,6 +156,8 @@ def _probe(what: str) -> dict[str, object]:
     else:
         parser = {"vllm": _vllm_parser, "sglang": _sglang_parser}[what]()
         flags, engine, version = _describe(parser), what, _version(what, f"{what}-cpu")
+        if what == "vllm":
+            _vllm_parser_choices(flags)
     return {"engine": engine, "version": version, "style": style, "flags": flags}
 
 
