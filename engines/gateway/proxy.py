@@ -71,18 +71,28 @@ async def relay(
     connect_timeout_s: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    content_type: str = "application/json",
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
+    """Relay ``request`` (its method, path and query) with ``body`` to ``upstream``.
+    ``on_first_events`` sees the first whole events of a streamed reply (the Responses route
+    reads the response id there)."""
     started = time.perf_counter()
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": content_type,
         "Accept": request.headers.get("Accept", "*/*"),
         **upstream.headers,
     }
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
-    route = request.path
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        resp_cm = session.post(
-            upstream.base_url + route, data=body, headers=headers, timeout=timeout
+        resp_cm = session.request(
+            request.method,
+            upstream.base_url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
         )
         upstream_resp = await resp_cm
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -99,7 +109,9 @@ async def relay(
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(request, upstream_resp, upstream, model, started, metrics, usage)
+            return await _stream(
+                request, upstream_resp, upstream, model, started, metrics, usage, on_first_events
+            )
         data = await upstream_resp.read()
         prompt, completion = _count_usage(data, model, metrics, chunks=0)
         if usage is not None:
@@ -130,6 +142,7 @@ async def _stream(
     started: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
@@ -154,6 +167,9 @@ async def _stream(
             cut = whole_events(data)
             data, partial = data[:cut], data[cut:]
             if data:
+                if on_first_events is not None:
+                    on_first_events(data)
+                    on_first_events = None
                 chunks += data.count(b"data: {")
                 tail = (tail + data)[-2048:]
                 await resp.write(data)
