@@ -189,7 +189,7 @@ def explain_engine_error(
         if caps.routes is not None and caps.tasks is not None:
             text = task_message(caps, route, model)
         return api_error(path, 404, text, type_="not_found", code="route_not_served")
-    if resp.status == 400 and "requires --tool-call-parser" in message:
+    if resp.status == 400 and "requires" in message and "--tool-call-parser" in message:
         return api_error(path, 400, tools_message(caps, model), code="tool_parser_missing")
     if resp.status == 404 and message.startswith("Response with id") and not caps.stores_responses:
         return api_error(
