@@ -42,6 +42,9 @@ _FIX = {
     '"openai/whisper-large-v3-turbo") and send the audio to its served name',
 }
 _PREFERRED = ("generate", "embed", "classify", "transcription")
+# A route served by several kinds of model is suggested with the one it is meant for: rerank
+# and score take embedding models too, but a reranker (classification model) is what users want.
+_SUGGESTED = ("generate", "classify", "embed", "transcription")
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def task_message(caps: Capabilities, route: str, model: str) -> str:
     kind = _KIND.get(task, f"a {'/'.join(sorted(caps.tasks))} model")
     arch = f" ({', '.join(caps.architectures)})" if caps.architectures else ""
     serving = caps.routes.tasks_serving("POST", route) or caps.routes.tasks_serving("GET", route)
-    needed = next((t for t in _PREFERRED if t in serving), "")
+    needed = next((t for t in _SUGGESTED if t in serving), "")
     wants = f": that needs {_KIND[needed]}" if needed else ""
     fix = _FIX.get(needed, "serve a model that supports it in another profile")
     return (
