@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.shapes import is_anthropic
 from engines.http import openai_error
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,14 @@ HOP_HEADERS = frozenset(
 )
 
 
-def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
+def sse_error(
+    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+) -> bytes:
+    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    if anthropic:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -186,7 +194,8 @@ async def _stream(
         await resp.write(
             sse_error(
                 f"engine {upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); traylm is restarting it: retry shortly"
+                f"({type(exc).__name__}); traylm is restarting it: retry shortly",
+                anthropic=is_anthropic(request.path),
             )
         )
     prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)

@@ -12,9 +12,11 @@ older fast tests name models like ``org/fake`` that have no folder).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -159,8 +161,18 @@ class FakeAPIs:
             return web.json_response(message)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        deltas = 0
         for name, data in _message_events(message, words):
-            await resp.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            event = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            await resp.write(event)
+            deltas += name == "content_block_delta"
+            if self.args.crash_after_tokens and deltas >= self.args.crash_after_tokens:
+                await resp.write(event[: len(event) // 2])  # killed mid-write, as vLLM was
+                await resp.drain()
+                await asyncio.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.args.token_delay:
+                await asyncio.sleep(self.args.token_delay)
         return resp
 
     async def count_tokens(self, request: web.Request) -> web.Response:

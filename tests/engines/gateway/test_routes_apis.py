@@ -310,3 +310,19 @@ async def test_tools_need_a_tool_parser(daemon: RunningDaemon, tmp_path: Path) -
             tools=[{"name": "f", "input_schema": {"type": "object"}}],
         )
     await client.close()
+
+
+async def test_an_engine_dying_mid_messages_stream_ends_it_with_an_anthropic_error(
+    daemon: RunningDaemon,
+) -> None:
+    """The anthropic SDK ignores events it does not know: an OpenAI-shaped error event would
+    leave it with a silently cut reply. It gets Anthropic's ``error`` event and raises."""
+    await start_fake(daemon, args="--crash-after-tokens 3 --token-delay 0.05")
+    received: list[str] = []
+    with pytest.raises(anthropic.APIError, match="stopped in the middle of the reply"):
+        async with anthropic_sdk(daemon).messages.stream(
+            model="fake", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            async for text in stream.text_stream:
+                received.append(text)
+    assert received == ["w0 ", "w1 ", "w2 "]  # what came before the crash did arrive
