@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from engines.events.core import EngineState
-from engines.gateway.capabilities import explain_engine_error
+from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.forward import route_of
 from engines.gateway.proxy import Upstream, relay
 from engines.gateway.response_owners import MAX_REMEMBERED
@@ -40,6 +40,10 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
             code="response_not_found",
         )
     caps = await ctx.capabilities.of(engine)
+    model = engine.served_names[0]
+    problem = route_problem(caps, request.method, route_of(request), request.path, model)
+    if problem is not None:  # a version with create but without retrieve or cancel
+        return problem
     upstream = Upstream(engine.engine_id, engine.base_url, {})
     resp = await _relay_stored(request, ctx, upstream)
     if resp.prepared or not isinstance(resp, web.Response) or resp.status < 400:
@@ -50,7 +54,7 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
         method=request.method,
         route=route_of(request),
         path=request.path,
-        model=engine.served_names[0],
+        model=model,
     )
 
 

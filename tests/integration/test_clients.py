@@ -4,7 +4,6 @@ kept). The tiny model says random tokens, so these check shapes and the protocol
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,36 +212,30 @@ def test_langchain_openai(vllm_daemon: DaemonProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def litellm_module() -> Any:
-    # litellm fetches a price list from GitHub at import unless told to use its bundled copy
-    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    import litellm
+def litellm_module() -> Iterator[Any]:
+    with pytest.MonkeyPatch.context() as env:
+        # litellm fetches a price list from GitHub at import unless told to use its own copy
+        env.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
 
-    litellm.telemetry = False
-    return litellm
+        litellm.telemetry = False
+        yield litellm
 
 
 @pytest.mark.parametrize("prefix", ["openai", "hosted_vllm"])
 def test_litellm_completion(vllm_daemon: DaemonProcess, litellm_module: Any, prefix: str) -> None:
-    reply = litellm_module.completion(
-        model=f"{prefix}/tiny",
-        api_base=vllm_daemon.url + "/v1",
-        api_key="unused",
-        messages=HI,
-        max_tokens=5,
-        num_retries=0,
-    )
+    call = {
+        "model": f"{prefix}/tiny",
+        "api_base": vllm_daemon.url + "/v1",
+        "api_key": "unused",
+        "messages": HI,
+        "max_tokens": 5,
+        "num_retries": 0,
+    }
+    reply = litellm_module.completion(**call)
     assert reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens >= 1
-    stream = litellm_module.completion(
-        model=f"{prefix}/tiny",
-        api_base=vllm_daemon.url + "/v1",
-        api_key="unused",
-        messages=HI,
-        max_tokens=5,
-        stream=True,
-    )
-    assert [chunk for chunk in stream]
+    assert list(litellm_module.completion(**call, stream=True))
 
 
 def test_litellm_responses(vllm_daemon: DaemonProcess, litellm_module: Any) -> None:
