@@ -19,6 +19,7 @@ from aiohttp import web
 
 from engines.gateway.proxy import REPLY_COMPLETE
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
+from engines.gateway.security import Guard
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.gateway.shapes import api_error
 
@@ -125,9 +126,7 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
                 "(traylm's own tools read it for you)",
                 type_="unauthorized",
             )
-    elif path not in OPEN_ROUTES and not guard.key_ok(
-        request.headers.get("Authorization"), request.headers.get("x-api-key")
-    ):
+    elif path not in OPEN_ROUTES and not _key_ok(request, guard):
         return api_error(
             path,
             401,
@@ -137,6 +136,11 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
         )
     resp = await handler(request)
     return _cors(resp, origin) if origin else resp
+
+
+def _key_ok(request: web.Request, guard: Guard) -> bool:
+    """An API key as OpenAI clients send it (Bearer) or as Anthropic's do (x-api-key)."""
+    return guard.key_ok(request.headers.get("Authorization"), request.headers.get("x-api-key"))
 
 
 def _token_ok(request: web.Request, token: str) -> bool:

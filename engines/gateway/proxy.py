@@ -82,9 +82,8 @@ async def relay(
     content_type: str = "application/json",
     on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
-    """Relay ``request`` (its method, path and query) with ``body`` to ``upstream``.
-    ``on_first_events`` sees the first whole events of a streamed reply (the Responses route
-    reads the response id there)."""
+    """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
+    whole events of a stream (the Responses route reads the response id there)."""
     started = time.perf_counter()
     headers = {
         "Content-Type": content_type,
