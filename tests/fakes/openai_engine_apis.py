@@ -77,6 +77,8 @@ class FakeAPIs:
         self.args = args
         self.store = os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE") == "1"
         self.responses: dict[str, dict[str, Any]] = {}
+        self.ids: dict[str, int] = {}
+        self.vocab: dict[int, str] = {}
 
     def _served(self, body: dict[str, Any]) -> web.Response | None:
         if self.args.accept_any_model or body.get("model") in self.args.served_model_name:
@@ -182,14 +184,27 @@ class FakeAPIs:
     # ------------------------------------------------------------------ tokenize
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        """One token per word (the fake model's own numbered words are words too); a chat
+        costs its words plus a small template: 3 tokens a message and 1 for the reply's start."""
         body = await request.json()
-        text = body.get("prompt") or json.dumps(body.get("messages", ""))
-        tokens = [ord(c) for c in text]
+        if "messages" in body:
+            words = [w for m in body["messages"] for w in str(m.get("content", "")).split()]
+            template = 3 * len(body["messages"]) + int(bool(body.get("add_generation_prompt")))
+            tokens = [self._token(w) for w in words] + [0] * template
+        else:
+            tokens = [self._token(w) for w in str(body.get("prompt", "")).split()]
         return web.json_response({"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
-        return web.json_response({"prompt": "".join(chr(t) for t in body.get("tokens", []))})
+        words = [self.vocab[t] for t in body.get("tokens", []) if t in self.vocab]
+        return web.json_response({"prompt": " ".join(words)})
+
+    def _token(self, word: str) -> int:
+        if word not in self.ids:
+            self.ids[word] = len(self.ids) + 1
+            self.vocab[self.ids[word]] = word
+        return self.ids[word]
 
     # ------------------------------------------------------------------ pooling
 

@@ -179,11 +179,13 @@ async def test_models_retrieve_tokenize_rerank_score_and_audio(daemon: RunningDa
     )
     assert transcript.text == "w0 w1 (104 bytes)"
     async with aiohttp.ClientSession() as http:
-        async with http.post(daemon.url + "/tokenize", json={"model": "fake", "prompt": "ab"}) as r:
-            assert (await r.json())["tokens"] == [97, 98]
-        body = {"model": "fake", "tokens": [97, 98]}
+        body = {"model": "fake", "prompt": "hello big world"}
+        async with http.post(daemon.url + "/tokenize", json=body) as r:
+            tokens = (await r.json())["tokens"]
+            assert len(tokens) == 3
+        body = {"model": "fake", "tokens": tokens[1:]}
         async with http.post(daemon.url + "/detokenize", json=body) as r:
-            assert (await r.json())["prompt"] == "ab"
+            assert (await r.json())["prompt"] == "big world"
         body = {"model": "fake", "query": "q", "documents": ["a", "b"]}
         async with http.post(daemon.url + "/v1/rerank", json=body) as r:
             assert [x["index"] for x in (await r.json())["results"]] == [0, 1]
