@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 _PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-REPLY_COMPLETE = "traylm.reply_complete"
+REPLY_COMPLETE = web.RequestKey("traylm.reply_complete", bool)
 """Request key set once the last byte of a streamed reply was written (see error_middleware)."""
 HOP_HEADERS = frozenset(
     {
@@ -163,20 +163,24 @@ async def _stream(
     await resp.prepare(request)
     first = True
     chunks = 0
-    tail = b""
+    counted = b""  # the last events that carried token counts (usage)
     partial = b""  # the start of an event whose end has not arrived yet
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
                 metrics.ttft.observe(time.perf_counter() - started, model=model)
                 first = False
-            data = partial + chunk if partial else chunk
-            cut = whole_events(data)
-            data, partial = data[:cut], data[cut:]
-            if data:
-                chunks += data.count(b"data: {")
-                tail = (tail + data)[-2048:]
-                await resp.write(data)
+            if partial:
+                chunk, partial = partial + chunk, b""
+            if not chunk.endswith(EVENT_ENDS):  # usually it does: one token, one whole event
+                cut = whole_events(chunk)
+                chunk, partial = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
+            chunks += chunk.count(b"data: {")
+            if b'"completion_tokens"' in chunk:
+                counted = chunk
+            await resp.write(chunk)
         if partial:  # the engine ended without the closing blank line: pass it on as it is
             await resp.write(partial)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
@@ -193,7 +197,7 @@ async def _stream(
                 f"({type(exc).__name__}); traylm is restarting it: retry shortly"
             )
         )
-    prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)
+    prompt, completion = _count_usage(counted, model, metrics, chunks=chunks)
     if usage is not None:
         usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
@@ -201,11 +205,14 @@ async def _stream(
     return resp
 
 
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
 def whole_events(data: bytes) -> int:
     """The length of the part of ``data`` made of whole server-sent events (each ends with a
     blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
     the client half an event glued to the error event that follows."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
+    ends = [i + len(sep) for sep in EVENT_ENDS if (i := data.rfind(sep)) >= 0]
     return max(ends, default=0)
 
 

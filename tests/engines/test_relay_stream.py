@@ -1,0 +1,116 @@
+"""The streaming relay (engines/gateway/proxy.py) between a real aiohttp client and a real
+upstream server that writes server-sent events cut at awkward places: whole events only, the
+bytes unchanged, and the token counts taken from the engine's usage (not the chunk count)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
+from engines.gateway.proxy import Upstream, relay
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}\n\n'
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + TOKEN + TOKEN + USAGE + DONE
+
+
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def upstream_app(pieces: Sequence[bytes]) -> web.Application:
+    """A FAKE engine that writes ``pieces`` one by one, flushing each."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in pieces:
+            await resp.write(piece)
+            await asyncio.sleep(0.005)  # shapes the stream into separate reads; asserts no timing
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def gateway_app(upstream_url: str, records: list[tuple[int, int | None, int | None]]) -> Any:
+    registry = MetricsRegistry()
+    metrics = GatewayMetrics(registry)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            return await relay(
+                request,
+                session=session,
+                upstream=Upstream("fake", upstream_url, {}),
+                body=await request.read(),
+                model="m",
+                connect_timeout_s=5,
+                metrics=metrics,
+                usage=lambda status, p, c, _s: records.append((status, p, c)),
+            )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app, registry
+
+
+CUTS = {
+    "one event per write": [ROLE, TOKEN, TOKEN, USAGE, DONE],
+    "cut inside events": [STREAM[:30], STREAM[30:90], STREAM[90:200], STREAM[200:]],
+    "usage cut in two": [ROLE + TOKEN + TOKEN + USAGE[:40], USAGE[40:] + DONE],
+    "byte by byte at the end": [ROLE + TOKEN + TOKEN, *(bytes([b]) for b in USAGE + DONE)],
+}
+
+
+@pytest.mark.parametrize("pieces", list(CUTS.values()), ids=list(CUTS))
+async def test_events_pass_whole_and_usage_is_counted(pieces: list[bytes]) -> None:
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream_app(pieces)):
+        app, registry = gateway_app(up, records)
+        async for gw in serve(app):
+            reads: list[bytes] = []
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(gw + "/v1/chat/completions", json={"stream": True}) as resp,
+            ):
+                assert resp.headers["Content-Type"] == "text/event-stream"
+                assert resp.headers["X-Traylm-Engine"] == "fake"
+                async for chunk in resp.content.iter_any():
+                    reads.append(chunk)
+    assert b"".join(reads) == STREAM
+    assert all(r.endswith(b"\n\n") for r in reads)  # never half an event
+    assert records == [(200, 5, 9)]  # the engine's usage, though only 2 chunks had text
+    text = registry.render()
+    assert 'traylm_prompt_tokens_total{model="m"} 5' in text
+    assert 'traylm_generation_tokens_total{model="m"} 9' in text
+
+
+async def test_without_usage_the_text_events_are_counted() -> None:
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream_app([ROLE, TOKEN, TOKEN, TOKEN, DONE])):
+        app, _ = gateway_app(up, records)
+        async for gw in serve(app):
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(gw + "/v1/chat/completions", json={"stream": True}) as resp,
+            ):
+                assert await resp.read() == ROLE + TOKEN * 3 + DONE
+    assert records == [(200, None, 3)]  # the role event is not a token
