@@ -56,7 +56,7 @@ def run_command(coro: Coroutine[Any, Any, int], *, fast_loop: bool = False) -> i
         except ImportError:
             log.debug("uvloop is not installed; the daemon runs on asyncio's own event loop")
         else:
-            log.info("event loop: uvloop %s", uvloop.__version__)
+            log.info("event loop: uvloop")
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 return runner.run(coro)
     return asyncio.run(coro)
