@@ -142,6 +142,15 @@ async def relay(
         upstream_resp.close()
 
 
+class EventStreamResponse(web.StreamResponse):
+    """A streamed reply whose status line and headers leave with its first event, in one write
+    and one TCP segment (a StreamResponse sends them alone at prepare(); aiohttp's Response
+    already holds them back like this). The client then sees the 200 with the first token
+    rather than when the engine accepted the request; the first token itself is not later."""
+
+    _send_headers_immediately = False
+
+
 async def _stream(
     request: web.Request,
     upstream_resp: aiohttp.ClientResponse,
@@ -159,7 +168,7 @@ async def _stream(
     }
     if upstream.remote:
         headers["X-Traylm-Route"] = "remote"
-    resp = web.StreamResponse(status=200, headers=headers)
+    resp = EventStreamResponse(status=200, headers=headers)
     await resp.prepare(request)
     first = True
     chunks = 0
