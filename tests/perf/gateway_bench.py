@@ -412,8 +412,8 @@ def summary(runs: dict[tuple[int, int], dict[str, Result]]) -> None:
             seen.setdefault((level, name), []).append(r)
             directs.setdefault((level, name), []).append(rs["direct"])
     print(
-        "\nSummary over repeats (min–max): ratio to direct | TTFT added p50 / p99 (ms) | "
-        "gateway CPU ms per 1k tokens"
+        "\nSummary over repeats, median [min–max]: ratio to direct | TTFT added p50 / p99 (ms) | "
+        "gateway CPU µs per token"
     )
     for (level, name), rs in sorted(seen.items()):
         if name == "direct":
@@ -425,10 +425,11 @@ def summary(runs: dict[tuple[int, int], dict[str, Result]]) -> None:
         p50 = [(r.ttft(50) - d.ttft(50)) * 1000 for r, d in pairs]
         p99 = [(r.ttft(99) - d.ttft(99)) * 1000 for r, d in pairs]
         cpu = [r.cpu_s / r.tokens * 1e6 for r in rs if r.cpu_s is not None and r.tokens]
-        cpu_text = f"{min(cpu):.0f}–{max(cpu):.0f}" if cpu else "-"
+        cpu_text = f"{statistics.median(cpu):.0f} [{min(cpu):.0f}–{max(cpu):.0f}]" if cpu else "-"
         print(
-            f"{level:>5} {name:<16} {min(ratio):.2f}–{max(ratio):.2f} | "
-            f"+{min(p50):.2f}–{max(p50):.2f} / +{min(p99):.2f}–{max(p99):.2f} | {cpu_text}"
+            f"{level:>5} {name:<16} {statistics.median(ratio):.2f} [{min(ratio):.2f}–"
+            f"{max(ratio):.2f}] | +{statistics.median(p50):.2f} [{min(p50):.2f}–{max(p50):.2f}]"
+            f" / +{min(p99):.2f}–{max(p99):.2f} | {cpu_text}"
         )
     print(
         "\nratio = gateway tokens/s / direct tokens/s (paced target >= 0.95 and >= bare at 256); "
