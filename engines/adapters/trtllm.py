@@ -11,8 +11,8 @@ Two modes (``Profile.mode``):
 trtllm-serve is a click command: flags are spelled with underscores (``--tp_size``) and click does
 not treat '-' and '_' alike. Settings without a flag go into the generated YAML, passed with
 ``--extra_llm_api_options`` (every release has it; its ``--config`` alias is newer); for two
-GeForce cards without P2P it sets NCCL all-reduce. Log texts: notes/engines.md, TensorRT-LLM's
-source and its issue threads.
+GeForce cards without P2P it sets NCCL all-reduce. The log texts matched below are the ones
+TensorRT-LLM prints (its source and TensorRT(-LLM) issue threads).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 CONFIG_NAME = "trtllm-serve.yaml"
 """The generated --extra_llm_api_options file (JSON text, which YAML loaders read as YAML)."""

@@ -12,14 +12,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.adapters.base import FlagSet
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.trt.gpuinfo import GPUFacts
+from engines.events.gpu import GPUInfo
+from engines.gpu.inventory import capability
 from engines.trt.model import ModelFacts
 
 CONVERT_FAMILIES: dict[str, str] = {
@@ -99,7 +100,7 @@ def checkpoint_tool(profile: Profile, facts: ModelFacts) -> str:
     return f"convert-{family}"
 
 
-def build_arguments(profile: Profile, facts: ModelFacts, gpus: list[GPUFacts]) -> dict[str, str]:
+def build_arguments(profile: Profile, facts: ModelFacts, gpus: Sequence[GPUInfo]) -> dict[str, str]:
     """Every argument that shapes the engine, as "step.flag" → value ("" for a bare flag)."""
     tool = checkpoint_tool(profile, facts)
     tp, pp = profile.tensor_parallel_size, profile.pipeline_parallel_size
@@ -131,7 +132,7 @@ def build_arguments(profile: Profile, facts: ModelFacts, gpus: list[GPUFacts]) -
     return args
 
 
-def fp8_context_fmha(profile: Profile, gpus: list[GPUFacts]) -> str | None:
+def fp8_context_fmha(profile: Profile, gpus: Sequence[GPUInfo]) -> str | None:
     """Whether the engine runs context attention in FP8 ("enable"/"disable"), when FP8 is in
     play at all (None otherwise). It is what TensorRT-LLM's builder makes of it with paged
     context attention on (its default): on from sm_89 (Ada) for an FP8-family checkpoint with
@@ -141,7 +142,9 @@ def fp8_context_fmha(profile: Profile, gpus: list[GPUFacts]) -> str | None:
     kv_fp8 = profile.kv_cache_dtype != "auto"
     if not (recipe_fp8 or kv_fp8):
         return None
-    capable = bool(gpus) and all(g.compute_capability >= FP8_ATTENTION_MIN_CC for g in gpus)
+    capable = bool(gpus) and all(
+        capability(g.compute_capability) >= FP8_ATTENTION_MIN_CC for g in gpus
+    )
     return "enable" if recipe_fp8 and kv_fp8 and capable else "disable"
 
 
