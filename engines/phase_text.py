@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engines.events import EngineState, EngineStatus
+from engines.events.core import EngineState, EngineStatus
 
 REPEAT_S = 10.0
 """A long phase (a first compile) gets a fresh line this often, so a wait is never silent."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from engines.adapters.phases import READY, PhaseRule, next_phase
-from engines.events import EngineStartPhase, PhaseTime
+from engines.events.core import EngineStartPhase, PhaseTime
 
 
 class PhaseTracker:

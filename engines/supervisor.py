@@ -21,18 +21,20 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import aiohttp
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings, Profile, write_bytes_atomic
 from engines.errors import EngineError, TraylmError
-from engines.events import (
+from engines.events.codec import Event
+from engines.events.core import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
@@ -40,7 +42,6 @@ from engines.events import (
     EngineState,
     EngineStateChanged,
     EngineStatus,
-    Event,
 )
 from engines.phase_tracker import PhaseTracker
 from engines.procs import (
@@ -291,7 +292,7 @@ class ManagedEngine:
 
     async def _spawn(self, spec: LaunchSpec) -> None:
         spec = self._write_files(spec)
-        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
+        argv = strip_ansi(shlex.join(spec.argv)).replace("\r", " ").replace("\n", " ")
         env = _engine_env(spec)
         warm = None
         if self._warm is not None and spec.warm_argv:
@@ -575,8 +576,31 @@ async def _drain(task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
+class EngineView(Protocol):
+    """The engines the daemon runs, read-only (GPU telemetry, hub, TensorRT-LLM cache)."""
+
+    @property
+    def engines(self) -> Mapping[str, ManagedEngine]: ...
+
+
+class RoutingView(EngineView, Protocol):
+    """How the gateway (and a benchmark) finds the engine for a model name. ``Supervisor`` is
+    the one implementation today; models on demand will put a catalog in front of it (start the
+    engine a request asks for, stop idle ones) behind this same view."""
+
+    def route(self, model: str) -> ManagedEngine | None:
+        """The engine serving ``model``: a ready one first, else one starting or stopping;
+        None when no engine serves that name."""
+        ...
+
+    def served_models(self) -> list[tuple[str, ManagedEngine]]:
+        """(served name, engine) for every ready engine (GET /v1/models)."""
+        ...
+
+
 class Supervisor:
-    """The engines the daemon runs, keyed by engine id (the profile name)."""
+    """The engines the daemon runs, keyed by engine id (the profile name). Implements
+    RoutingView."""
 
     def __init__(self) -> None:
         self.engines: dict[str, ManagedEngine] = {}

@@ -17,9 +17,10 @@ from typing import Protocol
 from packaging.version import Version
 
 from engines.adapters.phases import PhaseRule
+from engines.adapters.routeset import RouteSet
 from engines.config import Profile
 from engines.errors import UnknownFlagError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class EngineRuntime:
     bin_dir: Path
     device: str  # "cuda" | "cpu"
     flags: FlagSet
+    routes: RouteSet | None = None
+    """The HTTP routes the engine serves per model task; None when not recorded."""
     cache_dir: Path | None = None
     """traylm's cache folder for this engine environment (compile caches, per model below it);
     None leaves the engine's own default (tests that only build argv)."""
@@ -144,7 +147,7 @@ class LaunchSpec:
     metrics_format: str = "prometheus"
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
-    e.g. TensorRT-LLM's --config YAML."""
+    e.g. TensorRT-LLM's --extra_llm_api_options YAML."""
     phases: tuple[PhaseRule, ...] = ()
     """The phases of a start in order, with the log lines that begin them (empty: the engine's
     log is not read for progress)."""

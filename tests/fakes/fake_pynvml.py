@@ -22,6 +22,7 @@ def fake_pynvml() -> Any:
     m = mock.create_autospec(pynvml, instance=False)
     m.nvmlInit.return_value = None
     m.nvmlDeviceGetCount.return_value = 1
+    m.nvmlDeviceGetCudaComputeCapability.return_value = (8, 9)
     m.nvmlDeviceGetHandleByIndex.return_value = HANDLE
     m.nvmlDeviceGetUUID.return_value = UUID
     m.nvmlDeviceGetName.return_value = "NVIDIA GeForce RTX 4090"

