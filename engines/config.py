@@ -213,7 +213,7 @@ class EngineSettings:
     warm_starts: int = setting(
         1,
         "Engine processes kept started ahead, imports done, for the next start of recently "
-        "ready profiles (vLLM: about 5 s less per start; about 0.5 GB of RAM each). 0: off.",
+        "ready profiles (vLLM: about 5 s less per start; about 0.6 GB of RAM each). 0: off.",
         min=0,
         max=8,
     )
