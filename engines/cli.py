@@ -22,6 +22,7 @@ from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
+from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -309,6 +310,8 @@ def _engine_line(e: EngineStatus) -> str:
         line += f"  restarts {e.restarts}"
     if e.state in (EngineState.FAILED, EngineState.STARTING) and e.detail:
         line += f"\n      {e.detail}"
+    if phase_text(e):
+        line += f"\n      {phase_text(e)}"
     return line
 
 
@@ -335,11 +338,16 @@ async def cmd_start(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         final = await c.wait_for_engine(
-            status.engine_id, (EngineState.READY, EngineState.FAILED), args.timeout
+            status.engine_id,
+            (EngineState.READY, EngineState.FAILED),
+            args.timeout,
+            on_status=PhasePrinter(),
         )
         print(_engine_line(final))
         if final.state == EngineState.FAILED:
             return 1
+        if breakdown(final):
+            print(f"  started in {breakdown(final)}")
         print(f"ready: point apps at {c.info.url}/v1 with model {final.served_names[0]!r}")
     return 0
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -266,16 +266,25 @@ class DaemonClient:
             raise DaemonUnavailable(f"lost the event stream from {self.info.url}") from None
 
     async def wait_for_engine(
-        self, engine_id: str, states: Iterable[EngineState], timeout_s: float
+        self,
+        engine_id: str,
+        states: Iterable[EngineState],
+        timeout_s: float,
+        on_status: Callable[[EngineStatus], None] | None = None,
     ) -> EngineStatus:
-        """Wait until the engine reaches one of ``states``; returns its status then."""
+        """Wait until the engine reaches one of ``states``; returns its status then.
+        ``on_status`` sees every snapshot on the way (start phases, for a progress line)."""
         wanted = frozenset(states)
 
         async def poll() -> EngineStatus:
             while True:
                 for status in await self.engines():
-                    if status.engine_id == engine_id and status.state in wanted:
+                    if status.engine_id != engine_id:
+                        continue
+                    if status.state in wanted:
                         return status
+                    if on_status is not None:
+                        on_status(status)
                 await asyncio.sleep(0.5)
 
         return await asyncio.wait_for(poll(), timeout_s)

@@ -72,6 +72,11 @@ class Paths:
         return self.envs_override or self.data_dir / "envs"
 
     @property
+    def engine_cache_dir(self) -> Path:
+        """Caches engines rebuild when lost (compiled graphs, per env and model)."""
+        return self.cache_dir / "engines"
+
+    @property
     def trt_engines_dir(self) -> Path:
         return self.data_dir / "trt-engines"
 
@@ -204,6 +209,13 @@ class EngineSettings:
     log_ring_lines: int = setting(5000, "Engine log lines kept in memory per engine.", min=100)
     cpu_kv_cache_gib: int = setting(
         1, "KV cache size for CPU engines (VLLM_CPU_KVCACHE_SPACE, whole GiB).", min=1
+    )
+    warm_starts: int = setting(
+        1,
+        "Engine processes kept started ahead, imports done, for the next start of recently "
+        "ready profiles (vLLM: about 5 s less per start; about 0.6 GB of RAM each). 0: off.",
+        min=0,
+        max=8,
     )
 
 

@@ -53,6 +53,7 @@ from engines.supervisor import ManagedEngine, Supervisor
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Daemon:
         )
         self.bus = EventBus()
         self.supervisor = Supervisor()
+        self.warm = WarmPool(self.live.current.engines.warm_starts)
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
         self.store = Store(paths.db_path)
@@ -154,6 +156,8 @@ class Daemon:
             envs=self.envs,
             settings=live,
             logs_dir=paths.logs_dir,
+            cache_dir=paths.engine_cache_dir,
+            warm=self.warm,
             pids=self.pids,
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
@@ -286,6 +290,7 @@ class Daemon:
             await asyncio.wait_for(self.supervisor.stop_all(), deadline)
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
+        await self.warm.close()
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,10 +38,12 @@ from engines.events.core import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
+    EngineStartPhase,
     EngineState,
     EngineStateChanged,
     EngineStatus,
 )
+from engines.phase_tracker import PhaseTracker
 from engines.procs import (
     EngineRecord,
     PidRegistry,
@@ -52,6 +55,7 @@ from engines.procs import (
     signal_group,
     survivors,
 )
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +92,10 @@ class ManagedEngine:
         pids: PidRegistry,
         publish: Publish,
         prepare: Prepare | None = None,
+        warm: WarmPool | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self._warm = warm
         self._prepare = prepare
         self.run_dir = log_path.with_suffix(".run")
         self.profile = profile
@@ -115,6 +121,7 @@ class ManagedEngine:
         self._want_running = False
         self._ready_event = asyncio.Event()
         self._log_fh: TextIO | None = None
+        self._phases = PhaseTracker(engine_id)
 
     # ----------------------------------------------------------------- public API
 
@@ -127,6 +134,7 @@ class ManagedEngine:
         return f"http://127.0.0.1:{self.port}" if self.port else None
 
     def status(self) -> EngineStatus:
+        phase, label, phase_elapsed_s = self._phases.current()
         return EngineStatus(
             self.engine_id,
             self.profile.engine,
@@ -142,6 +150,10 @@ class ManagedEngine:
             self.profile.name,
             self.runtime.device,
             str(self.runtime.version),
+            phase=phase,
+            phase_label=label,
+            phase_elapsed_s=round(phase_elapsed_s, 3),
+            phases=self._phases.times(),
         )
 
     async def start(self) -> None:
@@ -252,8 +264,10 @@ class ManagedEngine:
                 self._set_state(EngineState.FAILED, self._failure_text("failed to start"))
                 return "start_failed"
             self.ready_at_s = time.time()
+            self._publish_phase(self._phases.ready())
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            await self._prepare_warm(spec)
             why = await self._watch(spec)
             self._ready_event.clear()
             # Flip the state at once (the gateway stops routing here), then clean up the remains.
@@ -278,11 +292,14 @@ class ManagedEngine:
 
     async def _spawn(self, spec: LaunchSpec) -> None:
         spec = self._write_files(spec)
-        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
-        self._open_log([f"===== argv: {argv}"])
-        env = {**os.environ, **spec.env}
-        env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
-        self._proc = await asyncio.create_subprocess_exec(
+        argv = strip_ansi(shlex.join(spec.argv)).replace("\r", " ").replace("\n", " ")
+        env = _engine_env(spec)
+        warm = None
+        if self._warm is not None and spec.warm_argv:
+            warm = await self._warm.take(self.engine_id, spec.warm_argv, env, spec.argv)
+        note = [f"===== traylm: in warm process {warm.pid} (imports done ahead)"] if warm else []
+        self._open_log([f"===== argv: {argv}", *note])
+        self._proc = warm or await asyncio.create_subprocess_exec(
             *spec.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -292,14 +309,28 @@ class ManagedEngine:
         )
         self.started_at_s = time.time()
         self.ready_at_s = None
+        self._phases = PhaseTracker(self.engine_id, spec.phases)
+        self._publish_phase(self._phases.begin())
         leader = TrackedProcess.of(self._proc.pid)
         self._tracked = []
         if leader is not None:
             self._pids.put(EngineRecord(self.engine_id, self._proc.pid, leader))
         log.info("engine %s started: pid %d port %s", self.engine_id, self._proc.pid, self.port)
 
+    async def _prepare_warm(self, spec: LaunchSpec) -> None:
+        """Start the process for this engine's next start now (it is ready: nothing to slow)."""
+        if self._warm is None or not spec.warm_argv:
+            return
+        try:
+            await self._warm.prepare(self.engine_id, spec.warm_argv, _engine_env(spec))
+        except OSError as exc:  # only a later start gets slower: say so, go on serving
+            log.warning("engine %s: no warm process for the next start: %s", self.engine_id, exc)
+
     def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
-        """Write the adapter's files into the run folder; put its path into argv."""
+        """Make the adapter's links; write its files into the run folder, put its path into
+        argv."""
+        for link, target in spec.links.items():
+            make_link(Path(link), Path(target))
         if not spec.files:
             return spec
         for name, text in spec.files.items():
@@ -465,11 +496,17 @@ class ManagedEngine:
             fh.write(line + "\n")
             fh.flush()
         self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
+        self._publish_phase(self._phases.feed(line))
         found = self.adapter.diagnose(line)
         if found is not None:
             if found.severity == "error":
                 self.diagnosis = found
             self._publish(EngineDiagnosed(engine_id=self.engine_id, diagnosis=found))
+
+    def _publish_phase(self, event: EngineStartPhase | None) -> None:
+        if event is not None:
+            log.info("engine %s: %s at %.1f s", self.engine_id, event.phase, event.elapsed_s)
+            self._publish(event)
 
     def _failure_text(self, what: str) -> str:
         if self.diagnosis is not None:
@@ -515,6 +552,21 @@ def last_error(lines: list[str]) -> str:
                 text += " " + following.strip()
             return text
     return ""
+
+
+def make_link(link: Path, target: Path) -> None:
+    """``link`` → ``target`` (both folders made), unless ``link`` exists already."""
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink() and not link.exists():
+        with contextlib.suppress(FileExistsError):  # another start made it meanwhile
+            link.symlink_to(target, target_is_directory=True)
+
+
+def _engine_env(spec: LaunchSpec) -> dict[str, str]:
+    env = {**os.environ, **spec.env}
+    env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
+    return env
 
 
 async def _drain(task: asyncio.Task[None]) -> None:

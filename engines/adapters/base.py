@@ -16,6 +16,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
+from engines.adapters.phases import PhaseRule
 from engines.adapters.routeset import RouteSet
 from engines.config import Profile
 from engines.errors import UnknownFlagError
@@ -123,6 +124,9 @@ class EngineRuntime:
     flags: FlagSet
     routes: RouteSet | None = None
     """The HTTP routes the engine serves per model task; None when not recorded."""
+    cache_dir: Path | None = None
+    """traylm's cache folder for this engine environment (compile caches, per model below it);
+    None leaves the engine's own default (tests that only build argv)."""
 
 
 RUN_DIR = "{run_dir}"
@@ -144,6 +148,16 @@ class LaunchSpec:
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
     e.g. TensorRT-LLM's --extra_llm_api_options YAML."""
+    phases: tuple[PhaseRule, ...] = ()
+    """The phases of a start in order, with the log lines that begin them (empty: the engine's
+    log is not read for progress)."""
+    links: Mapping[str, str] = field(default_factory=dict)
+    """Symlink path → target folder, made (when missing) before spawning: caches that every
+    model of one engine install shares, inside a per-model cache folder."""
+    warm_argv: tuple[str, ...] = ()
+    """A process that does this launch's slow imports ahead of time, then reads the launch's
+    whole argv from stdin (one JSON line: {"argv": [...]}) and runs it (engines/warm.py); empty
+    when the engine cannot start that way."""
 
 
 @dataclass(frozen=True)

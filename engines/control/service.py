@@ -31,6 +31,7 @@ from engines.modelinfo import read_model_info
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,17 @@ class EngineControl:
         publish: Callable[[Event], None],
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
+        cache_dir: Path | None = None,
+        warm: WarmPool | None = None,
     ) -> None:
+        """``cache_dir``: where engines keep their compile caches (one folder per engine env);
+        ``warm``: the processes started ahead for the next start of a profile."""
         self._supervisor = supervisor
         self._envs = envs
         self._settings = settings
         self._logs_dir = logs_dir
+        self._cache_dir = cache_dir
+        self._warm = warm
         self._pids = pids
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
@@ -92,6 +99,8 @@ class EngineControl:
         device = resolve_device(profile)
         env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
+        if self._cache_dir is not None:
+            runtime = dataclasses.replace(runtime, cache_dir=self._cache_dir / env.name)
         model = resolve_model(profile)
         settings = self._settings.current.engines
         if profile.trust_remote_code:  # the user must have trusted this model's code
@@ -100,6 +109,8 @@ class EngineControl:
             profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
         self._check_names_free(profile)
         adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        if self._warm is not None:
+            self._warm.limit = settings.warm_starts  # the setting applies live
         hook = self._launch_hooks.get(profile.engine)
         prepare = await hook(profile, runtime=runtime, model=model) if hook else None
         engine = ManagedEngine(
@@ -113,6 +124,7 @@ class EngineControl:
             pids=self._pids,
             publish=self._publish,
             prepare=prepare,
+            warm=self._warm,
         )
         self._supervisor.add(engine)
         await engine.start()

