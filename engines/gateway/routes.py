@@ -3,7 +3,8 @@
 
 Only an allow-list of OpenAI routes is forwarded (engine admin routes such as vLLM's /pause or
 /collective_rpc are never reachable). A new OpenAI-style route (another API shape relayed to an
-engine) goes here: parse and check the body, ``ctx.resolve(model)``, then ``relay``.
+engine) goes here: parse and check the body, ``await ctx.resolve(model)`` (see its contract),
+then ``relay``.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
             type_="paused",
             headers={"Retry-After": str(ctx.pause.retry_after_s)},
         )
-    target = ctx.resolve(model)
+    target = await ctx.resolve(model)
     if isinstance(target, web.Response):
         ctx.log_refused(request.path, model, target.status)
         return target

@@ -19,6 +19,7 @@ from aiohttp import web
 from engines.config import Settings
 from engines.events.core import EngineState
 from engines.gateway.admission import Admission
+from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import Upstream, UsageSink
 from engines.gateway.security import Guard
@@ -132,8 +133,23 @@ class GatewayContext:
 
     # ----------------------------------------------------------------- routing
 
-    def resolve(self, model: str) -> tuple[Upstream, Admission] | web.Response:
-        """The upstream and admission queue for ``model``, or the error to answer with."""
+    async def resolve(
+        self, model: str, *, progress: Progress | None = None
+    ) -> tuple[Upstream, Admission] | web.Response:
+        """The upstream and admission queue for ``model``, or the error to answer with.
+
+        Contract for every route that relays a request (``/v1/...``):
+
+        - For a model that is ready this returns without suspending (dict lookups only).
+        - For a servable model that is not loaded it may wait, up to a cold start, while the
+          model loads; ``progress`` is then called every few seconds with a ``LoadProgress``
+          (a streaming route passes ``ColdStream(request)`` so that the client gets bytes
+          while it waits). Without ``progress`` it waits silently.
+        - Enter ``admission.slot()`` right after it returns, before any other await: idle
+          unload and eviction count a request as in flight from there.
+        - An error comes back as an OpenAI-shaped ``web.Response`` (404 unknown model, 503 no
+          room or load failed, ...), never as an exception.
+        """
         retry = str(self.settings.gateway.retry_after_s)
         engine = self.routing.route(model)
         if engine is not None and engine.state == EngineState.READY and engine.base_url:
