@@ -638,6 +638,37 @@ class ProfileStore:
         path.unlink()
 
 
+# --------------------------------------------------------------------------- durations
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)?")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+
+
+def parse_duration(value: object, *, what: str) -> float:
+    """Seconds from a number (seconds) or a duration string as Ollama and Go write them:
+    "300", "90s", "10m", "1h30m", "-1". Negative values are returned as they are (the caller
+    decides what they mean). Raises ConfigError naming ``what``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a duration such as 300, \"10m\" or \"1h\", not {value}")
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip().lower()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    total, pos = 0.0, 0
+    for m in _DURATION_PART.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if not body or pos != len(body):
+        raise ConfigError(
+            f"{what} {value!r} is not a duration: write seconds (300) or a number with a unit "
+            "(90s, 10m, 1h, 1h30m)"
+        )
+    return sign * total
+
+
 # --------------------------------------------------------------------------- TOML plumbing
 
 

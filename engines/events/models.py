@@ -28,7 +28,9 @@ class ServableModel:
     name: str
     """The name clients send (listed in /v1/models)."""
     aliases: tuple[str, ...]
-    """Other names that route here (aliases, the repo id)."""
+    """More names listed in /v1/models for it (a profile's aliases, a server's model ids)."""
+    names: tuple[str, ...]
+    """Every name that routes here: ``name``, the aliases, the repo id, the profile name."""
     kind: str  # profile | library | attached
     engine_id: str
     engine: str  # vllm | trtllm | sglang | external

@@ -2,12 +2,15 @@
 
 ``GatewayContext.resolve(model, progress=...)`` calls ``progress`` with a ``LoadProgress`` when a
 cold start begins and then every few seconds until the model is ready or its load failed.
+``ColdStream`` is that hook for streaming routes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from aiohttp import web
 
 
 @dataclass(frozen=True)
@@ -23,3 +26,44 @@ class LoadProgress:
 
 Progress = Callable[[LoadProgress], Awaitable[None]]
 """A route's hook for load progress (a streaming route writes an SSE comment)."""
+
+
+PROGRESS_PERIOD_S = 3.0
+"""How often a waiting streaming client gets a comment line (well under any client's idle
+timeout: httpx's default read timeout is 5 s, the openai SDK's 600 s)."""
+
+
+class ColdStream:
+    """The progress hook of a streaming request whose model is cold: the client gets
+    ``200`` + ``text/event-stream`` at once and an SSE comment line (``: loading NAME (phase,
+    12 s)``) every few seconds, which every SSE parser skips; then the relayed stream, or an
+    OpenAI-shaped error event if the load failed (the openai SDK raises it as ``APIError``)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def __call__(self, progress: LoadProgress) -> None:
+        resp = self.response
+        if resp is None:
+            resp = self.response = web.StreamResponse(
+                status=200,
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                },
+            )
+            await resp.prepare(self.request)
+        phase = " ".join(f"{progress.phase} {progress.detail}".split())[:200]
+        line = f": loading {progress.model} ({phase}, {progress.elapsed_s:.0f} s)\n\n"
+        await resp.write(line.encode())
+
+    async def fail(self, error: web.Response) -> web.StreamResponse:
+        """End the started stream with ``error`` (an OpenAI-shaped error response) as an
+        error event."""
+        assert self.response is not None
+        body = error.body if isinstance(error.body, bytes) else b"{}"
+        await self.response.write(b"data: " + body + b"\n\ndata: [DONE]\n\n")
+        await self.response.write_eof()
+        return self.response

@@ -59,6 +59,9 @@ class Upstream:
     base_url: str  # without the /v1 suffix
     headers: Mapping[str, str]
     remote: bool = False
+    model_name: str | None = None
+    """The name the upstream knows the model by, when it is not the one requested (an
+    attached server asked for by its attach name): the route rewrites the body's ``model``."""
 
 
 async def relay(
@@ -71,7 +74,10 @@ async def relay(
     connect_timeout_s: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
+    """Relay one request. ``prepared``: a stream already answered with 200 and SSE comments
+    while the model loaded (``ColdStream``); the reply, or an error event, goes into it."""
     started = time.perf_counter()
     headers = {
         "Content-Type": "application/json",
@@ -89,21 +95,27 @@ async def relay(
         log.warning("upstream %s unreachable: %s", upstream.name, exc)
         if usage is not None:
             usage(502, None, None, time.perf_counter() - started)
-        return openai_error(
-            502,
+        message = (
             f"engine {upstream.name} did not answer ({type(exc).__name__}); "
-            "it may be restarting: retry shortly",
-            type_="engine_unavailable",
-            headers={"Retry-After": "2"},
+            "it may be restarting: retry shortly"
+        )
+        if prepared is not None:
+            return await _end_with_error(prepared, sse_error(message, type_="engine_unavailable"))
+        return openai_error(
+            502, message, type_="engine_unavailable", headers={"Retry-After": "2"}
         )
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(request, upstream_resp, upstream, model, started, metrics, usage)
+            return await _stream(
+                request, upstream_resp, upstream, model, started, metrics, usage, prepared
+            )
         data = await upstream_resp.read()
         prompt, completion = _count_usage(data, model, metrics, chunks=0)
         if usage is not None:
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
+        if prepared is not None:  # an answer that is not a stream, after the stream began
+            return await _end_with_error(prepared, b"data: " + data.strip() + b"\n\n")
         out_headers = {
             k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS
         }
@@ -130,6 +142,7 @@ async def _stream(
     started: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
@@ -139,8 +152,10 @@ async def _stream(
     }
     if upstream.remote:
         headers["X-Traylm-Route"] = "remote"
-    resp = web.StreamResponse(status=200, headers=headers)
-    await resp.prepare(request)
+    resp = prepared
+    if resp is None:
+        resp = web.StreamResponse(status=200, headers=headers)
+        await resp.prepare(request)
     first = True
     chunks = 0
     tail = b""
@@ -178,6 +193,14 @@ async def _stream(
         usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
     request[REPLY_COMPLETE] = True
+    return resp
+
+
+async def _end_with_error(resp: web.StreamResponse, event: bytes) -> web.StreamResponse:
+    if not event.endswith(b"[DONE]\n\n"):
+        event += b"data: [DONE]\n\n"
+    await resp.write(event)
+    await resp.write_eof()
     return resp
 
 

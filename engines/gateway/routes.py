@@ -9,12 +9,15 @@ then ``relay``.
 
 from __future__ import annotations
 
-import time
+import json
 from typing import Any
 
 from aiohttp import web
 
+from engines.config import parse_duration
+from engines.errors import ConfigError
 from engines.gateway.admission import QueueFull
+from engines.gateway.loading import ColdStream
 from engines.gateway.proxy import relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.http import openai_error, parse_json_body
@@ -25,22 +28,31 @@ OPEN_ROUTES = frozenset({"/health"})
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The OpenAI model list, every servable model (loaded or not) with traylm's extras:
+    ``status`` (loaded | loading | unloaded) and ``gpus`` (where it is or would go)."""
     ctx = request.app[GATEWAY]
     data = []
-    for name, engine in ctx.routing.served_models():
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": int(engine.ready_at_s or time.time()),
-                "owned_by": "traylm",
-                "traylm": {
-                    "engine_id": engine.engine_id,
-                    "engine": engine.profile.engine,
-                    "device": engine.runtime.device,
-                },
-            }
-        )
+    for m in ctx.routing.listing():
+        extras = {
+            "engine_id": m.engine_id,
+            "engine": m.engine,
+            "kind": m.kind,
+            "state": m.state,
+            "external": m.external,
+            "gpus_planned": m.gpus_planned,
+        }
+        for name in (m.name, *m.aliases):
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "traylm",
+                    "status": str(m.status),
+                    "gpus": list(m.gpus),
+                    "traylm": extras,
+                }
+            )
     return web.json_response({"object": "list", "data": data})
 
 
@@ -59,6 +71,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if invalid:
         return openai_error(400, invalid[1], param=invalid[0])
     model = payload["model"]
+    keep_alive = None
+    if "keep_alive" in payload:  # Ollama's field: the engines do not know it
+        try:
+            keep_alive = parse_duration(payload.pop("keep_alive"), what="keep_alive")
+        except ConfigError as exc:
+            return openai_error(400, exc.message, param="keep_alive")
+        body = json.dumps(payload).encode()
     if ctx.pause is not None:
         ctx.log_refused(request.path, model, 503)
         return openai_error(
@@ -67,11 +86,18 @@ async def forward(request: web.Request) -> web.StreamResponse:
             type_="paused",
             headers={"Retry-After": str(ctx.pause.retry_after_s)},
         )
-    target = await ctx.resolve(model)
+    cold = ColdStream(request) if payload.get("stream") is True else None
+    target = await ctx.resolve(model, progress=cold)
     if isinstance(target, web.Response):
         ctx.log_refused(request.path, model, target.status)
+        if cold is not None and cold.response is not None:
+            return await cold.fail(target)
         return target
     upstream, admission = target
+    if keep_alive is not None:
+        ctx.routing.keep_alive(upstream, keep_alive)
+    if upstream.model_name is not None and upstream.model_name != model:
+        body = json.dumps({**payload, "model": upstream.model_name}).encode()
     assert ctx.session is not None
     try:
         async with admission.slot():
@@ -84,6 +110,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
                 usage=ctx.usage_sink(request.path, model, upstream),
+                prepared=cold.response if cold is not None else None,
             )
     except QueueFull as exc:
         fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
@@ -97,8 +124,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 connect_timeout_s=g.upstream_connect_timeout_s,
                 metrics=ctx.metrics,
                 usage=ctx.usage_sink(request.path, model, fallback),
+                prepared=cold.response if cold is not None else None,
             )
         ctx.log_refused(request.path, model, 429, upstream.name)
+        if cold is not None and cold.response is not None:
+            return await cold.fail(
+                openai_error(429, f"too many requests for {model}: {exc.reason}; retry later")
+            )
         return openai_error(
             429,
             f"too many requests for {model}: {exc.reason}; retry later",
