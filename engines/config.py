@@ -649,7 +649,7 @@ def parse_duration(value: object, *, what: str) -> float:
     "300", "90s", "10m", "1h30m", "-1". Negative values are returned as they are (the caller
     decides what they mean). Raises ConfigError naming ``what``."""
     if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a duration such as 300, \"10m\" or \"1h\", not {value}")
+        raise ConfigError(f'{what} must be a duration such as 300, "10m" or "1h", not {value}')
     if isinstance(value, int | float):
         return float(value)
     text = str(value).strip().lower()

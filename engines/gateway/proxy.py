@@ -101,9 +101,7 @@ async def relay(
         )
         if prepared is not None:
             return await _end_with_error(prepared, sse_error(message, type_="engine_unavailable"))
-        return openai_error(
-            502, message, type_="engine_unavailable", headers={"Retry-After": "2"}
-        )
+        return openai_error(502, message, type_="engine_unavailable", headers={"Retry-After": "2"})
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):

@@ -39,7 +39,7 @@ from engines.hub.shape import parse_config
 log = logging.getLogger(__name__)
 
 EXPLICIT, PROFILE_NAME, IMPLICIT = 1, 2, 3
-MISS_REFRESH_S = 2.0
+MISS_REFRESH_S = 0.25
 """A name the index does not know re-reads the sources at most this often."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 

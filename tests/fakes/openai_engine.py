@@ -113,6 +113,7 @@ class FakeEngine:
         self.requests = 0
         self.aborted = 0
         self.generated = 0
+        self.last_keys: list[str] = []  # the top-level fields of the last request body
         self.sleeping = 0  # the sleep level (0: awake), as vLLM's sleep mode keeps it
         self.sleeps = 0
         self.wakes = 0
@@ -153,6 +154,7 @@ class FakeEngine:
                 "sleeping": self.sleeping,
                 "sleeps": self.sleeps,
                 "wakes": self.wakes,
+                "last_keys": self.last_keys,
             }
         )
 
@@ -184,6 +186,7 @@ class FakeEngine:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.last_keys = sorted(body)
         if self.sleeping:
             message = "the engine is sleeping; POST /wake_up first"
             return web.json_response({"error": {"message": message, "code": 503}}, status=503)
