@@ -39,8 +39,6 @@ from engines.hub.shape import parse_config
 log = logging.getLogger(__name__)
 
 EXPLICIT, PROFILE_NAME, IMPLICIT = 1, 2, 3
-MISS_REFRESH_S = 0.25
-"""A name the index does not know re-reads the sources at most this often."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -132,7 +130,7 @@ class Catalog:
         self._sources = list(sources)
         self.index = Index()
         self._refreshing: asyncio.Future[None] | None = None
-        self._refreshed_s = 0.0
+        self._started_s = -1.0
 
     def find(self, name: str) -> Entry | None:
         return self.index.by_name.get(name)
@@ -140,18 +138,29 @@ class Catalog:
     async def refresh(self) -> None:
         """Re-read every source (concurrent callers share one read)."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._read())
+            self._start_read()
+        assert self._refreshing is not None
         await asyncio.shield(self._refreshing)
 
     async def refresh_for_miss(self) -> None:
-        """Re-read for a name the index does not know, at most every MISS_REFRESH_S."""
-        if time.monotonic() - self._refreshed_s >= MISS_REFRESH_S:
-            await self.refresh()
+        """Re-read for a name the index does not know: wait for a read that began after the
+        miss (a profile written a moment ago is found). Misses arriving together share it."""
+        asked = time.monotonic()
+        while self._started_s < asked:
+            if self._refreshing is not None and not self._refreshing.done():
+                await asyncio.shield(self._refreshing)
+            else:
+                self._start_read()
+        assert self._refreshing is not None
+        await asyncio.shield(self._refreshing)
+
+    def _start_read(self) -> None:
+        self._started_s = time.monotonic()
+        self._refreshing = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
         entries, broken = await asyncio.to_thread(self._collect)
         self.index = build_index(entries, broken)
-        self._refreshed_s = time.monotonic()
 
     def _collect(self) -> tuple[list[Entry], list[str]]:
         found: list[Entry] = []
