@@ -10,7 +10,8 @@ fixed GPU set or ``auto`` with a world size. The rules:
 - otherwise idle models are freed, least recently used first (asleep ones first: they already
   wait), by sleep mode when the engine has it and host RAM takes the weights, else by a stop;
   never a model with requests in flight or queued, a loading one, or a pinned one;
-- of the sets that fit after freeing, the one with the fewest evictions wins, then headroom;
+- of the sets that fit after freeing, the one with the fewest evictions wins, then the one whose
+  evicted models were used least recently, then headroom;
 - ``auto`` never uses a reserved card (``gpu.reserved``); a fixed set may.
 
 ``traylm models fit``, the fit badges, the servable list and every load ask ``plan``, so what
@@ -85,14 +86,17 @@ def plan(
     if refusal:
         return Placement(request.model, fits=False, reason=refusal)
     free = {c.index: _free(c, residents) for c in cards}
-    best: tuple[tuple[int, int, tuple[int, ...]], Placement] | None = None
+    used = {r.engine_id: r.last_used_s for r in residents}
+    best: tuple[tuple[int, float, int, tuple[int, ...]], Placement] | None = None
     for gpus in sets:
         chosen = [by_index[i] for i in gpus]
         found = _fit_with_evictions(request, chosen, residents, free, host_free_bytes)
         if found is None:
             continue
         evictions, headroom, need = found
-        key = (len(evictions), -headroom, gpus)
+        # fewest evictions; then the set whose newest victim is the least recently used
+        newest = max((used[e.engine_id] for e in evictions), default=0.0)
+        key = (len(evictions), newest, -headroom, gpus)
         if best is None or key < best[0]:
             placement = Placement(
                 request.model,

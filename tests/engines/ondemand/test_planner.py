@@ -168,3 +168,9 @@ def test_sleeping_models_go_first_and_sglang_needs_what_is_free() -> None:
     found = plan(Request("s", 1, sglang, gpus=(0,)), cards(0), residents, host_free_bytes=HOST)
     assert found.fits and [e.engine_id for e in found.evictions] == ["asleep"]
     assert found.need_bytes_per_gpu == CARD - 10 * GIB  # all that is then free
+
+
+def test_between_cards_the_least_recently_used_model_goes() -> None:
+    residents = [resident("newer", (0,), used=9.0), resident("older", (1,), used=2.0)]
+    found = plan(Request("m", 1, vllm()), cards(0, 0), residents, host_free_bytes=HOST)
+    assert found.gpus == (1,) and [e.engine_id for e in found.evictions] == ["older"]
