@@ -150,6 +150,7 @@ class Daemon:
             profiles=self.profiles,
             engines=self.supervisor,
             inventory=inventory,
+            placement=self.ondemand.place_fit,
         )
         self.trt = TRTFeature(
             cache_dir=paths.trt_engines_dir,

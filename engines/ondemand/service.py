@@ -23,13 +23,13 @@ import psutil
 
 from engines.adapters import adapter_for
 from engines.adapters.memory import MemoryNeed
-from engines.config import Profile, ProfileStore
+from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.control.service import resolve_device
 from engines.errors import ConfigError, ModelUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.gpu import GPUInfo, GPUSnapshot
-from engines.events.hub import LocalModel
+from engines.events.hub import FitResult, LocalModel
 from engines.events.models import LoadedModel, Placement, ServableModel
 from engines.gateway.loading import PROGRESS_PERIOD_S, LoadProgress, Progress
 from engines.gateway.proxy import Upstream
@@ -360,6 +360,27 @@ class ModelsOnDemand:
         if not self.applies(entry.profile):
             return Placement(entry.name, fits=True, on_cpu=True, reason="runs on the CPU")
         found, _ = self._plan(entry, entry.profile, gpus)
+        return found
+
+    async def place_fit(self, result: FitResult) -> Placement | None:
+        """Where a fit row (an engine on ``tensor_parallel`` GPUs at the fit's memory budget)
+        would load now; None without GPUs. Nothing is changed."""
+        total = max((g.memory_total_bytes or 0 for g in result.gpus), default=0)
+        if not self._infos or not total or result.engine not in ("vllm", "trtllm", "sglang"):
+            return None
+        profile = profile_from_mapping(
+            "fit",
+            {
+                "engine": result.engine,
+                "model": "org/fit",
+                "gpus": "auto",
+                "tensor_parallel_size": result.tensor_parallel,
+                "gpu_memory_utilization": min(1.0, max(0.05, result.budget_bytes_per_gpu / total)),
+            },
+        )
+        weights = result.weights_bytes_per_gpu * result.tensor_parallel
+        entry = Entry("this model", "fit", "fit", (), profile=profile, weights_bytes=weights)
+        found, _ = self._plan(entry, profile, None)
         return found
 
     async def place_started(self, profile: Profile) -> Profile:

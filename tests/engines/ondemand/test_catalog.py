@@ -4,6 +4,7 @@ id and short name (FAKE Hub download, FAKE engine), and the catalog's pluggable 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -116,3 +117,24 @@ async def test_a_verified_library_model_is_servable_by_repo_id_and_short_name(
     with pytest.raises(openai.NotFoundError):
         await ask(client, "traylm-test/other")
     await client.close()
+
+
+async def test_fit_badges_carry_the_planners_placement_now(
+    daemon_factory: DaemonFactory, fake_env: object, fake_hub: FakeHub, hf_home: Path
+) -> None:
+    import dataclasses
+
+    from engines.gpu.sim import SimulatedBackend
+
+    d = await daemon_factory(dataclasses.replace(settings(gpus=2), hub=hub_settings()))
+    backend = d.daemon.gpu.backend
+    assert isinstance(backend, SimulatedBackend)
+    backend.hold_memory("0", pid=4242, used_memory_bytes=8 << 30, name="game")
+    while not any(p.pid == 4242 for p in d.daemon.gpu.sampler.latest[0].processes or ()):
+        await asyncio.sleep(0.05)
+    rows = await d.client.model_fit(REPO)
+    one = [r for r in rows if r.tensor_parallel == 1 and r.engine == "vllm"]
+    two = [r for r in rows if r.tensor_parallel == 2 and r.engine == "vllm"]
+    assert one[0].placement is not None and one[0].placement.gpus == (1,)  # GPU 0 is busy
+    assert two[0].placement is not None and not two[0].placement.fits
+    assert "pid 4242 (game) 8.0 GiB" in two[0].placement.reason
