@@ -143,12 +143,12 @@ class ModelsOnDemand:
 
     def upstream(self, model: str) -> Upstream | None:
         entry = self.catalog.index.by_name.get(model)
-        if entry is None:
-            engine = self._engines.route(model)  # an ad-hoc engine (`traylm start --model`)
-        elif entry.kind == "attached":
+        if entry is not None and entry.kind == "attached":
             return self.attached.upstream(entry.engine_id, model)
-        else:
-            engine = self._engines.engines.get(entry.engine_id)
+        engine = self._engines.engines.get(entry.engine_id) if entry is not None else None
+        if engine is None or engine.state != EngineState.READY:
+            # any ready engine serving the name: one started ad hoc (`traylm start --model`)
+            engine = self._engines.route(model)
         if engine is None or engine.state != EngineState.READY or not engine.port:
             return None
         if engine.engine_id in self.lifecycle.draining:
