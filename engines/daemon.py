@@ -150,7 +150,7 @@ class Daemon:
             profiles=self.profiles,
             engines=self.supervisor,
             inventory=inventory,
-            placement=self.ondemand.place_fit,
+            placement=self.ondemand.placer.place_fit,
         )
         self.trt = TRTFeature(
             cache_dir=paths.trt_engines_dir,
@@ -178,7 +178,7 @@ class Daemon:
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
-            place=self.ondemand.place_started,
+            place=self.ondemand.placer.place_started,
         )
         self.status = DaemonStatus(
             settings=live,

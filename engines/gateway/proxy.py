@@ -114,13 +114,7 @@ async def relay(
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
         if prepared is not None:  # an answer that is not a stream, after the stream began
             return await _end_with_error(prepared, b"data: " + data.strip() + b"\n\n")
-        out_headers = {
-            k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS
-        }
-        out_headers["X-Traylm-Engine"] = upstream.name
-        if upstream.remote:
-            out_headers["X-Traylm-Route"] = "remote"
-        return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+        return _whole(upstream_resp, upstream, data)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         if usage is not None:
             usage(502, None, None, time.perf_counter() - started)
@@ -142,18 +136,7 @@ async def _stream(
     usage: UsageSink | None = None,
     prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
-    headers = {
-        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        "X-Traylm-Engine": upstream.name,
-    }
-    if upstream.remote:
-        headers["X-Traylm-Route"] = "remote"
-    resp = prepared
-    if resp is None:
-        resp = web.StreamResponse(status=200, headers=headers)
-        await resp.prepare(request)
+    resp = prepared or await _open_stream(request, upstream_resp, upstream)
     first = True
     chunks = 0
     tail = b""
@@ -194,11 +177,35 @@ async def _stream(
     return resp
 
 
+def _whole(upstream_resp: aiohttp.ClientResponse, upstream: Upstream, data: bytes) -> web.Response:
+    out_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS}
+    out_headers["X-Traylm-Engine"] = upstream.name
+    if upstream.remote:
+        out_headers["X-Traylm-Route"] = "remote"
+    return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+
+
 async def _end_with_error(resp: web.StreamResponse, event: bytes) -> web.StreamResponse:
     if not event.endswith(b"[DONE]\n\n"):
         event += b"data: [DONE]\n\n"
     await resp.write(event)
     await resp.write_eof()
+    return resp
+
+
+async def _open_stream(
+    request: web.Request, upstream_resp: aiohttp.ClientResponse, upstream: Upstream
+) -> web.StreamResponse:
+    headers = {
+        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        "X-Traylm-Engine": upstream.name,
+    }
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    resp = web.StreamResponse(status=200, headers=headers)
+    await resp.prepare(request)
     return resp
 
 

@@ -18,7 +18,7 @@ from engines.config import parse_duration
 from engines.errors import ConfigError
 from engines.gateway.admission import QueueFull
 from engines.gateway.loading import ColdStream
-from engines.gateway.proxy import relay
+from engines.gateway.proxy import Upstream, relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.http import openai_error, parse_json_body
 
@@ -70,7 +70,6 @@ async def forward(request: web.Request) -> web.StreamResponse:
     invalid = _check_payload(payload, ctx)
     if invalid:
         return openai_error(400, invalid[1], param=invalid[0])
-    model = payload["model"]
     keep_alive = None
     if "keep_alive" in payload:  # Ollama's field: the engines do not know it
         try:
@@ -79,13 +78,26 @@ async def forward(request: web.Request) -> web.StreamResponse:
             return openai_error(400, exc.message, param="keep_alive")
         body = json.dumps(payload).encode()
     if ctx.pause is not None:
-        ctx.log_refused(request.path, model, 503)
+        ctx.log_refused(request.path, payload["model"], 503)
         return openai_error(
             503,
             f"traylm paused new requests: {ctx.pause.reason}",
             type_="paused",
             headers={"Retry-After": str(ctx.pause.retry_after_s)},
         )
+    return await _route(request, ctx, payload, body, keep_alive)
+
+
+async def _route(
+    request: web.Request,
+    ctx: GatewayContext,
+    payload: dict[str, Any],
+    body: bytes,
+    keep_alive: float | None,
+) -> web.StreamResponse:
+    """Resolve the model (a cold one loads, a streaming client meanwhile gets SSE comments),
+    then relay within the upstream's admission queue."""
+    model = payload["model"]
     cold = ColdStream(request) if payload.get("stream") is True else None
     target = await ctx.resolve(model, progress=cold)
     if isinstance(target, web.Response):
@@ -98,45 +110,45 @@ async def forward(request: web.Request) -> web.StreamResponse:
         ctx.routing.keep_alive(upstream, keep_alive)
     if upstream.model_name is not None and upstream.model_name != model:
         body = json.dumps({**payload, "model": upstream.model_name}).encode()
-    assert ctx.session is not None
     try:
         async with admission.slot():
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=upstream,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=ctx.usage_sink(request.path, model, upstream),
-                prepared=cold.response if cold is not None else None,
-            )
+            return await _send(request, ctx, upstream, body, model, cold)
     except QueueFull as exc:
         fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
         if fallback is not None:
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=fallback,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=ctx.usage_sink(request.path, model, fallback),
-                prepared=cold.response if cold is not None else None,
-            )
+            return await _send(request, ctx, fallback, body, model, cold)
         ctx.log_refused(request.path, model, 429, upstream.name)
-        if cold is not None and cold.response is not None:
-            return await cold.fail(
-                openai_error(429, f"too many requests for {model}: {exc.reason}; retry later")
-            )
-        return openai_error(
+        refused = openai_error(
             429,
             f"too many requests for {model}: {exc.reason}; retry later",
             type_="rate_limit_exceeded",
-            headers={"Retry-After": str(g.retry_after_s)},
+            headers={"Retry-After": str(ctx.settings.gateway.retry_after_s)},
         )
+        if cold is not None and cold.response is not None:
+            return await cold.fail(refused)
+        return refused
+
+
+async def _send(
+    request: web.Request,
+    ctx: GatewayContext,
+    upstream: Upstream,
+    body: bytes,
+    model: str,
+    cold: ColdStream | None,
+) -> web.StreamResponse:
+    assert ctx.session is not None
+    return await relay(
+        request,
+        session=ctx.session,
+        upstream=upstream,
+        body=body,
+        model=model,
+        connect_timeout_s=ctx.settings.gateway.upstream_connect_timeout_s,
+        metrics=ctx.metrics,
+        usage=ctx.usage_sink(request.path, model, upstream),
+        prepared=cold.response if cold is not None else None,
+    )
 
 
 def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:

@@ -73,7 +73,7 @@ async def load(request: web.Request) -> web.Response:
     pin = body.get("pin", False)
     if not isinstance(pin, bool):
         raise ConfigError("pin must be true or false")
-    gpus = feature.check_gpus(parse_gpus(body.get("gpus")))
+    gpus = feature.placer.check_gpus(parse_gpus(body.get("gpus")))
     return ok(await load_model(feature, name, gpus=gpus, ttl_s=ttl, pin=pin), status=202)
 
 
@@ -84,7 +84,7 @@ async def unload(request: web.Request) -> web.Response:
 
 async def placement(request: web.Request) -> web.Response:
     feature = request.app[ONDEMAND]
-    gpus = feature.check_gpus(parse_gpus(request.query.get("gpus")))
+    gpus = feature.placer.check_gpus(parse_gpus(request.query.get("gpus")))
     return ok(await feature.placement(_model(request.query.get("model")), gpus))
 
 

@@ -49,8 +49,8 @@ def _model(feature: ModelsOnDemand, entry: Entry, engine: ManagedEngine | None) 
     planned = False
     if engine is not None and engine.state in HOLDING:
         gpus = engine.profile.gpus
-    elif entry.profile is not None and feature.applies(entry.profile):
-        gpus, planned = feature.preview_gpus(entry), True
+    elif entry.profile is not None and feature.placer.applies(entry.profile):
+        gpus, planned = feature.placer.preview_gpus(entry), True
     profile = entry.profile or (engine.profile if engine is not None else None)
     return ServableModel(
         name=entry.name,
@@ -89,42 +89,11 @@ def _attached(feature: ModelsOnDemand, entry: Entry) -> ServableModel:
 
 def loaded(feature: ModelsOnDemand) -> list[LoadedModel]:
     """`traylm ps`: every engine holding resources, then the attached servers."""
-    now = time.monotonic()
-    rows = []
     names = {e.engine_id: e.name for e in feature.catalog.index.entries}
-    for engine in feature.engines.values():
-        if engine.state not in HOLDING:
-            continue
-        res = feature.lifecycle.residency.get(engine.engine_id)
-        in_flight, waiting, _ = feature.activity(engine.engine_id)
-        bookings = {k: r.booking for k, r in feature.lifecycle.residency.items()}
-        card = feature.card_bytes()
-        per_gpu = hold_of(engine, bookings, card, card) if engine.profile.gpus and card else 0
-        idle = feature.lifecycle.idle_for_s(res, now) if res is not None else None
-        limit = res.idle_limit_s() if res is not None else None
-        unloads_in = (
-            max(0.0, limit - idle)
-            if limit is not None and idle is not None and engine.state != EngineState.STARTING
-            else None
-        )
-        rows.append(
-            LoadedModel(
-                name=names.get(engine.engine_id, engine.profile.effective_served_name),
-                engine_id=engine.engine_id,
-                engine=engine.profile.engine,
-                state=str(engine.state),
-                origin=res.origin if res is not None else "start",
-                gpus=engine.profile.gpus if card else (),
-                vram_bytes=per_gpu * len(engine.profile.gpus),
-                in_flight=in_flight,
-                waiting=waiting,
-                idle_for_s=idle,
-                unloads_in_s=unloads_in,
-                ttl_s=res.ttl_s if res is not None else 0.0,
-                pinned=bool(res and res.pinned),
-                detail=engine.detail,
-            )
-        )
+    now = time.monotonic()
+    rows = [
+        _engine_row(feature, e, names, now) for e in feature.engines.values() if e.state in HOLDING
+    ]
     for server in feature.attached.servers.values():
         in_flight, waiting, _ = feature.activity(f"attached:{server.name}")
         rows.append(
@@ -148,3 +117,32 @@ def loaded(feature: ModelsOnDemand) -> list[LoadedModel]:
             )
         )
     return rows
+
+
+def _engine_row(
+    feature: ModelsOnDemand, engine: ManagedEngine, names: dict[str, str], now_s: float
+) -> LoadedModel:
+    res = feature.lifecycle.residency.get(engine.engine_id)
+    in_flight, waiting, _ = feature.activity(engine.engine_id)
+    bookings = {k: r.booking for k, r in feature.lifecycle.residency.items()}
+    card = feature.placer.card_bytes()
+    per_gpu = hold_of(engine, bookings, card, card) if engine.profile.gpus and card else 0
+    idle = feature.lifecycle.idle_for_s(res, now_s) if res is not None else None
+    limit = res.idle_limit_s() if res is not None else None
+    counting = limit is not None and idle is not None and engine.state != EngineState.STARTING
+    return LoadedModel(
+        name=names.get(engine.engine_id, engine.profile.effective_served_name),
+        engine_id=engine.engine_id,
+        engine=engine.profile.engine,
+        state=str(engine.state),
+        origin=res.origin if res is not None else "start",
+        gpus=engine.profile.gpus if card else (),
+        vram_bytes=per_gpu * len(engine.profile.gpus),
+        in_flight=in_flight,
+        waiting=waiting,
+        idle_for_s=idle,
+        unloads_in_s=max(0.0, (limit or 0.0) - (idle or 0.0)) if counting else None,
+        ttl_s=res.ttl_s if res is not None else 0.0,
+        pinned=bool(res and res.pinned),
+        detail=engine.detail,
+    )

@@ -134,7 +134,7 @@ async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
 ) -> None:
     make_fake_vllm_env(paths.envs_dir, device="cuda")
     d = await daemon_factory(settings(gpus=1))
-    d.daemon.ondemand.host_free_bytes = lambda: 64 * GIB
+    d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
     fake_profile(d, "s1", device="cuda", gpus="auto")
     fake_profile(d, "s2", device="cuda", gpus="auto")
     events = events_of(d, "model.state")
