@@ -34,6 +34,8 @@ from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.errors import ConfigError
 from engines.events.hub import LocalModel, ModelDetails
 from engines.hub.names import repo_id_from_cache_folder
+from engines.hub.search import Listing, details_from
+from engines.hub.selection import RepoEntry
 from engines.hub.shape import parse_config
 
 log = logging.getLogger(__name__)
@@ -283,43 +285,19 @@ def repo_of(model: str) -> str | None:
 
 
 def details_from_snapshot(m: LocalModel) -> ModelDetails | None:
-    """The model's shape from its snapshot's config.json and the size of its weights."""
+    """The model's shape from its snapshot's config.json and its files' sizes (what the hub's
+    details give from the Hub's metadata; here nothing leaves the machine)."""
     folder = Path(m.snapshot_path)
     try:
         config = json.loads((folder / "config.json").read_text())
+        files = tuple(
+            RepoEntry(f.relative_to(folder).as_posix(), f.stat().st_size, "", None)
+            for f in sorted(folder.rglob("*"))
+            if f.is_file()
+        )
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):
         return None
-    s = parse_config(config)
-    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-    return ModelDetails(
-        repo_id=m.repo_id,
-        revision=m.commit_sha,
-        commit_sha=m.commit_sha,
-        architecture=s.architecture,
-        model_type=s.model_type,
-        parameters=None,
-        parameters_by_dtype={},
-        num_layers=s.num_layers,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_attention_heads=s.num_attention_heads,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        kv_latent_dim=s.kv_latent_dim,
-        vocab_size=s.vocab_size,
-        max_context=s.max_context,
-        dtype=s.dtype,
-        quantization=s.quantization,
-        quantization_config=s.quantization_config,
-        license="",
-        gated="",
-        private=False,
-        needs_remote_code=s.needs_remote_code,
-        files=(),
-        skipped_files=(),
-        download_bytes=m.size_bytes,
-        weights_bytes=weights or m.size_bytes,
-        tie_word_embeddings=s.tie_word_embeddings,
-    )
+    listing = Listing(m.repo_id, m.commit_sha, m.commit_sha, files, "", False, "", {})
+    return details_from(listing, parse_config(config))

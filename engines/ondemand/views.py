@@ -4,16 +4,32 @@ picker, `traylm models ls`) and the loaded models (`traylm ps`, the tray menu)."
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from engines.events.core import EngineState
 from engines.events.models import LoadedModel, ModelStatus, ServableModel
-from engines.ondemand.catalog import Entry
-from engines.ondemand.occupancy import HOLDING, hold_of
+from engines.ondemand.attach import AttachedServers
+from engines.ondemand.catalog import Catalog, Entry
+from engines.ondemand.lifecycle import Lifecycle
+from engines.ondemand.occupancy import HOLDING, Activity, hold_of
+from engines.ondemand.placing import Placer
 from engines.supervisor import ManagedEngine
 
-if TYPE_CHECKING:
-    from engines.ondemand.service import ModelsOnDemand
+
+class ModelsOnDemand(Protocol):
+    """What these views read of the feature (engines/ondemand/service.py)."""
+
+    catalog: Catalog
+    lifecycle: Lifecycle
+    placer: Placer
+    attached: AttachedServers
+
+    @property
+    def engines(self) -> Mapping[str, ManagedEngine]: ...
+
+    @property
+    def activity(self) -> Activity: ...
 
 
 def servable(feature: ModelsOnDemand) -> list[ServableModel]:

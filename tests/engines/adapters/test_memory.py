@@ -4,10 +4,8 @@ mode: only CUDA profiles get it, only when the installed version accepts the fla
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
 from engines.adapters import adapter_for
 from engines.adapters.base import EngineRuntime, FlagSet
@@ -15,6 +13,7 @@ from engines.adapters.memory import GIB, SLEEP_RESIDUAL_BYTES
 from engines.config import Profile, profile_from_mapping
 from engines.envs import load_flags
 from engines.errors import ConfigError
+from tests.engines.adapters.test_vllm import runtime
 
 CARD = 24 * GIB
 
@@ -24,14 +23,8 @@ def profile(engine: str = "vllm", **fields: object) -> Profile:
 
 
 def vllm_runtime(device: str = "cuda", flags: FlagSet | None = None) -> EngineRuntime:
-    return EngineRuntime(
-        engine="vllm",
-        version=Version("0.32.0"),
-        python=Path("/env/bin/python"),
-        bin_dir=Path("/env/bin"),
-        device=device,
-        flags=flags or load_flags("vllm", "0.32.0"),
-    )
+    made = runtime(device)
+    return dataclasses.replace(made, flags=flags) if flags is not None else made
 
 
 def test_vllm_takes_its_fraction_of_the_card_whatever_the_weights() -> None:
