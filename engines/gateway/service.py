@@ -51,6 +51,11 @@ class ModelRouter(EngineView, Protocol):
         seconds while it loads. Raises ModelUnavailable (unknown, JIT off, no room, failed)."""
         ...
 
+    def state(self, model: str) -> str:
+        """Why ``model`` has no upstream now, in a word: "not_served" (unknown), or its
+        engine's state ("stopped", "starting", "sleeping", ...), or an attached server's."""
+        ...
+
     def keep_alive(self, upstream: Upstream, seconds: float) -> None:
         """A request's ``keep_alive``: how long its model stays loaded after this request
         (0: unload when it ends; negative: never unload)."""
@@ -186,13 +191,13 @@ class GatewayContext:
         """
         up = self.routing.upstream(model)
         if up is None:
+            # a model with a remote alias goes there while it is not ready (no local load)
+            fallback = self.fallback(model, self.routing.state(model)) if self.fallback else None
+            if fallback is not None:
+                return fallback, self.admission(f"remote:{fallback.name}")
             try:
                 up = await self.routing.load(model, progress)
             except ModelUnavailable as exc:
-                why = "not_served" if exc.http_status == 404 else exc.code
-                fallback = self.fallback(model, why) if self.fallback else None
-                if fallback is not None:
-                    return fallback, self.admission(f"remote:{fallback.name}")
                 return unavailable(exc)
         return up, self.admission(up.name)
 

@@ -203,6 +203,17 @@ class ModelsOnDemand:
                 await progress(LoadProgress(model, f.phase, f.elapsed_s, f.detail))
         f.task.result()
 
+    def state(self, model: str) -> str:
+        entry = self.catalog.index.by_name.get(model)
+        if entry is not None and entry.kind == "attached":
+            server = self.attached.servers.get(entry.engine_id)
+            return server.state if server is not None else "unreachable"
+        engine = self._engines.engines.get(entry.engine_id) if entry is not None else None
+        engine = engine or self._engines.route(model)
+        if engine is None:
+            return "stopped" if entry is not None else "not_served"
+        return str(engine.state)
+
     def keep_alive(self, upstream: Upstream, seconds: float) -> None:
         res = self.lifecycle.residency.get(upstream.name)
         if res is not None and res.origin == "jit":
