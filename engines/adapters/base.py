@@ -17,6 +17,7 @@ from typing import Protocol
 from packaging.version import Version
 
 from engines.adapters.memory import MemoryNeed
+from engines.adapters.routeset import RouteSet
 from engines.config import Profile
 from engines.errors import ConfigError, UnknownFlagError
 from engines.events.core import Diagnosis
@@ -121,6 +122,8 @@ class EngineRuntime:
     bin_dir: Path
     device: str  # "cuda" | "cpu"
     flags: FlagSet
+    routes: RouteSet | None = None
+    """The HTTP routes the engine serves per model task; None when not recorded."""
 
 
 RUN_DIR = "{run_dir}"

@@ -7,10 +7,14 @@ cold start begins and then every few seconds until the model is ready or its loa
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from engines.gateway.proxy import end_with_error, error_text
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,12 @@ class ColdStream:
         await resp.write(line.encode())
 
     async def fail(self, error: web.Response) -> web.StreamResponse:
-        """End the started stream with ``error`` (an OpenAI-shaped error response) as an
-        error event."""
+        """End the started stream with ``error`` (an error response) as the error event of
+        the request's API (OpenAI's or Anthropic's)."""
         assert self.response is not None
         body = error.body if isinstance(error.body, bytes) else b"{}"
-        await self.response.write(b"data: " + body + b"\n\ndata: [DONE]\n\n")
-        await self.response.write_eof()
-        return self.response
+        type_ = "model_unavailable"
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            type_ = str(json.loads(body)["error"]["type"])
+        message = error_text(body, error.status)
+        return await end_with_error(self.request, self.response, message, type_=type_)

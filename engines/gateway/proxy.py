@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.shapes import is_anthropic
 from engines.http import openai_error
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,14 @@ HOP_HEADERS = frozenset(
 )
 
 
-def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
+def sse_error(
+    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+) -> bytes:
+    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    if anthropic:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -74,21 +82,30 @@ async def relay(
     connect_timeout_s: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    content_type: str = "application/json",
+    on_first_events: Callable[[bytes], None] | None = None,
     prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
-    """Relay one request. ``prepared``: a stream already answered with 200 and SSE comments
-    while the model loaded (``ColdStream``); the reply, or an error event, goes into it."""
+    """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
+    whole events of a stream (the Responses route reads the response id there). ``prepared``: a
+    stream already answered with 200 and SSE comments while the model loaded (``ColdStream``);
+    the reply, or an error event, goes into it."""
     started = time.perf_counter()
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": content_type,
         "Accept": request.headers.get("Accept", "*/*"),
         **upstream.headers,
     }
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
-    route = request.path
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        resp_cm = session.post(
-            upstream.base_url + route, data=body, headers=headers, timeout=timeout
+        resp_cm = session.request(
+            request.method,
+            upstream.base_url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
         )
         upstream_resp = await resp_cm
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -100,20 +117,28 @@ async def relay(
             "it may be restarting: retry shortly"
         )
         if prepared is not None:
-            return await _end_with_error(prepared, sse_error(message, type_="engine_unavailable"))
+            return await end_with_error(request, prepared, message, type_="engine_unavailable")
         return openai_error(502, message, type_="engine_unavailable", headers={"Retry-After": "2"})
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
             return await _stream(
-                request, upstream_resp, upstream, model, started, metrics, usage, prepared
+                request,
+                upstream_resp,
+                upstream,
+                model,
+                started,
+                metrics,
+                usage,
+                on_first_events,
+                prepared,
             )
         data = await upstream_resp.read()
         prompt, completion = _count_usage(data, model, metrics, chunks=0)
         if usage is not None:
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
         if prepared is not None:  # an answer that is not a stream, after the stream began
-            return await _end_with_error(prepared, b"data: " + data.strip() + b"\n\n")
+            return await end_with_error(request, prepared, error_text(data, upstream_resp.status))
         return _whole(upstream_resp, upstream, data)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         if usage is not None:
@@ -134,6 +159,7 @@ async def _stream(
     started: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    on_first_events: Callable[[bytes], None] | None = None,
     prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     resp = prepared or await _open_stream(request, upstream_resp, upstream)
@@ -150,6 +176,9 @@ async def _stream(
             cut = whole_events(data)
             data, partial = data[:cut], data[cut:]
             if data:
+                if on_first_events is not None:
+                    on_first_events(data)
+                    on_first_events = None
                 chunks += data.count(b"data: {")
                 tail = (tail + data)[-2048:]
                 await resp.write(data)
@@ -166,7 +195,8 @@ async def _stream(
         await resp.write(
             sse_error(
                 f"engine {upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); traylm is restarting it: retry shortly"
+                f"({type(exc).__name__}); traylm is restarting it: retry shortly",
+                anthropic=is_anthropic(request.path),
             )
         )
     prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)
@@ -185,12 +215,25 @@ def _whole(upstream_resp: aiohttp.ClientResponse, upstream: Upstream, data: byte
     return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
 
 
-async def _end_with_error(resp: web.StreamResponse, event: bytes) -> web.StreamResponse:
-    if not event.endswith(b"[DONE]\n\n"):
-        event += b"data: [DONE]\n\n"
-    await resp.write(event)
+async def end_with_error(
+    request: web.Request, resp: web.StreamResponse, message: str, *, type_: str = "engine_error"
+) -> web.StreamResponse:
+    """End a stream that already began (SSE comments while the model loaded) with an error
+    event in the shape of the request's API."""
+    await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
     await resp.write_eof()
     return resp
+
+
+def error_text(data: bytes, status: int) -> str:
+    """The message of an error body (OpenAI's or Anthropic's shape), or the body itself."""
+    try:
+        error = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return f"HTTP {status}: {data[:300].decode(errors='replace')}"
 
 
 async def _open_stream(

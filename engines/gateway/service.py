@@ -21,9 +21,11 @@ from engines.config import Settings
 from engines.errors import ModelUnavailable
 from engines.events.models import ServableModel
 from engines.gateway.admission import Admission
+from engines.gateway.capabilities import CapabilityCache
 from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import Upstream, UsageSink
+from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard
 from engines.gateway.usage import UsageRecord
 from engines.http import openai_error
@@ -95,6 +97,8 @@ class GatewayContext:
         self.metrics = GatewayMetrics(registry)
         self.session: aiohttp.ClientSession | None = None
         self.admissions: dict[str, Admission] = {}
+        self.capabilities = CapabilityCache()
+        self.responses = ResponseOwners()
         self.pause: Pause | None = None
         self.started_at_s = time.time()
         self.settings = settings.current

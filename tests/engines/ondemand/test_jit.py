@@ -132,3 +132,24 @@ async def test_unknown_names_get_the_404_listing_what_exists(od: RunningDaemon) 
     models = {m.id: m for m in (await client.models.list()).data}
     assert models["known"].status == "unloaded"  # type: ignore[attr-defined]
     await client.close()
+
+
+async def test_anthropic_streams_wait_for_a_cold_model_too(od: RunningDaemon) -> None:
+    """/v1/messages through the anthropic SDK: the comments while the model loads are skipped,
+    and a failed load ends the stream with Anthropic's error event, which the SDK raises."""
+    import anthropic
+
+    fake_profile(od, "claude-ish", args="--startup-delay 1")
+    fake_profile(od, "claude-broken", args=DIAGNOSED)
+    client = anthropic.AsyncAnthropic(base_url=od.url, api_key="unused", max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    async with client.messages.stream(model="claude-ish", max_tokens=3, messages=hi) as stream:
+        text = "".join([t async for t in stream.text_stream])
+    assert text.split() == ["w0", "w1", "w2"]
+    with pytest.raises(anthropic.APIError, match="No memory left for the KV cache"):
+        async with client.messages.stream(
+            model="claude-broken", max_tokens=3, messages=hi
+        ) as stream:
+            async for _ in stream.text_stream:
+                pass
+    await client.close()
