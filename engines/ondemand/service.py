@@ -252,6 +252,7 @@ class ModelsOnDemand:
         return self._activity
 
     def listing(self) -> list[ServableModel]:
+        self.catalog.refresh_soon()
         return views.servable(self)
 
     def ps(self) -> list[LoadedModel]:
