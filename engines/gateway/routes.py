@@ -53,14 +53,15 @@ OPEN_ROUTES = frozenset({"/health"})
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": _model_list(request.app[GATEWAY])})
+    return web.json_response({"object": "list", "data": await _model_list(request.app[GATEWAY])})
 
 
-def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
+async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
     """Every servable model (loaded or not) with traylm's extras: ``status`` (loaded |
     loading | unloaded) and ``gpus`` (where it is, or would go now)."""
     data = []
-    for m in ctx.routing.listing():
+    models = await ctx.routing.listing()
+    for m in models:
         extras = {
             "engine_id": m.engine_id,
             "engine": m.engine,
@@ -88,10 +89,11 @@ async def retrieve_model(request: web.Request) -> web.Response:
     """GET /v1/models/{model_id}: the openai SDK's ``models.retrieve``."""
     ctx = request.app[GATEWAY]
     model_id = request.match_info["model_id"]
-    for item in _model_list(ctx):
+    items = await _model_list(ctx)
+    for item in items:
         if item["id"] == model_id:
             return web.json_response(item)
-    served = ", ".join(sorted({m.name for m in ctx.routing.listing()})) or "none"
+    served = ", ".join(sorted({str(item["id"]) for item in items})) or "none"
     return openai_error(
         404,
         f"the model {model_id!r} is not served; served models: {served}",

@@ -63,8 +63,9 @@ class ModelRouter(EngineView, Protocol):
         (0: unload when it ends; negative: never unload)."""
         ...
 
-    def listing(self) -> list[ServableModel]:
-        """Every servable model with its status (GET /v1/models)."""
+    async def listing(self) -> list[ServableModel]:
+        """Every servable model with its status (GET /v1/models); a list asked for a second
+        after the last one re-reads the profiles and the library first."""
         ...
 
 

@@ -41,8 +41,8 @@ from engines.hub.shape import parse_config
 log = logging.getLogger(__name__)
 
 EXPLICIT, PROFILE_NAME, IMPLICIT = 1, 2, 3
-STALE_S = 5.0
-"""A model list older than this starts a re-read of the sources (profiles saved meanwhile)."""
+STALE_S = 1.0
+"""A model list asked for when the index is older than this re-reads the sources first."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -162,12 +162,13 @@ class Catalog:
         self._started_s = time.monotonic()
         self._refreshing = asyncio.ensure_future(self._read())
 
-    def refresh_soon(self, older_than_s: float = STALE_S) -> None:
-        """Start a re-read in the background when the index is older than ``older_than_s``
-        (the model list answers from the index it has; the next one sees the new read)."""
-        busy = self._refreshing is not None and not self._refreshing.done()
-        if not busy and time.monotonic() - self._started_s > older_than_s:
-            self._start_read()
+    async def refresh_if_older(self, age_s: float = STALE_S) -> None:
+        """Re-read when the index began reading more than ``age_s`` ago (the model list: a
+        profile written a moment ago is listed; a burst of lists shares one read)."""
+        if time.monotonic() - self._started_s > age_s:
+            await self.refresh()
+        elif self._refreshing is not None and not self._refreshing.done():
+            await asyncio.shield(self._refreshing)
 
     async def _read(self) -> None:
         entries, broken = await asyncio.to_thread(self._collect)

@@ -53,7 +53,7 @@ async def servable(request: web.Request) -> web.Response:
     index = feature.catalog.index
     return ok(
         {
-            "models": feature.listing(),
+            "models": await feature.listing(),
             "ambiguous": index.ambiguous,
             "notes": index.notes,
             "broken": index.broken,

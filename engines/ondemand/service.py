@@ -232,7 +232,7 @@ class ModelsOnDemand:
         return entry
 
     def unknown(self, model: str) -> ModelUnavailable:
-        names = sorted({e.name for e in self.catalog.index.entries})
+        names = sorted({n for e in self.catalog.index.entries for n in (e.name, *e.listed)})
         listing = ", ".join(names) if names else "none (add a profile or `traylm models pull`)"
         return ModelUnavailable(
             f"the model {model!r} is not served; served models: {listing}",
@@ -251,8 +251,8 @@ class ModelsOnDemand:
     def activity(self) -> Activity:
         return self._activity
 
-    def listing(self) -> list[ServableModel]:
-        self.catalog.refresh_soon()
+    async def listing(self) -> list[ServableModel]:
+        await self.catalog.refresh_if_older()
         return views.servable(self)
 
     def ps(self) -> list[LoadedModel]:
