@@ -64,8 +64,8 @@ class ModelRouter(EngineView, Protocol):
         ...
 
     async def listing(self) -> list[ServableModel]:
-        """Every servable model with its status (GET /v1/models); a list asked for a second
-        after the last one re-reads the profiles and the library first."""
+        """Every servable model with its status (GET /v1/models), read fresh (a profile saved
+        a moment ago is listed)."""
         ...
 
 

@@ -41,8 +41,6 @@ from engines.hub.shape import parse_config
 log = logging.getLogger(__name__)
 
 EXPLICIT, PROFILE_NAME, IMPLICIT = 1, 2, 3
-STALE_S = 1.0
-"""A model list asked for when the index is older than this re-reads the sources first."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -146,9 +144,10 @@ class Catalog:
         assert self._refreshing is not None
         await asyncio.shield(self._refreshing)
 
-    async def refresh_for_miss(self) -> None:
-        """Re-read for a name the index does not know: wait for a read that began after the
-        miss (a profile written a moment ago is found). Misses arriving together share it."""
+    async def refresh_fresh(self) -> None:
+        """Wait for a read that began after this call (a profile written a moment ago is
+        found); callers arriving together share it. For a name the index does not know, and
+        for the model list."""
         asked = time.monotonic()
         while self._started_s < asked:
             if self._refreshing is not None and not self._refreshing.done():
@@ -161,14 +160,6 @@ class Catalog:
     def _start_read(self) -> None:
         self._started_s = time.monotonic()
         self._refreshing = asyncio.ensure_future(self._read())
-
-    async def refresh_if_older(self, age_s: float = STALE_S) -> None:
-        """Re-read when the index began reading more than ``age_s`` ago (the model list: a
-        profile written a moment ago is listed; a burst of lists shares one read)."""
-        if time.monotonic() - self._started_s > age_s:
-            await self.refresh()
-        elif self._refreshing is not None and not self._refreshing.done():
-            await asyncio.shield(self._refreshing)
 
     async def _read(self) -> None:
         entries, broken = await asyncio.to_thread(self._collect)

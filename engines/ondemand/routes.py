@@ -49,11 +49,11 @@ def ondemand_routes() -> list[web.RouteDef]:
 
 async def servable(request: web.Request) -> web.Response:
     feature = request.app[ONDEMAND]
-    await feature.catalog.refresh()
+    models = await feature.listing()  # read fresh
     index = feature.catalog.index
     return ok(
         {
-            "models": await feature.listing(),
+            "models": models,
             "ambiguous": index.ambiguous,
             "notes": index.notes,
             "broken": index.broken,

@@ -223,7 +223,7 @@ class ModelsOnDemand:
         """The catalog entry ``name`` routes to; ModelUnavailable (409) when it is ambiguous."""
         entry = self.catalog.find(name)
         if entry is None and name not in self.catalog.index.ambiguous:
-            await self.catalog.refresh_for_miss()
+            await self.catalog.refresh_fresh()
             entry = self.catalog.find(name)
         if entry is None and name in self.catalog.index.ambiguous:
             raise ModelUnavailable(
@@ -252,7 +252,7 @@ class ModelsOnDemand:
         return self._activity
 
     async def listing(self) -> list[ServableModel]:
-        await self.catalog.refresh_if_older()
+        await self.catalog.refresh_fresh()
         return views.servable(self)
 
     def ps(self) -> list[LoadedModel]:
