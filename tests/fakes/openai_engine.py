@@ -387,6 +387,7 @@ def serve(args: argparse.Namespace) -> None:
         print=listening,
         access_log=None,
         handler_cancellation=True,
+        backlog=1024,  # the gateway benchmark opens 256 connections at once
     )
 
 
