@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from engines.config import EngineSettings, GPUSettings, Settings
+from engines.config import GPUSettings, Settings
 from engines.events.codec import Event
 from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
@@ -106,4 +106,4 @@ def events_of() -> Any:
         e.close()
 
 
-__all__ = ["EngineSettings", "Events", "ask", "fake_profile", "sdk", "settings"]
+__all__ = ["Events", "ask", "fake_profile", "sdk", "settings"]
