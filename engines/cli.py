@@ -189,6 +189,11 @@ def _feature_parsers(sub: Any) -> None:
 
     add_remote_parsers(sub)
 
+    # models on demand: traylm ps|load|unload|attach|detach
+    from engines.ondemand.cli import add_parsers as add_ondemand_parsers
+
+    add_ondemand_parsers(sub)
+
     # bench: traylm bench run|ls|show|compare|cancel|rm
     from engines.bench.cli import add_parsers as add_bench_parsers
 

@@ -44,6 +44,8 @@ from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
 from engines.metrics import MetricsRegistry
+from engines.ondemand.routes import ONDEMAND, ondemand_routes
+from engines.ondemand.service import GPUReadings, ModelsOnDemand
 from engines.procs import PidRegistry, port_holder, reap_orphans
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback
@@ -106,9 +108,26 @@ class Daemon:
         live, paths, publish = self.live, self.paths, self.bus.publish
         self.usage = UsageRecorder(self.store)
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
+        # models on demand is the gateway's router, so it comes first; what it reads of parts
+        # built after it (the GPU feature, the hub library, engine starts) goes through lambdas
+        self.ondemand = ModelsOnDemand(
+            settings=live,
+            engines=self.supervisor,
+            start_engine=lambda p: self.control.start_engine(p, placed=True),
+            profiles=self.profiles,
+            library=lambda: self.hub.library.models(),
+            gpus=GPUReadings(
+                gpus=lambda: self.gpu.inventory.gpus(),
+                latest=lambda: self.gpu.sampler.latest,
+                simulated=lambda: self.gpu.backend.simulated,
+            ),
+            activity=lambda upstream: self.ctx.activity(upstream),
+            publish=publish,
+            attached_file=paths.config_dir / "attached.toml",
+        )
         self.ctx = GatewayContext(
             settings=live,
-            routing=self.supervisor,
+            routing=self.ondemand,
             registry=self.registry,
             control_token=self.token,
             fallback=self.remote,
@@ -133,6 +152,7 @@ class Daemon:
             profiles=self.profiles,
             engines=self.supervisor,
             inventory=inventory,
+            placement=self.ondemand.placer.place_fit,
         )
         self.trt = TRTFeature(
             cache_dir=paths.trt_engines_dir,
@@ -162,6 +182,7 @@ class Daemon:
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
+            place=self.ondemand.placer.place_started,
         )
         self.status = DaemonStatus(
             settings=live,
@@ -172,11 +193,13 @@ class Daemon:
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
+                "models": lambda: to_plain(self.ondemand.ps()),
             },
         )
         self.features: list[Feature] = [
             self.gpu,
             self.hub,
+            self.ondemand,
             self.trt,
             self.remote,
             self.usage,
@@ -204,6 +227,7 @@ class Daemon:
         mount(app, REMOTE, self.remote, remote_routes())
         mount(app, CHATS, self.chats, chats_routes())
         mount(app, BENCH, self.bench, bench_routes())
+        mount(app, ONDEMAND, self.ondemand, ondemand_routes())
         return app
 
     @property

@@ -6,6 +6,10 @@ State machine (published as ``EngineStateChanged``)::
     stopped ─start→ starting ─ready→ ready ─stop→ stopping → stopped
         any state ─(start failed | crashed too often)→ failed ─start→ starting
     ready ─crash→ starting (automatic restart, capped exponential backoff)
+    ready ─sleep→ sleeping ─wake→ ready  (engines launched with sleep routes: vLLM on CUDA)
+
+While starting, readiness is probed every 50 ms (a refused connection costs little), so a request
+waiting for a cold model is relayed within a probe period of the engine listening.
 
 Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
 A crash is noticed within 2 s: the leader's exit code is polled every 50 ms, and ``/health``
@@ -24,7 +28,7 @@ import re
 import shlex
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -60,7 +64,9 @@ from engines.warm import WarmPool
 log = logging.getLogger(__name__)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-HEALTH_PERIOD_S = 0.5  # while starting
+HEALTH_PERIOD_S = 0.05  # readiness probe while starting
+DESCENDANTS_PERIOD_S = 0.5  # the process-tree scan while starting (it reads every process)
+SLEEP_TIMEOUT_S = 120.0  # a sleep or wake moves the weights between GPU and host RAM
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
 
@@ -120,6 +126,8 @@ class ManagedEngine:
         self._task: asyncio.Task[None] | None = None
         self._want_running = False
         self._ready_event = asyncio.Event()
+        self._state_changed = asyncio.Event()
+        self._spec: LaunchSpec | None = None
         self._log_fh: TextIO | None = None
         self._phases = PhaseTracker(engine_id)
 
@@ -171,6 +179,60 @@ class ManagedEngine:
 
     async def wait_ready(self, timeout_s: float) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+
+    async def wait_state(self, states: Collection[EngineState]) -> EngineState:
+        """Return the state as soon as it is one of ``states`` (woken by the transition itself,
+        no polling); the caller bounds the wait."""
+        while self.state not in states:
+            await self._state_changed.wait()
+        return self.state
+
+    @property
+    def can_sleep(self) -> bool:
+        """The running engine has sleep routes (vLLM sleep mode on CUDA)."""
+        return self._spec is not None and self._spec.sleep is not None
+
+    async def sleep(self) -> None:
+        """Ask a ready engine with sleep mode to free its GPU memory (weights to host RAM); it
+        stays alive and is not routed to until ``wake``. Raises EngineError."""
+        routes = self._spec.sleep if self._spec is not None else None
+        if routes is None or self.state != EngineState.READY:
+            raise EngineError(
+                f"engine {self.engine_id!r} cannot sleep ({self.state}"
+                f"{'' if routes else ', started without sleep mode'})"
+            )
+        self._set_state(EngineState.SLEEPING, "asleep: weights in host RAM")
+        try:
+            await self._post(routes.sleep_path)
+        except EngineError:
+            self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            raise
+
+    async def wake(self) -> None:
+        """Wake a sleeping engine (weights back to the GPU); returns once it serves again."""
+        routes = self._spec.sleep if self._spec is not None else None
+        if routes is None or self.state != EngineState.SLEEPING:
+            raise EngineError(f"engine {self.engine_id!r} is {self.state}, not sleeping")
+        self.detail = "waking up: weights back to the GPU"
+        await self._post(routes.wake_path)
+        self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+
+    async def _post(self, path: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.post(f"{self.base_url}{path}") as resp,
+            ):
+                text = await resp.text()
+                if resp.status != 200:
+                    raise EngineError(
+                        f"engine {self.engine_id!r} answered {resp.status} to {path}: {text[:200]}"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(
+                f"engine {self.engine_id!r} did not answer {path} ({type(exc).__name__})"
+            ) from exc
 
     async def stop(self, reason: str = "stopped") -> None:
         """Stop the engine and everything it started; returns when no process of it remains."""
@@ -286,9 +348,10 @@ class ManagedEngine:
 
     def _spawn_spec(self) -> LaunchSpec:
         self.port = free_loopback_port()
-        return self.adapter.launch(
+        self._spec = self.adapter.launch(
             self.profile, runtime=self.runtime, port=self.port, model=self.model
         )
+        return self._spec
 
     async def _spawn(self, spec: LaunchSpec) -> None:
         spec = self._write_files(spec)
@@ -342,6 +405,7 @@ class ManagedEngine:
         assert self._proc is not None
         deadline = time.monotonic() + self.settings.ready_timeout_s
         timeout = aiohttp.ClientTimeout(total=2)
+        scanned = 0.0
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while time.monotonic() < deadline:
                 if self._proc.returncode is not None:
@@ -350,7 +414,9 @@ class ManagedEngine:
                     http, spec.models_path
                 ):
                     return self._proc.returncode is None
-                await self._track_descendants()
+                if time.monotonic() - scanned >= DESCENDANTS_PERIOD_S:
+                    await self._track_descendants()
+                    scanned = time.monotonic()
                 await exit_code(self._proc, HEALTH_PERIOD_S)
         self.diagnosis = self.diagnosis or Diagnosis(
             code="ready_timeout",
@@ -521,6 +587,8 @@ class ManagedEngine:
         previous = self.state
         self.state = state
         self.detail = detail
+        changed, self._state_changed = self._state_changed, asyncio.Event()
+        changed.set()
         log.info("engine %s: %s → %s (%s)", self.engine_id, previous, state, detail)
         self._publish(
             EngineStateChanged(

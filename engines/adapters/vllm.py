@@ -16,9 +16,12 @@ from engines.adapters.base import (
     EngineRuntime,
     LaunchSpec,
     LogRule,
+    SleepRoutes,
     first_diagnosis,
     tp_env,
+    weights_per_gpu,
 )
+from engines.adapters.memory import MemoryNeed, vllm_need
 from engines.adapters.vllm_start import (
     PHASES,
     api_server_command,
@@ -35,6 +38,7 @@ CLI_SERVE_SINCE = (0, 33)
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
+SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def _suggest_len(m: re.Match[str]) -> dict[str, str]:
@@ -192,17 +196,34 @@ class VLLMAdapter:
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
         module, args = entry_module(runtime, model)
+        env = self._env(profile, runtime, model)
+        sleeps = can_sleep(profile, runtime)
+        if sleeps:
+            # the sleep routes exist only in dev mode, which also registers other admin routes:
+            # the engine listens on loopback only and the gateway forwards none of them
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return LaunchSpec(
             argv=(*api_server_command(runtime.python, module), *args, *argv, *profile.extra_flags),
-            env=self._env(profile, runtime, model),
+            env=env,
             served_names=profile.served_names,
             phases=PHASES,
             links=cache_links(runtime, model, profile.revision),
             warm_argv=warm_command(runtime.python, module),
+            sleep=SleepRoutes() if sleeps else None,
         )
 
     def diagnose(self, line: str) -> Diagnosis | None:
         return first_diagnosis(RULES, line)
+
+    def memory_need(
+        self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
+    ) -> MemoryNeed:
+        return vllm_need(
+            utilization=profile.gpu_memory_utilization,
+            total_bytes=total_bytes,
+            weights_bytes=weights_per_gpu(profile, weights_bytes),
+            sleep_mode=profile.sleep_mode,
+        )
 
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
@@ -245,6 +266,8 @@ class VLLMAdapter:
                 argv += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
             if profile.world_size > 1 and not profile.p2p:
                 argv.append("--disable-custom-all-reduce")
+            if can_sleep(profile, runtime):
+                argv.append(SLEEP_FLAG)
         return argv
 
     @staticmethod
@@ -259,6 +282,12 @@ class VLLMAdapter:
         env["PYTHONFAULTHANDLER"] = "1"  # a native crash leaves its Python stack in the log
         env.update(profile.env)
         return env
+
+
+def can_sleep(profile: Profile, runtime: EngineRuntime) -> bool:
+    """Sleep mode is CUDA-only (the CPU build refuses to start with it) and must be a flag the
+    installed version accepts."""
+    return profile.sleep_mode and runtime.device == "cuda" and SLEEP_FLAG in runtime.flags.flags
 
 
 def entry_module(runtime: EngineRuntime, model: str) -> tuple[str, tuple[str, ...]]:

@@ -48,6 +48,8 @@ class LaunchHook(Protocol):
     ) -> Prepare | None: ...
 
 
+Place = Callable[[Profile], Awaitable[Profile]]
+"""Put a profile on GPUs before it starts (engines/ondemand/service.py place_started)."""
 TrustCheck = Callable[[str, str], Awaitable[None]]
 """(profile name, model) → None, or ConfigError when the profile runs code the user did not
 trust (engines/hub/service.py HubFeature.require_trust)."""
@@ -70,9 +72,12 @@ class EngineControl:
         check_trust: TrustCheck,
         cache_dir: Path | None = None,
         warm: WarmPool | None = None,
+        place: Place | None = None,
     ) -> None:
         """``cache_dir``: where engines keep their compile caches (one folder per engine env);
-        ``warm``: the processes started ahead for the next start of a profile."""
+        ``warm``: the processes started ahead for the next start of a profile; ``place``: puts a
+        profile on GPUs before it starts (models on demand: resolves ``gpus = "auto"``, making
+        room by unloading idle models, and books the engine)."""
         self._supervisor = supervisor
         self._envs = envs
         self._settings = settings
@@ -83,6 +88,7 @@ class EngineControl:
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
+        self._place = place
         self._install_task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
@@ -92,9 +98,10 @@ class EngineControl:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._install_task
 
-    async def start_engine(self, profile: Profile) -> EngineStatus:
-        """Validate everything that can be checked before launch, then start (returns at once
-        with state ``starting``). Raises TraylmError subclasses with the fix in the message."""
+    async def start_engine(self, profile: Profile, *, placed: bool = False) -> EngineStatus:
+        """Validate everything that can be checked before launch, place it on GPUs (unless
+        ``placed``), then start (returns at once with state ``starting``). Raises TraylmError
+        subclasses with the fix in the message."""
         adapter = adapter_for(profile.engine)
         device = resolve_device(profile)
         env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
@@ -108,9 +115,14 @@ class EngineControl:
         if profile.cpu_kv_cache_gib is None and device == "cpu":
             profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
         self._check_names_free(profile)
-        adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        check = profile
+        if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
+            check = dataclasses.replace(profile, gpus=tuple(range(profile.world_size)))
+        adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
         if self._warm is not None:
             self._warm.limit = settings.warm_starts  # the setting applies live
+        if self._place is not None and not placed:
+            profile = await self._place(profile)
         hook = self._launch_hooks.get(profile.engine)
         prepare = await hook(profile, runtime=runtime, model=model) if hook else None
         engine = ManagedEngine(

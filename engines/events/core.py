@@ -13,11 +13,13 @@ from engines.events.codec import Event
 
 class EngineState(enum.StrEnum):
     """Lifecycle of one engine process. Transitions: stopped → starting → ready → stopping →
-    stopped; any state → failed; failed → starting on a (re)start."""
+    stopped; any state → failed; failed → starting on a (re)start; ready ⇄ sleeping (vLLM sleep
+    mode: the process lives, its GPU memory is freed, nothing is routed to it)."""
 
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
+    SLEEPING = "sleeping"
     STOPPING = "stopping"
     FAILED = "failed"
 

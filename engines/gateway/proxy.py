@@ -68,6 +68,9 @@ class Upstream:
     base_url: str  # without the /v1 suffix
     headers: Mapping[str, str]
     remote: bool = False
+    model_name: str | None = None
+    """The name the upstream knows the model by, when it is not the one requested (an
+    attached server asked for by its attach name): the route rewrites the body's ``model``."""
 
 
 async def relay(
@@ -82,9 +85,12 @@ async def relay(
     usage: UsageSink | None = None,
     content_type: str = "application/json",
     on_first_events: Callable[[bytes], None] | None = None,
+    prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
-    whole events of a stream (the Responses route reads the response id there)."""
+    whole events of a stream (the Responses route reads the response id there). ``prepared``: a
+    stream already answered with 200 and SSE comments while the model loaded (``ColdStream``);
+    the reply, or an error event, goes into it."""
     started = time.perf_counter()
     headers = {
         "Content-Type": content_type,
@@ -107,31 +113,35 @@ async def relay(
         log.warning("upstream %s unreachable: %s", upstream.name, exc)
         if usage is not None:
             usage(502, None, None, time.perf_counter() - started)
-        return openai_error(
-            502,
+        message = (
             f"engine {upstream.name} did not answer ({type(exc).__name__}); "
-            "it may be restarting: retry shortly",
-            type_="engine_unavailable",
-            headers={"Retry-After": "2"},
+            "it may be restarting: retry shortly"
         )
+        if prepared is not None:
+            return await end_with_error(request, prepared, message, type_="engine_unavailable")
+        return openai_error(502, message, type_="engine_unavailable", headers={"Retry-After": "2"})
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
             return await _stream(
-                request, upstream_resp, upstream, model, started, metrics, usage, on_first_events
+                request,
+                upstream_resp,
+                upstream,
+                model,
+                started,
+                metrics,
+                usage,
+                on_first_events,
+                prepared,
             )
         data = await upstream_resp.read()
         counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
         prompt, completion = _count_usage(counts, model, metrics, chunks=0)
         if usage is not None:
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
-        out_headers = {
-            k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS
-        }
-        out_headers["X-Traylm-Engine"] = upstream.name
-        if upstream.remote:
-            out_headers["X-Traylm-Route"] = "remote"
-        return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+        if prepared is not None:  # an answer that is not a stream, after the stream began
+            return await end_with_error(request, prepared, error_text(data, upstream_resp.status))
+        return _whole(upstream_resp, upstream, data)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
         if usage is not None:
             usage(502, None, None, time.perf_counter() - started)
@@ -161,17 +171,9 @@ async def _stream(
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
     on_first_events: Callable[[bytes], None] | None = None,
+    prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
-    headers = {
-        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        "X-Traylm-Engine": upstream.name,
-    }
-    if upstream.remote:
-        headers["X-Traylm-Route"] = "remote"
-    resp = EventStreamResponse(status=200, headers=headers)
-    await resp.prepare(request)
+    resp = prepared or await _open_stream(request, upstream_resp, upstream)
     first = True
     chunks = 0
     counted = b""  # the last events that carried token counts (usage)
@@ -217,6 +219,51 @@ async def _stream(
         usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
     request[REPLY_COMPLETE] = True
+    return resp
+
+
+def _whole(upstream_resp: aiohttp.ClientResponse, upstream: Upstream, data: bytes) -> web.Response:
+    out_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS}
+    out_headers["X-Traylm-Engine"] = upstream.name
+    if upstream.remote:
+        out_headers["X-Traylm-Route"] = "remote"
+    return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+
+
+async def end_with_error(
+    request: web.Request, resp: web.StreamResponse, message: str, *, type_: str = "engine_error"
+) -> web.StreamResponse:
+    """End a stream that already began (SSE comments while the model loaded) with an error
+    event in the shape of the request's API."""
+    await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
+    await resp.write_eof()
+    return resp
+
+
+def error_text(data: bytes, status: int) -> str:
+    """The message of an error body (OpenAI's or Anthropic's shape), or the body itself."""
+    try:
+        error = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return f"HTTP {status}: {data[:300].decode(errors='replace')}"
+
+
+async def _open_stream(
+    request: web.Request, upstream_resp: aiohttp.ClientResponse, upstream: Upstream
+) -> web.StreamResponse:
+    headers = {
+        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        "X-Traylm-Engine": upstream.name,
+    }
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    resp = EventStreamResponse(status=200, headers=headers)
+    await resp.prepare(request)
     return resp
 
 

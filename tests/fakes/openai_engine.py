@@ -120,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trust-remote-code",
         "--enforce-eager",
         "--disable-custom-all-reduce",
+        "--enable-sleep-mode",
         "--enable-auto-tool-choice",
     ):
         p.add_argument(flag, action="store_true")
@@ -136,6 +137,10 @@ class FakeEngine:
         self.requests = 0
         self.aborted = 0
         self.generated = 0
+        self.last_keys: list[str] = []  # the top-level fields of the last request body
+        self.sleeping = 0  # the sleep level (0: awake), as vLLM's sleep mode keeps it
+        self.sleeps = 0
+        self.wakes = 0
 
     def _maybe_crash(self) -> None:
         self.requests += 1
@@ -166,11 +171,49 @@ class FakeEngine:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"requests": self.requests, "aborted": self.aborted, "generated": self.generated}
+            {
+                "requests": self.requests,
+                "aborted": self.aborted,
+                "generated": self.generated,
+                "sleeping": self.sleeping,
+                "sleeps": self.sleeps,
+                "wakes": self.wakes,
+                "last_keys": self.last_keys,
+            }
         )
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        """vLLM's POST /sleep?level=1|2&mode=abort|wait|keep: the fake has no real weights, so
+        it only says (and counts) that it released them; the simulated GPUs follow the engine's
+        state in the daemon."""
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError:
+            return web.json_response({"error": "level must be 0, 1 or 2"}, status=400)
+        if level not in (0, 1, 2) or request.query.get("mode", "abort") not in (
+            "abort",
+            "wait",
+            "keep",
+        ):
+            return web.json_response({"error": "level 0-2, mode abort|wait|keep"}, status=400)
+        self.sleeping, self.sleeps = level, self.sleeps + 1
+        print(f"fake engine: sleeping at level {level} (weights released)", flush=True)
+        return web.Response(status=200)
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        self.sleeping, self.wakes = 0, self.wakes + 1
+        print("fake engine: awake (weights restored)", flush=True)
+        return web.Response(status=200)
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": bool(self.sleeping)})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.last_keys = sorted(body)
+        if self.sleeping:
+            message = "the engine is sleeping; POST /wake_up first"
+            return web.json_response({"error": {"message": message, "code": 503}}, status=503)
         if not self.args.accept_any_model and body.get("model") not in self.args.served_model_name:
             return web.json_response(
                 {
@@ -372,13 +415,24 @@ def serve(args: argparse.Namespace) -> None:
         app.router.add_post("/v1/embeddings", engine.embeddings)
     add_routes(app, FakeAPIs(args), tasks)
     app.router.add_post("/pause", engine.admin)
+    if args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        # like vLLM: the sleep routes exist only in dev mode with sleep mode enabled
+        app.router.add_post("/sleep", engine.sleep)
+        app.router.add_post("/wake_up", engine.wake_up)
+        app.router.add_get("/is_sleeping", engine.is_sleeping)
     app.router.add_post("/collective_rpc", engine.admin)
     print(f"Starting fake server on http://{args.host}:{args.port}", flush=True)
+
+    def listening(_banner: str) -> None:
+        # aiohttp calls this once the socket listens: the engine's own ready time, which
+        # tests/perf/ondemand_bench.py subtracts from a cold request's first token
+        print(f"fake engine: listening at {time.time():.6f}", flush=True)
+
     web.run_app(
         app,
         host=args.host,
         port=args.port,
-        print=None,
+        print=listening,
         access_log=None,
         handler_cancellation=True,
         backlog=1024,  # the gateway benchmark opens 256 connections at once
