@@ -160,6 +160,10 @@ def vllm_daemon(
 ) -> Iterator[DaemonProcess]:
     """`traylm serve` with the profile `tiny` started (and ready) through the real CLI."""
     home = tmp_path_factory.mktemp("traylm-home")
+    config_file = Paths.from_env({"TRAYLM_HOME": str(home)}).config_file
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    # the mid-reply tests ask for 64 choices (a reply long enough to act on before it ends)
+    write_toml_atomic(config_file, {"gateway": {"max_n": 64}})
     daemon = start_daemon(home, free_loopback_port())
     write_toml_atomic(
         daemon.paths.profiles_dir / "tiny.toml",
