@@ -4,6 +4,7 @@ kept). The tiny model says random tokens, so these check shapes and the protocol
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,7 +220,15 @@ def litellm_module() -> Iterator[Any]:
         import litellm
 
         litellm.telemetry = False
-        yield litellm
+        # litellm's service logger takes the main thread's event loop from get_event_loop()
+        # (which makes one when none is set) and never closes it; it gets ours, closed after
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            yield litellm
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 @pytest.mark.parametrize("prefix", ["openai", "hosted_vllm"])
