@@ -27,6 +27,7 @@ from desktop.instance import InstanceServer, PrimaryLock, send_command
 from desktop.notify import Notifier
 from desktop.quit_dialog import QuitDialog
 from desktop.state import AppState
+from desktop.theme import ThemeFollower
 from desktop.tray import TrayController, Windows
 from engines.config import Paths
 
@@ -54,6 +55,9 @@ class DesktopApp(QObject):
         self.actions = Actions(self.bridge, self.state, self.notifier, self)
         windows = Windows(self.open_chat, self.open_dashboard, self.request_quit)
         self.tray = TrayController(self.state, self.actions, self.notifier, windows, self)
+        qapp = QApplication.instance()
+        assert isinstance(qapp, QApplication)
+        self.theme = ThemeFollower(qapp, self.state, self)
         self.chat_window: ChatWindow | None = None
         self.dashboard: DashboardWindow | None = None
         self.quit_dialog: QuitDialog | None = None
@@ -61,6 +65,7 @@ class DesktopApp(QObject):
         self._finished = False
 
     def start(self) -> None:
+        self.theme.apply()
         self.bridge.start()
         if not (self.use_tray and self.tray.show()):
             self.fallback = True
@@ -146,6 +151,7 @@ class DesktopApp(QObject):
                 window.prepare_close()
                 window.close()
         self.tray.hide()
+        self.theme.stop()
         self.bridge.stop()
 
     # ----------------------------------------------------------------- instance commands

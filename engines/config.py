@@ -326,6 +326,15 @@ class UISettings:
     last_profile: str = setting(
         "", "Profile the tray's Start acts on (the last one started or picked in the menu)."
     )
+    theme: str = setting(
+        "system",
+        "The app's colours: system (follow the desktop's light or dark setting), light or dark.",
+        choices=("system", "light", "dark"),
+    )
+    setup_done: bool = setting(
+        False,
+        "The first-run setup was finished or skipped (Settings → Run the setup again reopens it).",
+    )
 
 
 @dataclass(frozen=True)

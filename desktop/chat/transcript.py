@@ -251,7 +251,7 @@ class TranscriptView(QScrollArea):
         self.column.setContentsMargins(12, 12, 12, 12)
         self.column.setSpacing(10)
         self.placeholder = QLabel(
-            "Ask something. Ctrl+Enter sends, Esc stops a reply.\n"
+            "Ask something. Enter sends, Shift+Enter starts a new line, Esc stops a reply.\n"
             "The conversation is kept by the traylm daemon."
         )
         self.placeholder.setObjectName("placeholder")

@@ -1,5 +1,5 @@
 """The chat window: conversations on the left; model, parameters, the transcript and the
-composer on the right. Ctrl+Enter sends, Esc stops a streaming reply."""
+composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a streaming reply."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ from desktop.chat.keyfile import read_key, write_key
 from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
 from desktop.state import AppState
-from desktop.style import STYLE
+from desktop.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
+from desktop.widgets.sizing import resize_within_screen
 
 NO_MODEL = "(no model served)"
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
@@ -49,9 +50,8 @@ class ChatWindow(QMainWindow):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("chatWindow")
-        self.setStyleSheet(STYLE)
         self.setWindowTitle("traylm — Chat")
-        self.resize(1000, 720)
+        resize_within_screen(self, 1000, 720)
         self.state = state
         self.app_actions = actions
         self.bridge = bridge
@@ -155,14 +155,14 @@ class ChatWindow(QMainWindow):
         row = QHBoxLayout()
         self.composer = QPlainTextEdit()
         self.composer.setObjectName("composer")
-        self.composer.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
+        self.composer.setPlaceholderText("Message (Enter sends, Shift+Enter new line, Esc stops)")
         self.composer.setMaximumHeight(110)
         self.composer.installEventFilter(self)
         row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
-        self.send_button = QPushButton("Send")
+        self.send_button = primary(QPushButton("Send"))
         self.send_button.setObjectName("send")
-        self.send_button.setToolTip("Ctrl+Enter")
+        self.send_button.setToolTip("Enter (Shift+Enter starts a new line)")
         self.send_button.clicked.connect(self.on_send_clicked)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stop")
@@ -411,12 +411,13 @@ class ChatWindow(QMainWindow):
         self.new_button.setEnabled(not streaming)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Ctrl+Enter and Esc in the composer, also when the window-wide shortcuts cannot fire
-        (the window is not the active one)."""
+        """Enter sends and Shift+Enter starts a new line in the composer (as in LM Studio and
+        Jan); Esc stops. Also when the window-wide shortcuts cannot fire (the window is not the
+        active one)."""
         if watched is self.composer and event.type() == QEvent.Type.KeyPress:
             assert isinstance(event, QKeyEvent)
             enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-            if enter and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
                 self.on_send_clicked()
                 return True
             if event.key() == Qt.Key.Key_Escape:

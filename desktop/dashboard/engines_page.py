@@ -24,6 +24,7 @@ from desktop.dashboard.profile_editor import ProfileEditor
 from desktop.dashboard.trt_view import TRTView
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
+from desktop.theme import primary
 from desktop.widgets.chart import LiveChart
 from desktop.widgets.table import read_only_table
 from engines.events import EngineState
@@ -105,7 +106,7 @@ class EnginesPage(Page):
         self.profile_picker.setObjectName("startProfilePicker")
         self.profile_picker.setMinimumWidth(220)
         row.addWidget(self.profile_picker)
-        self.start_button = QPushButton("Start")
+        self.start_button = primary(QPushButton("Start"))
         self.start_button.setObjectName("startEngine")
         self.start_button.clicked.connect(self.on_start_clicked)
         row.addWidget(self.start_button)

@@ -13,7 +13,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QTableWidgetItem,
@@ -23,6 +22,8 @@ from PySide6.QtWidgets import (
 
 from desktop.dashboard.page import PageContext
 from desktop.messages import CallResult
+from desktop.theme import primary
+from desktop.widgets.log_view import log_view
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import EnvInstallProgress, Event
@@ -86,7 +87,7 @@ class EnvsView(QWidget):
         self.version.setObjectName("installVersion")
         self.version.setPlaceholderText("default version")
         self.version.setMaximumWidth(140)
-        self.install_button = QPushButton("Install")
+        self.install_button = primary(QPushButton("Install"))
         self.install_button.setObjectName("installEnv")
         self.install_button.clicked.connect(self.on_install_clicked)
         for w in (QLabel("Engine"), self.engine, QLabel("Device"), self.device,
@@ -103,10 +104,7 @@ class EnvsView(QWidget):
         layout.addWidget(self.install_bar)
         self.install_status = ResultLabel("installStatus")
         layout.addWidget(self.install_status)
-        self.install_log = QPlainTextEdit()
-        self.install_log.setObjectName("installLog")
-        self.install_log.setReadOnly(True)
-        self.install_log.setMaximumBlockCount(LOG_LINES)
+        self.install_log = log_view("installLog", LOG_LINES)
         self.install_log.setMaximumHeight(140)
         self.install_log.setPlaceholderText("The installer's output appears here.")
         layout.addWidget(self.install_log)

@@ -32,10 +32,11 @@ from desktop.dashboard.unavailable import UnavailablePage
 from desktop.link import IDLE_METRICS_S
 from desktop.notify import Notification, Notifier
 from desktop.state import AppState
-from desktop.style import STYLE
 from desktop.widgets.banner import ConnectionBanner
+from desktop.widgets.sizing import resize_within_screen
 
 LIVE_METRICS_S = 1.0
+NAV_WIDTH = 184
 KEY_ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -52,9 +53,8 @@ class DashboardWindow(QMainWindow):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("dashboardWindow")
-        self.setStyleSheet(STYLE)
         self.setWindowTitle("traylm — Dashboard")
-        self.resize(1100, 760)
+        resize_within_screen(self, 1100, 760)
         self.bridge = bridge
         self.ctx = PageContext(bridge, state, actions, notifier, open_chat, self.show_page)
         self.pages: dict[str, Page] = {}
@@ -77,7 +77,7 @@ class DashboardWindow(QMainWindow):
         body.setContentsMargins(0, 0, 0, 0)
         self.nav = QListWidget()
         self.nav.setObjectName("pageNav")
-        self.nav.setFixedWidth(215)
+        self.nav.setFixedWidth(NAV_WIDTH)
         self.nav.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.stack = QStackedWidget()
         body.addWidget(self.nav)

@@ -199,6 +199,10 @@ def fans_scene(s: Any, dash: Any, page: Any) -> None:
     wait_for(lambda: view.validation.state == "ok", 20, "validation")
     wait_for(lambda: page.guard.status is not None, 20, "guard")
     s.shot(dash, "dashboard-fans")
+    for index, name in ((1, "power"), (2, "guard")):
+        page.tabs.setCurrentIndex(index)
+        s.shot(dash, f"dashboard-fans-{name}")
+    page.tabs.setCurrentIndex(0)
     editor = view.editor
     editor.points[0] = (40.0, 12.0)  # as if dragged below the fan floor
     editor.curve_edited.emit(editor.curve_points())

@@ -2,6 +2,8 @@
 
     .venv/bin/python tests/desktop/screenshots.py [OUT_DIR]      (default: screenshots/)
 
+Every view is written twice, NAME-light.png and NAME-dark.png (desktop/theme.py's two palettes).
+
 It starts Xvfb and trayer (tests/desktop/install-x11-deps.sh installs them), the FAKE Hub, a
 real daemon (``python -m engines serve``) on two SIMULATED GPUs with the FAKE vLLM and
 TensorRT-LLM envs in a private TRAYLM_HOME, and the tray app in this process; then it drives the
@@ -26,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+THEMES = ("light", "dark")  # every view is written in both
 
 
 def wait_for(cond: Callable[[], object], timeout_s: float = 20.0, what: str = "") -> None:
@@ -112,14 +115,31 @@ class Session:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def shot(self, widget: object, name: str) -> None:
-        settle()
-        path = self.out / f"{name}.png"
-        widget.grab().save(str(path))  # type: ignore[attr-defined]
-        print(f"wrote {path}")
+        """``name-light.png`` and ``name-dark.png``: the same view in both themes."""
+        for theme in THEMES:
+            self.use_theme(theme)
+            settle()
+            path = self.out / f"{name}-{theme}.png"
+            widget.grab().save(str(path))  # type: ignore[attr-defined]
+            print(f"wrote {path}")
+        self.use_theme(THEMES[0])
 
     def screen(self, name: str) -> None:
-        settle(500)
-        print(f"wrote {self.x.screenshot(self.out / f'{name}.png')}")
+        for theme in THEMES:
+            self.use_theme(theme)
+            settle(500)
+            print(f"wrote {self.x.screenshot(self.out / f'{name}-{theme}.png')}")
+        self.use_theme(THEMES[0])
+
+    @staticmethod
+    def use_theme(theme: str) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        from desktop.theme import apply_theme
+
+        app = QApplication.instance()
+        if isinstance(app, QApplication) and app.property("traylmTheme") != theme:
+            apply_theme(app, theme)
 
 
 def dashboard_pages(s: Session, dash: object) -> None:
