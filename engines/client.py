@@ -41,6 +41,7 @@ from engines.events import (
     GPUOverview,
     GPUPresets,
     GuardStatus,
+    LocalFolder,
     LocalModel,
     ModelDetails,
     ModelSummary,
@@ -404,14 +405,17 @@ class DaemonClient:
         context: int | None = None,
         concurrency: int = 1,
         kv_cache_dtype: str = "auto",
+        device: str | None = None,
     ) -> list[FitResult]:
-        """Without engine/gpus: every engine on 1 and 2 GPUs (the Models page badges)."""
+        """Without engine/gpus: every engine on 1 and 2 GPUs (the Models page badges);
+        ``device="cpu"``: the CPU build in this computer's memory."""
         params = {"concurrency": str(concurrency), "kv_cache_dtype": kv_cache_dtype}
         for key, value in (
             ("revision", revision),
             ("engine", engine),
             ("gpus", gpus),
             ("context", context),
+            ("device", device),
         ):
             if value is not None:
                 params[key] = str(value)
@@ -420,6 +424,19 @@ class DaemonClient:
 
     async def local_models(self) -> list[LocalModel]:
         return [from_plain(LocalModel, m) for m in await self._call("GET", "/api/models")]
+
+    async def local_folders(self) -> list[LocalFolder]:
+        """Model folders registered in the library (``traylm models add``)."""
+        return [from_plain(LocalFolder, m) for m in await self._call("GET", "/api/models/local")]
+
+    async def add_local_folder(self, path: str, name: str | None = None) -> LocalFolder:
+        body: JSON = {"path": path, **({"name": name} if name else {})}
+        return from_plain(
+            LocalFolder, await self._call("POST", "/api/models/local", json_body=body)
+        )
+
+    async def remove_local_folder(self, name: str) -> LocalFolder:
+        return from_plain(LocalFolder, await self._call("DELETE", f"/api/models/local/{name}"))
 
     async def verify_model(
         self, repo_id: str, revision: str | None = None, *, timeout_s: float = 3600

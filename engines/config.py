@@ -68,6 +68,11 @@ class Paths:
         return self.config_dir / "profiles"
 
     @property
+    def local_models_dir(self) -> Path:
+        """Model folders registered in the library (``traylm models add``), one TOML each."""
+        return self.config_dir / "models"
+
+    @property
     def envs_dir(self) -> Path:
         return self.envs_override or self.data_dir / "envs"
 

@@ -45,6 +45,7 @@ from engines.errors import (
     EngineEnvError,
     EngineNotFound,
     PortInUseError,
+    ProfileNotFound,
     TraylmError,
 )
 from engines.events import DaemonStopping, EngineState, EngineStatus, EnvInstallProgress, Notice
@@ -135,6 +136,7 @@ class Daemon:
             logs_dir=self.paths.logs_dir,
             profiles=self.profiles,
             supervisor=self.supervisor,
+            local_models_dir=self.paths.local_models_dir,
         )
         features.append(self.hub)
 
@@ -312,6 +314,17 @@ class Daemon:
         self.supervisor.add(engine)
         await engine.start()
         return engine.status()
+
+    async def load_profile(self, name: str) -> Profile:
+        """The profile ``name``, else the model folder registered under that name in the
+        library (``traylm models add``), which is servable by name like a profile."""
+        try:
+            return await asyncio.to_thread(self.profiles.load, name)
+        except ProfileNotFound:
+            folder = await asyncio.to_thread(self.hub.folders.profile_for, name)
+            if folder is None:
+                raise
+            return folder
 
     def _check_names_free(self, profile: Profile) -> None:
         for other in self.supervisor.engines.values():

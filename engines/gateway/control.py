@@ -124,7 +124,7 @@ async def start_engine(request: web.Request) -> web.Response:
         body = await json_body(request)
         if "profile" in body:
             title = f"cannot start {body['profile']}"
-            profile = await asyncio.to_thread(d.profiles.load, str(body["profile"]))
+            profile = await d.load_profile(str(body["profile"]))
         else:
             profile = d.adhoc_profile(dict(body))
             title = f"cannot start {profile.name}"

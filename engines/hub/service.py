@@ -7,8 +7,9 @@ Routes (all behind the control token; errors in the OpenAI error shape with tray
     GET    /api/models/search?q=&sort=&quant=&limit=       → [ModelSummary]
     GET    /api/models/{org}/{name}?revision=   details from metadata → ModelDetails
     GET    /api/models/{org}/{name}/fit?revision=&engine=&gpus=&context=&concurrency=
-           &kv_cache_dtype=                     → [FitResult] (every engine × 1 and 2 GPUs
-                                                  unless engine/gpus are given)
+           &kv_cache_dtype=&device=             → [FitResult] (every engine × 1 and 2 GPUs
+                                                  unless engine/gpus are given; device=cpu:
+                                                  the CPU build in this computer's memory)
     POST   /api/models/{org}/{name}/verify?revision=       → [LocalModel]
     PUT    /api/models/{org}/{name}/trust       {"trust_remote_code": bool}
     DELETE /api/models/{org}/{name}?revision=   → {"repo_id", "freed_bytes"} (409 if served)
@@ -31,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from engines.config import ProfileStore, Settings
@@ -40,6 +42,8 @@ from engines.gateway.control import ok, traylm_errors
 from engines.hub import fit
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
+from engines.hub.folders import FolderRegistry
+from engines.hub.folders_api import FolderRoutes
 from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
@@ -75,6 +79,7 @@ class HubFeature:
         logs_dir: Path,
         profiles: ProfileStore,
         supervisor: Supervisor,
+        local_models_dir: Path,
     ) -> None:
         self._settings = settings
         self._publish = publish
@@ -89,6 +94,10 @@ class HubFeature:
             logs_dir=logs_dir / "downloads",
         )
         self.library = Library(access=self.access, records=self.records)
+        self.folders = FolderRegistry(local_models_dir)
+        self._folder_routes = FolderRoutes(
+            self.folders, profiles=profiles, publish=publish, served=self._served
+        )
         # (repo, revision, code included) → when asked, and the one lookup every caller shares
         self._details: dict[tuple[str, str, bool], tuple[float, asyncio.Future[ModelDetails]]] = {}
         self._gpus: tuple[GPUSpec, ...] | None = None
@@ -106,6 +115,7 @@ class HubFeature:
     def routes(self) -> list[web.RouteDef]:
         m = "/api/models/{org}/{name}"
         return [
+            *self._folder_routes.routes(),  # before m, which would take /api/models/local/NAME
             web.get("/api/models", traylm_errors(self._library)),
             web.get("/api/models/hub", traylm_errors(self._hub)),
             web.get("/api/models/search", traylm_errors(self._search)),
@@ -191,6 +201,11 @@ class HubFeature:
         kv = q.get("kv_cache_dtype", "auto")
         if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
             raise ConfigError("kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
+        if q.get("device") == "cpu":  # the CPU build: system memory instead of GPUs
+            ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
+            kv_bytes = self._settings().engines.cpu_kv_cache_gib * fit.GIB
+            return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
+                                        context_len=context)])  # fmt: skip
         pool = await self._detected_gpus()
         engine = q.get("engine")
         n_gpus = _int_param(request, "gpus", None)
