@@ -9,7 +9,6 @@ which read on both themes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -252,7 +251,8 @@ class ThemeFollower(QObject):
         self.scheme: Qt.ColorScheme | None = None  # as the desktop last reported it
         state.settings_changed.connect(self.on_settings_changed)
         hints = QGuiApplication.styleHints()
-        if hasattr(hints, "colorSchemeChanged"):
+        self._following = hasattr(hints, "colorSchemeChanged")
+        if self._following:
             hints.colorSchemeChanged.connect(self.on_scheme_changed)
 
     def apply(self) -> None:
@@ -268,10 +268,9 @@ class ThemeFollower(QObject):
 
     def stop(self) -> None:
         """Stop following (the app is shutting down; the style hints outlive it)."""
-        hints = QGuiApplication.styleHints()
-        if hasattr(hints, "colorSchemeChanged"):
-            with contextlib.suppress(RuntimeError):
-                hints.colorSchemeChanged.disconnect(self.on_scheme_changed)
+        if self._following:
+            self._following = False
+            QGuiApplication.styleHints().colorSchemeChanged.disconnect(self.on_scheme_changed)
 
     def on_scheme_changed(self, scheme: Qt.ColorScheme) -> None:
         self.scheme = scheme

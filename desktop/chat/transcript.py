@@ -211,11 +211,26 @@ class ErrorCard(QFrame):
         layout.addWidget(self.message)
         self.row = QHBoxLayout()
         layout.addLayout(self.row)
+        self.hint = QLabel()
+        self.hint.setObjectName("errorHint")
+        self.hint.setProperty("role", "hint")
+        self.hint.setWordWrap(True)
+        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.hint)
         self.buttons: list[QPushButton] = []
 
-    def show_error(self, text: str, fixes: Sequence[tuple[str, str, Callable[[], None]]]) -> None:
-        """``fixes``: (object name, label, slot) for each button."""
+    def show_error(
+        self,
+        text: str,
+        fixes: Sequence[tuple[str, str, Callable[[], None]]],
+        *,
+        cli: str = "",
+    ) -> None:
+        """``fixes``: (object name, label, slot) for each button; ``cli``: the same fix as a
+        command, shown under them as a hint."""
         self.message.setText(text)
+        self.hint.setText(f"or in a terminal: {cli}" if cli else "")
+        self.hint.setVisible(bool(cli))
         for button in self.buttons:
             button.deleteLater()
         self.buttons = []

@@ -3,6 +3,7 @@ composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
@@ -34,11 +35,15 @@ from desktop.chat.controller import ChatController, ChatOptions, Streaming
 from desktop.chat.keyfile import read_key, write_key
 from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
+from desktop.fixes import ENGINE_LOG, Fix, fix_for
+from desktop.formatting import fmt_duration
+from desktop.messages import CallResult
 from desktop.state import AppState
 from desktop.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
 from desktop.widgets.sizing import resize_within_screen
+from engines.events import EngineState
 
 NO_MODEL = "(no model served)"
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
@@ -46,7 +51,14 @@ CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
 
 class ChatWindow(QMainWindow):
     def __init__(
-        self, bridge: Bridge, state: AppState, actions: Actions, parent: QWidget | None = None
+        self,
+        bridge: Bridge,
+        state: AppState,
+        actions: Actions,
+        *,
+        run_fix: Callable[[Fix], None] = lambda _fix: None,
+        open_setup: Callable[[], object] = lambda: None,
+        parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.setObjectName("chatWindow")
@@ -58,6 +70,15 @@ class ChatWindow(QMainWindow):
         self.controller = ChatController(bridge, state, self)
         self.editing: int | None = None
         self._shown_chat: int | None = None
+        self.run_fix = run_fix
+        self.open_setup = open_setup
+        self.starting = ""  # the engine the error card waits for (its Start button was pressed)
+        self._start_pressed_s = 0.0
+        self._answered: Callable[[bool], None] | None = None
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(1000)  # the elapsed time on the "Starting…" card
+        self._ticker.timeout.connect(self.on_engines_changed)
+        state.engines_changed.connect(self.on_engines_changed)
         self._build()
         c = self.controller
         c.chats_changed.connect(self.on_chats_changed)
@@ -304,6 +325,23 @@ class ChatWindow(QMainWindow):
             view.set_text(text)
             view.set_stats("streaming…")
 
+    def ask(self, model: str, text: str, answered: Callable[[bool], None] | None = None) -> None:
+        """Ask ``model`` in a new conversation (the setup's first question); ``answered`` hears
+        whether a reply came."""
+        if self.controller.streaming is not None:
+            return
+        self.on_new_clicked()
+        self.select_model(model)
+        self.controller.options = None
+        self._answered = answered
+        self.composer.setPlainText(text)
+        self.on_send_clicked()
+
+    def _tell_answered(self, answered: bool) -> None:
+        callback, self._answered = self._answered, None
+        if callback is not None:
+            callback(answered)
+
     def on_stream_ended(self, ended: ChatStreamEnded | None) -> None:
         view = self.transcript.streaming
         if ended is not None and view is not None and ended.content:
@@ -314,6 +352,7 @@ class ChatWindow(QMainWindow):
         if ended is not None:
             summary = stats_text(ended.stats(), ended.finish_reason)
             self.status.setText(f"{ended.model}: {summary}" if summary else "")
+            self._tell_answered(bool(ended.content) and ended.error is None)
         self._update_buttons()
 
     def on_error_raised(self, error: ChatError) -> None:
@@ -327,10 +366,14 @@ class ChatWindow(QMainWindow):
         if error.kind in ("model_not_found", "engine_unavailable"):
             entry = self.state.profile_serving(model) if model else None
             profile = entry.name if entry else self.state.current_profile()
+            if entry is not None and self.state.blocker(entry):
+                profile = ""  # it cannot start here: the setup says what is missing
             if profile:
                 fixes.append(
                     ("startEngine", f"Start {profile}", lambda: self.on_start_fix(profile))
                 )
+            else:
+                fixes.append(("openSetup", "Set up traylm…", self.on_setup_fix))
         if error.kind == "engine_starting":
             c.retry_when_served = model
         if error.kind == "unauthorized":
@@ -345,9 +388,61 @@ class ChatWindow(QMainWindow):
         if self.model_picker.currentText() in ("", NO_MODEL):
             self.select_model(served)
             self.controller.options = None
-        self.app_actions.start_profile(profile)
-        self.transcript.error_card.message.setText(
-            f"Starting {profile}… the reply follows as soon as it serves {served}."
+        self.starting = profile
+        self._start_pressed_s = time.monotonic()
+        self._ticker.start()
+        self.app_actions.start_profile(profile, then=self._on_start_answered)
+        self.on_engines_changed()
+
+    def on_setup_fix(self) -> None:
+        self.open_setup()
+
+    def _on_start_answered(self, result: CallResult) -> None:
+        """The daemon refused the start at once: say so on the card, with the fix."""
+        if result.ok or result.cancelled or not self.starting:
+            return
+        profile, self.starting = self.starting, ""
+        self._ticker.stop()
+        self.controller.retry_when_served = ""
+        self._show_start_failure(profile, result.error, fix_for(result.error_code, result.error,
+                                                                 target=profile))  # fmt: skip
+
+    def on_engines_changed(self) -> None:
+        """The "Starting…" card follows the engine the daemon runs: its progress while it
+        starts, and its failure (with the fix) as soon as it fails."""
+        profile = self.starting
+        card = self.transcript.error_card
+        if not profile or not card.isVisible():
+            self.starting = ""
+            self._ticker.stop()
+            return
+        engine = self.state.engines.get(profile)
+        entry = self.state.profile(profile)
+        served = entry.served_names[0] if entry else profile
+        if engine is not None and engine.state == EngineState.FAILED:
+            self.starting = ""
+            self._ticker.stop()
+            self.controller.retry_when_served = ""
+            text = engine.detail
+            if engine.diagnosis is not None:
+                text = f"{engine.diagnosis.summary}. {engine.diagnosis.advice}"
+            fix = Fix(ENGINE_LOG, "Open its log", profile, f"traylm logs {profile}")
+            self._show_start_failure(profile, text, fix)
+            return
+        detail = f" ({engine.detail})" if engine is not None and engine.detail else ""
+        elapsed = fmt_duration(time.monotonic() - self._start_pressed_s)
+        card.message.setText(
+            f"Starting {profile}{detail} · {elapsed}… the reply follows as soon as it serves "
+            f"{served}."
+        )
+
+    def _show_start_failure(self, profile: str, text: str, fix: Fix | None) -> None:
+        fixes: list[tuple[str, str, Callable[[], None]]] = []
+        if fix is not None and fix.action:
+            fixes.append(("startFix", fix.label, lambda: self.run_fix(fix)))
+        fixes.append(("startEngine", f"Start {profile} again", lambda: self.on_start_fix(profile)))
+        self.transcript.error_card.show_error(
+            f"{profile} could not start: {text}", fixes, cli=fix.cli if fix is not None else ""
         )
 
     def on_enter_key(self) -> None:

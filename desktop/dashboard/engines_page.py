@@ -22,6 +22,7 @@ from desktop.dashboard.logs_view import LogsView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.profile_editor import ProfileEditor
 from desktop.dashboard.trt_view import TRTView
+from desktop.fixes import ENGINE_LOG, PROFILES, Fix
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
 from desktop.theme import primary
@@ -237,6 +238,15 @@ class EnginesPage(Page):
     def on_suggestion(self, profile: str, suggested: object) -> None:
         self.tabs.setCurrentWidget(self.profiles)
         self.profiles.apply_suggestion(profile, suggested)  # type: ignore[arg-type]
+
+    def show_fix(self, fix: Fix) -> None:
+        if fix.action == ENGINE_LOG:
+            self.tabs.setCurrentWidget(self.logs)
+            self.logs.picker.setCurrentText(fix.target)
+        elif fix.action == PROFILES:
+            self.tabs.setCurrentWidget(self.profiles)
+            if fix.target:
+                self.profiles.load_profile(fix.target)
 
     def on_tab_changed(self, index: int) -> None:
         if self.tabs.widget(index) is self.envs:

@@ -68,6 +68,7 @@ class EnvsView(QWidget):
         layout.addWidget(self.report)
         layout.addWidget(self._install_group())
         ctx.state.event_received.connect(self.on_event_received)
+        ctx.state.envs_changed.connect(self.on_envs_changed)
 
     def _install_group(self) -> QGroupBox:
         box = QGroupBox("Install an engine")
@@ -146,6 +147,10 @@ class EnvsView(QWidget):
         else:
             self.install_status.neutral(f"{words} · {event.elapsed_s:.0f} s")
 
+    def on_envs_changed(self) -> None:
+        if self.isVisible():
+            self.reload()
+
     def reload(self) -> None:
         self.ctx.bridge.call(lambda c: c.envs(), self._on_envs)
 
@@ -168,6 +173,8 @@ class EnvsView(QWidget):
             self.table.selectRow(0)
         if not self.envs:
             self.report.setText("No engine installed yet: install one below.")
+        elif self.report.text().startswith("No engine installed yet"):
+            self.report.setText("")  # said before the install finished: no longer true
 
     def on_doctor_clicked(self) -> None:
         row = self.table.currentRow()

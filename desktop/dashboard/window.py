@@ -29,10 +29,12 @@ from desktop.bridge import Bridge
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.unavailable import UnavailablePage
+from desktop.fixes import Fix
 from desktop.link import IDLE_METRICS_S
 from desktop.notify import Notification, Notifier
 from desktop.state import AppState
 from desktop.widgets.banner import ConnectionBanner
+from desktop.widgets.notice_bar import NoticeBar
 from desktop.widgets.sizing import resize_within_screen
 
 LIVE_METRICS_S = 1.0
@@ -49,6 +51,8 @@ class DashboardWindow(QMainWindow):
         notifier: Notifier,
         *,
         open_chat: Callable[[str], object],
+        open_setup: Callable[[], object] = lambda: None,
+        run_fix: Callable[[Fix], None] = lambda _fix: None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
@@ -56,7 +60,9 @@ class DashboardWindow(QMainWindow):
         self.setWindowTitle("traylm — Dashboard")
         resize_within_screen(self, 1100, 760)
         self.bridge = bridge
-        self.ctx = PageContext(bridge, state, actions, notifier, open_chat, self.show_page)
+        self.ctx = PageContext(
+            bridge, state, actions, notifier, open_chat, self.show_page, open_setup, run_fix
+        )
         self.pages: dict[str, Page] = {}
         self._quit: Callable[[], None] | None = None
         self._closing = False
@@ -73,6 +79,8 @@ class DashboardWindow(QMainWindow):
         self.fallback_note.setVisible(False)
         outer.addWidget(self.fallback_note)
         outer.addWidget(ConnectionBanner(state, actions))
+        self.notice = NoticeBar(run_fix)
+        outer.addWidget(self.notice)
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         self.nav = QListWidget()
@@ -168,8 +176,12 @@ class DashboardWindow(QMainWindow):
     # ----------------------------------------------------------------- notifications
 
     def on_notified(self, note: Notification) -> None:
-        prefix = {"error": "⚠ ", "warning": "⚠ "}.get(note.level, "")
-        self.statusBar().showMessage(f"{prefix}{note.title}: {note.message}", 15000)
+        """Errors and warnings stay in the notice bar (wrapped, with their fix) until dismissed
+        or replaced; the rest passes through the status bar."""
+        if note.level in ("error", "warning"):
+            self.notice.show_notice(note)
+        else:
+            self.statusBar().showMessage(f"{note.title}: {note.message}", 15000)
 
     # ----------------------------------------------------------------- fallback main window
 

@@ -51,6 +51,4 @@ def _absolute(path: str) -> str:
 
 
 def _size(n: int) -> str:
-    from engines.hub.cli import human_bytes
-
-    return human_bytes(n)
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -158,7 +158,7 @@ def models_tabs(s: Any, dash: Any, page: Any) -> None:
     wait_for(lambda: downloads.table.item(0, 1).text() == "paused", 20, "paused")
     s.shot(dash, "dashboard-models-downloads-paused")
     hub.faults.throttle(None)
-    page.tabs.setCurrentWidget(page.library)
+    page.show_library()
     page.library.table.selectRow(0)
     s.shot(dash, "dashboard-models-library")
     downloads.resume_button.click()
