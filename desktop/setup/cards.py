@@ -141,10 +141,12 @@ class ProposalRow(QWidget):
         about.setContentsMargins(24, 0, 0, 0)
         layout.addWidget(about)
 
-    def show_fit(self, fit: FitResult | None, error: str) -> None:
+    def show_fit(self, fit: FitResult | None, error: str, *, offline: bool = False) -> None:
+        """The size and fit badge; with ``error`` (the Hub did not answer) its reason as the
+        badge's tooltip."""
         if fit is None:
             self.size_label.setText("")
-            self.badge.setText("offline" if error else "…")
+            self.badge.setText(("offline" if offline else "?") if error else "…")
             self.badge.setProperty("verdict", "")
             self.badge.setToolTip(error)
             self.badge.setStyleSheet("")

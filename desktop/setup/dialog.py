@@ -27,7 +27,7 @@ from desktop.bridge import Bridge
 from desktop.fixes import INSTALL_ENGINE, LOCAL_FOLDER, Fix
 from desktop.messages import CallResult
 from desktop.setup.cards import ProposalRow, StepCard
-from desktop.setup.flow import STEPS, SetupFlow
+from desktop.setup.flow import OFFLINE_CODES, STEPS, SetupFlow
 from desktop.state import AppState
 from desktop.theme import SPACE_L, SPACE_M, primary
 from desktop.widgets.folder import ChooseFolder, ask_for_folder
@@ -182,8 +182,8 @@ class SetupDialog(QDialog):
                 self.proposal_column.addWidget(row)
                 self.rows[proposal.name] = row
         for name, row in self.rows.items():
-            error = flow.fit_errors.get(name, ("", ""))[1]
-            row.show_fit(flow.fits.get(name), error)
+            code, error = flow.fit_errors.get(name, ("", ""))
+            row.show_fit(flow.fits.get(name), error, offline=code in OFFLINE_CODES)
             row.radio.setChecked(flow.choice is not None and flow.choice.name == name)
             row.setEnabled(not flow.auto or bool(flow.errors))
         if flow.offline:

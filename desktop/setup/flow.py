@@ -123,11 +123,18 @@ class SetupFlow(QObject):
     def _load_fit(self, proposal: Proposal) -> None:
         gpus = self.state.real_gpus
         repo = proposal.repo_id
+        fields = proposal.profile
+        context = fields.get("max_model_len")  # the profile's context, not the model's longest
+        kv = str(fields.get("kv_cache_dtype") or "auto")
+        tp = int(str(fields.get("tensor_parallel_size", 1)))
 
         async def fit(c: DaemonClient) -> list[FitResult]:
+            length = int(str(context)) if context else None
             if gpus == 0:
-                return await c.model_fit(repo, device="cpu")
-            return await c.model_fit(repo, engine="vllm", gpus=min(gpus, 2))
+                return await c.model_fit(repo, device="cpu", context=length)
+            return await c.model_fit(
+                repo, engine="vllm", gpus=min(gpus, tp), context=length, kv_cache_dtype=kv
+            )
 
         def done(result: CallResult) -> None:
             if result.ok and isinstance(result.value, tuple) and result.value:

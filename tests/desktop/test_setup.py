@@ -7,6 +7,7 @@ the tray leading to the setup instead of a preset that cannot run here."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +148,42 @@ def test_no_network_during_the_first_run_leads_to_a_model_folder(
     assert app.chat_window.transcript.messages[1].text.startswith("w0 ")
     [folder] = offline_daemon.run(lambda c: c.local_folders())
     assert folder.name == "my-llama" and folder.path == str(tmp_path / "my-llama")
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
+    qtbot, paths: Paths, fake_hub: FakeHub, app_factory: AppFactory, monkeypatch, gpus: int
+) -> None:
+    """The daemon's NVML backend and the hub's GPU list read a FAKE autospecced pynvml with
+    ``gpus`` RTX 4090s; no engine is installed."""
+    from engines.gpu.nvml import NVMLBackend
+    from tests.desktop.screenshot_scenes import llama_70b
+    from tests.fakes.fake_pynvml import fake_pynvml
+
+    lib = fake_pynvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", lib)
+    monkeypatch.setattr("engines.gpu.service.build_backend", lambda s: NVMLBackend(lib))
+    fake_hub.add_repo(llama_70b("casperhansen/llama-3.3-70b-instruct-awq", awq=True))
+    settings = dataclasses.replace(fast_settings(free_loopback_port()), hub=fast_hub())
+    d = ThreadedDaemon(paths, settings).start()
+    try:
+        app = app_factory(offer_setup=True)
+        setup = _setup(qtbot, app)
+        qtbot.waitUntil(lambda: "RTX 4090" in setup.cards["hardware"].text.text(), timeout=10000)
+        assert setup.cards["hardware"].text.text().startswith(f"{gpus} × NVIDIA GeForce RTX 4090")
+        assert not setup.simulate_button.isVisible()
+        expected = ["llama-3.1-8b-1gpu"]
+        if gpus == 2:
+            expected += ["llama-3.3-70b-awq-tp2", "qwen2.5-32b-awq-tp2"]
+        assert sorted(setup.rows) == expected  # a TP 2 preset needs two GPUs
+        assert "vLLM (CUDA build) is not installed yet" in setup.cards["engine"].text.text()
+        if gpus == 2:  # the fit estimator's verdict for 2 × 24 GiB, from the daemon
+            badge = setup.rows["llama-3.3-70b-awq-tp2"].badge
+            qtbot.waitUntil(lambda: badge.property("verdict") in ("fits", "tight"), timeout=20000)
+        app.tray.menu.aboutToShow.emit()
+        assert app.tray.start_action.text() == "Set up traylm…"
+        preset = next(a for a in app.tray.profiles_menu.actions()
+                      if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
+        assert "needs the vLLM engine (CUDA build): not installed" in preset.text()
+    finally:
+        d.stop()
