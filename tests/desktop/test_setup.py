@@ -91,8 +91,8 @@ def test_first_run_from_nothing_to_a_chat_answer(
     chat = app.chat_window
     assert chat is not None and chat.isVisible()
     assert chat.model_picker.currentText() == STARTER
-    messages = chat.transcript.messages
-    assert len(messages) == 2 and messages[1].text.startswith("w0 ")
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)  # once stored
+    assert chat.transcript.messages[1].text.startswith("w0 ")
     assert setup.cards["start"].view.status == "done"
     assert setup.go_button.text() == "Close"
     qtbot.waitUntil(lambda: app.state.settings is not None and app.state.settings.ui.setup_done)
@@ -144,8 +144,10 @@ def test_no_network_during_the_first_run_leads_to_a_model_folder(
     assert setup.flow.choice is not None and setup.flow.choice.kind == "folder"
     setup.go_button.click()
     qtbot.waitUntil(lambda: setup.flow.done, timeout=60000)
-    assert app.chat_window is not None
-    assert app.chat_window.transcript.messages[1].text.startswith("w0 ")
+    chat = app.chat_window
+    assert chat is not None
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    assert chat.transcript.messages[1].text.startswith("w0 ")
     [folder] = offline_daemon.run(lambda c: c.local_folders())
     assert folder.name == "my-llama" and folder.path == str(tmp_path / "my-llama")
 
