@@ -176,6 +176,11 @@ def _feature_parsers(sub: Any) -> None:
 
     add_bench_parsers(sub)
 
+    # traylm doctor: driver, CUDA, NVML, P2P, disk, port, engines, helper, tray
+    from engines.doctor import add_parser as add_doctor_parser
+
+    add_doctor_parser(sub)
+
 
 def _engines_parser(sub: Any) -> None:
     e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")
