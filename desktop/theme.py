@@ -155,9 +155,11 @@ QTableView, QListView {{
     background: {p.surface}; border: 1px solid {p.border}; border-radius: {RADIUS_S}px;
     alternate-background-color: {p.surface_alt}; gridline-color: {p.surface_alt};
 }}
-QListWidget#chatList::item, QListWidget#diagnoses::item {{
-    padding: {SPACE_XS + 2}px {SPACE_S}px; border-radius: {RADIUS_S - 2}px;
+QListWidget#chatList::item {{
+    padding: {SPACE_XS + 2}px {SPACE_S}px; border-radius: {RADIUS_S - 2}px; color: {p.text};
 }}
+QListWidget#chatList::item:hover {{ background: {p.accent_soft}; }}
+QListWidget#chatList::item:selected {{ background: {p.accent}; color: {p.accent_text}; }}
 QHeaderView::section {{
     background: {p.surface_alt}; color: {p.muted}; border: none;
     border-bottom: 1px solid {p.border}; padding: {SPACE_XS}px {SPACE_S}px; font-weight: 600;
@@ -167,6 +169,7 @@ QProgressBar {{
     text-align: center; min-height: 18px; color: {p.text};
 }}
 QProgressBar::chunk {{ background: {p.accent}; border-radius: {RADIUS_S - 1}px; }}
+QProgressBar[textVisible="true"]::chunk {{ background: {p.accent_soft}; }}
 QMenu {{
     background: {p.surface}; border: 1px solid {p.border}; padding: {SPACE_XS}px;
 }}

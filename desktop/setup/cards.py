@@ -129,6 +129,7 @@ class ProposalRow(QWidget):
         self.size_label = QLabel("")
         self.size_label.setProperty("role", "muted")
         top.addWidget(self.size_label)
+        top.addSpacing(SPACE_S)
         self.badge = QLabel("")
         self.badge.setObjectName(f"fit:{proposal.name}")
         self.badge.setMinimumWidth(96)

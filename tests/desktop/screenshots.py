@@ -12,8 +12,9 @@ stored conversation with Markdown and code, a live reply, the inline error with 
 button), each dashboard page and tab (GPUs, Engines with install progress and TensorRT-LLM,
 Models search/downloads/library, Fans & power, Benchmarks with a comparison, Settings), the quit
 dialog, the connection banner while the daemon is down, the fallback window used without a
-system tray, the GPUs under load and the tray's hot state (tests/desktop/screenshot_scenes.py),
-and the state icons on light and dark panels.
+system tray, the GPUs under load and the tray's hot state, the first-run setup (as it opens, and
+with a refused folder), a notice with its fix button (tests/desktop/screenshot_scenes.py), and
+the state icons on light and dark panels.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Session:
         os.environ["HF_ENDPOINT"] = hub.url
         profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace("fake", "qwen-tiny")
         profile = profile.replace('device = "cpu"\n', 'device = "cpu"\ngpus = [0, 1]\n')
-        model = make_tiny_hf_model(self.home / "models" / "tiny-llama")
+        model = self.model = make_tiny_hf_model(self.home / "models" / "tiny-llama")
         kv_line = (
             "ValueError: To serve at least one request with the max seq len (32768) of the model, "
             "(4.0 GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -297,9 +298,14 @@ def scenes(s: Session) -> None:
     chat.params_toggle.setChecked(True)
     s.shot(chat, "chat-markdown")
 
+    from tests.desktop.screenshot_scenes import notice_scene, setup_scenes
+
+    setup_scenes(s, app)
     dash = app.open_dashboard("")
-    dash.resize(1150, 780)
+    dash.resize(1100, 760)  # the default size: every page must fit it
     dashboard_pages(s, dash)
+    dash.show_page("engines")
+    notice_scene(s, app, dash)
 
     app.request_quit()
     wait_for(lambda: app.quit_dialog is not None and app.quit_dialog.isVisible(), what="dialog")

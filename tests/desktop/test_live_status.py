@@ -171,3 +171,28 @@ def test_the_profile_editors_model_field_has_a_browse_button(
     assert browse is not None
     browse.click()
     assert form.widgets["model"].text() == (answer or "org/name")  # cancelled: unchanged
+
+
+def test_an_offline_hub_search_says_so_across_the_page_with_its_fix(
+    qtbot, paths: Paths, fake_env: Path, app_factory: AppFactory, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_loopback_port()}")  # no Hub
+    d = ThreadedDaemon(paths, fast_settings(free_loopback_port())).start()
+    try:
+        app = app_factory()
+        page = app.open_dashboard("models").page("models")
+        assert isinstance(page, ModelsPage)
+        search = page.search
+        search.query.setText("qwen")
+        search.search_button.click()
+        qtbot.waitUntil(lambda: search.status.state == "error", timeout=30000)
+        assert "cannot reach" in search.status.message
+        assert search.status.width() > search.width() // 2  # not squeezed into a column
+        assert search.fix_button.isVisible()
+        assert search.fix_button.text() == "Use a model folder on this computer…"
+        asked: list[bool] = []
+        page.folders.choose_folder = lambda _parent: asked.append(True) or ""
+        search.fix_button.click()
+        assert asked == [True] and page.tabs.currentWidget() is page.shelf
+    finally:
+        d.stop()
