@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication, QPushButton
+from PySide6.QtWidgets import QApplication, QLabel, QPushButton
 
 from desktop.state import AppState
 from desktop.style import STYLE
@@ -234,6 +234,18 @@ def apply_theme(
     app.setProperty("traylmTheme", palette.name)
     log.debug("theme %s (asked: %s)", palette.name, theme)
     return palette
+
+
+def text_label(name: str, role: str = "") -> QLabel:
+    """A wrapped, selectable label (messages people may copy); ``role`` picks its type style
+    (hint: the CLI command under a fix button, muted, title, heading)."""
+    label = QLabel()
+    label.setObjectName(name)
+    if role:
+        label.setProperty("role", role)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return label
 
 
 def primary(button: QPushButton) -> QPushButton:

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.chat.markdown import Block, split_blocks
+from desktop.theme import text_label
 from engines.events import ChatMessage
 
 CODE_MAX_LINES = 30
@@ -211,11 +212,7 @@ class ErrorCard(QFrame):
         layout.addWidget(self.message)
         self.row = QHBoxLayout()
         layout.addLayout(self.row)
-        self.hint = QLabel()
-        self.hint.setObjectName("errorHint")
-        self.hint.setProperty("role", "hint")
-        self.hint.setWordWrap(True)
-        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hint = text_label("errorHint", "hint")
         layout.addWidget(self.hint)
         self.buttons: list[QPushButton] = []
 

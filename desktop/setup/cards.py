@@ -23,7 +23,7 @@ from desktop.fixes import Fix
 from desktop.formatting import fmt_bytes
 from desktop.setup.flow import StepView
 from desktop.setup.proposals import Proposal
-from desktop.theme import SPACE_M, SPACE_S, SPACE_XS, primary
+from desktop.theme import SPACE_M, SPACE_S, SPACE_XS, primary, text_label
 from engines.events import FitResult
 
 STATUS_MARKS = {"done": "✓ done", "working": "working…", "error": "needs you", "waiting": ""}
@@ -55,10 +55,7 @@ class StepCard(QFrame):
         self.status.setObjectName("stepStatus")
         head.addWidget(self.status)
         layout.addLayout(head)
-        self.text = QLabel("")
-        self.text.setObjectName("stepText")
-        self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.text = text_label("stepText")
         layout.addWidget(self.text)
         self.extra = QVBoxLayout()  # step-specific widgets (the model list)
         layout.addLayout(self.extra)
@@ -78,11 +75,7 @@ class StepCard(QFrame):
         fix_row.addWidget(self.retry_button)
         fix_row.addStretch(1)
         layout.addLayout(fix_row)
-        self.hint = QLabel("")
-        self.hint.setObjectName("stepHint")
-        self.hint.setProperty("role", "hint")
-        self.hint.setWordWrap(True)
-        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hint = text_label("stepHint", "hint")
         layout.addWidget(self.hint)
         self.show_view(self.view)
 

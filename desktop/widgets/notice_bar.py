@@ -8,11 +8,11 @@ import html
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from desktop.fixes import Fix
 from desktop.notify import Notification
-from desktop.theme import SPACE_M, SPACE_S, primary
+from desktop.theme import SPACE_M, SPACE_S, primary, text_label
 
 RunFix = Callable[[Fix], None]
 
@@ -26,15 +26,8 @@ class NoticeBar(QFrame):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(SPACE_M, SPACE_S, SPACE_M, SPACE_S)
         text = QVBoxLayout()
-        self.label = QLabel()
-        self.label.setObjectName("noticeText")
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.hint = QLabel()
-        self.hint.setObjectName("noticeHint")
-        self.hint.setProperty("role", "hint")
-        self.hint.setWordWrap(True)
-        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.label = text_label("noticeText")
+        self.hint = text_label("noticeHint", "hint")
         text.addWidget(self.label)
         text.addWidget(self.hint)
         layout.addLayout(text, 1)
