@@ -1,6 +1,6 @@
 """The Hugging Face token: where traylm would find one, and saving one where every Hugging Face
 tool looks (the file ``hf auth login`` writes), readable only by the user. The daemon's hub
-feature (issue 4) and the engines read it from there."""
+feature and the engines read it from there."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from engines.events import Event
+from engines.events.codec import Event
 
 log = logging.getLogger(__name__)
 

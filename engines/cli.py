@@ -20,7 +20,8 @@ from engines.client import DaemonClient
 from engines.config import Paths, load_settings, replace_setting, save_settings
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
-from engines.events import EngineLogLine, EngineState, EngineStateChanged, EngineStatus, to_plain
+from engines.events.codec import to_plain
+from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
-# desktop (issue 6): `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray
+# the tray app: `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray
 # app; its options belong to desktop.app, so they are not parsed here.
 _GLOBAL_FLAGS = ("-v", "--verbose")
 _CLI_FLAGS = ("-h", "--help", "--version")
@@ -156,20 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _feature_parsers(sub: Any) -> None:
     """Each feature package adds its own subcommands (its module has add_parsers(sub))."""
-    # gpu (issue 3): traylm gpus [watch|record], fans, power
+    # gpu: traylm gpus [watch|record], fans, power
     from engines.gpu.cli import add_parsers as add_gpu_parsers
 
     add_gpu_parsers(sub)
 
-    # hub (issue 4): traylm models search|info|fit|pull|ls|rm|verify
+    # hub: traylm models search|info|fit|pull|ls|rm|verify
     from engines.hub.cli import add_parsers as hub_parsers
 
     hub_parsers(sub)
 
-    # engines (issue 5): traylm engines cache ls|rm|prune, remote
-    trt_cli.add_parsers(sub)
+    # remote fallback: traylm remote status|set-key|clear-key
+    from engines.remote.cli import add_parsers as add_remote_parsers
 
-    # desktop (issue 6)
+    add_remote_parsers(sub)
 
     # bench: traylm bench run|ls|show|compare|cancel|rm
     from engines.bench.cli import add_parsers as add_bench_parsers
@@ -209,7 +210,7 @@ def _engines_parser(sub: Any) -> None:
         "--tool", default="", help="TensorRT-LLM build tools: build, quantize, convert-llama"
     )
     s.set_defaults(func=cmd_engines_flags)
-    trt_cli.add_engine_parsers(esub)  # engines (issue 5): traylm engines cache ls|rm|prune
+    trt_cli.add_engine_parsers(esub)  # traylm engines cache ls|rm|prune
 
 
 def _profiles_parser(sub: Any) -> None:
@@ -247,13 +248,15 @@ def _keys_parser(sub: Any) -> None:
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     from engines.daemon import Daemon
+    from engines.settings import LiveSettings
 
     paths = Paths.from_env()
-    settings = await asyncio.to_thread(load_settings, paths.config_file)
+    overrides: dict[str, Any] = {}  # for this run only: never written to config.toml
     if args.port:
-        settings = replace_setting(settings, "gateway.port", args.port)
+        overrides["gateway.port"] = args.port
     if args.simulate_gpus is not None:
-        settings = replace_setting(settings, "gpu.simulate_gpus", args.simulate_gpus)
+        overrides["gpu.simulate_gpus"] = args.simulate_gpus
+    settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
     await Daemon(paths, settings).run()
     return 0
 
@@ -391,7 +394,12 @@ async def cmd_shutdown(args: argparse.Namespace) -> int:
 
 
 def _env_manager() -> EnvManager:
-    return EnvManager(Paths.from_env().envs_dir)
+    from engines.gpu.inventory import GPUInventory
+    from engines.gpu.nvml import NVMLBackend
+    from engines.trt.env import env_extras
+
+    inventory = GPUInventory(NVMLBackend())  # without a daemon: the real GPUs, if any
+    return EnvManager(Paths.from_env().envs_dir, extras=env_extras(inventory))
 
 
 async def cmd_engines_install(args: argparse.Namespace) -> int:

@@ -22,37 +22,31 @@ import aiohttp
 from engines import __version__
 from engines.config import Paths
 from engines.errors import ControlAPIError, DaemonUnavailable
-from engines.events import (
-    BenchConfig,
-    BenchProgress,
-    BenchRun,
-    BenchRunSummary,
-    ChatSummary,
-    ChatTranscript,
-    DownloadStatus,
-    EngineState,
-    EngineStatus,
-    Event,
+from engines.events.bench import BenchConfig, BenchProgress, BenchRun, BenchRunSummary
+from engines.events.chat import ChatSummary, ChatTranscript
+from engines.events.codec import Event, from_plain, to_plain
+from engines.events.core import EngineState, EngineStatus
+from engines.events.gpu import (
     FanCurve,
     FanCurveResult,
-    FitResult,
     GPUFanStatus,
     GPUHistory,
     GPUOverview,
     GPUPresets,
     GuardStatus,
+    PowerLimitStatus,
+)
+from engines.events.hub import (
+    DownloadStatus,
+    FitResult,
     LocalFolder,
     LocalModel,
     ModelDetails,
     ModelSummary,
-    PowerLimitStatus,
-    RemoteStatus,
-    TRTBuildProgress,
-    TRTCacheEntry,
-    from_plain,
-    from_wire,
-    to_plain,
 )
+from engines.events.registry import from_wire
+from engines.events.remote import RemoteStatus
+from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 
 JSON = dict[str, Any]
 
@@ -293,8 +287,8 @@ class DaemonClient:
 
         return await asyncio.wait_for(poll(), timeout_s)
 
-    # ----------------------------------------------------------------- gpu (issue 3)
-    # GPU telemetry and control (engines/gpu/api.py). ``gpu`` is a UUID or an NVML index;
+    # ----------------------------------------------------------------- gpu
+    # GPU telemetry and control (engines/gpu/routes.py). ``gpu`` is a UUID or an NVML index;
     # "all" is accepted by restore_fans and reset_power_limit. Live samples arrive as
     # GPUSampled events: ``events(kinds=("gpu",))``.
 
@@ -373,8 +367,8 @@ class DaemonClient:
         data = await self._call("PUT", "/api/gpus/guard", json_body=changes, params=params)
         return from_plain(GuardStatus, data)
 
-    # ----------------------------------------------------------------- hub (issue 4)
-    # methods for /api/models and /api/downloads go here
+    # ----------------------------------------------------------------- hub
+    # /api/models and /api/downloads
 
     async def hub_access(self) -> JSON:
         """Endpoint, cache folder, and whether a Hugging Face token is found and sent."""
@@ -484,8 +478,8 @@ class DaemonClient:
         data = await self._call("POST", f"/api/downloads/{download_id}/{action}")
         return from_plain(DownloadStatus, data)
 
-    # ----------------------------------------------------------------- engines (issue 5)
-    # methods for the TensorRT-LLM engine cache and remote fallback go here
+    # ----------------------------------------------------------------- TensorRT-LLM, remote
+    # the TensorRT-LLM engine cache and remote fallback
 
     async def trt_cache(self) -> list[TRTCacheEntry]:
         """Cached TensorRT engines, least recently used first."""
@@ -515,8 +509,8 @@ class DaemonClient:
         """Make the daemon read the OS keyring again (after `traylm remote set-key`)."""
         return from_plain(RemoteStatus, await self._call("POST", "/api/remote/refresh-key"))
 
-    # ----------------------------------------------------------------- desktop (issue 6)
-    # methods for /api/chats go here
+    # ----------------------------------------------------------------- chats
+    # /api/chats
 
     # ----------------------------------------------------------------- bench
     # Benchmark runs (engines/bench/service.py). A run goes on in the daemon after start;

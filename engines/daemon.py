@@ -1,4 +1,6 @@
-"""The traylm daemon: builds every part, serves the gateway, shuts down on a deadline.
+"""The traylm daemon: the composition root. It builds every part from already-loaded settings,
+hands each exactly what it uses, mounts their routes on the gateway, serves, and shuts down on a
+deadline. No part imports this module back (an import-linter contract checks it).
 
 One daemon per user (a lock file in the state dir). It writes ``daemon.json`` (pid, URL and the
 control token, mode 0600) once it serves, and removes it on the way out.
@@ -8,58 +10,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import json
 import logging
 import os
-import re
 import secrets
 import signal
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from aiohttp import web
 
 from engines import __version__
-from engines.adapters import adapter_for
-from engines.adapters.base import EngineRuntime
+from engines.bench.routes import BENCH, bench_routes
+from engines.bench.service import BenchFeature
 from engines.bus import EventBus
-from engines.config import (
-    Paths,
-    Profile,
-    ProfileStore,
-    Settings,
-    load_settings,
-    profile_from_mapping,
-    replace_setting,
-    save_settings,
-    write_bytes_atomic,
-)
-from engines.envs import EnvManager, has_nvidia_gpu
-from engines.errors import (
-    ConfigError,
-    EngineEnvError,
-    EngineNotFound,
-    PortInUseError,
-    ProfileNotFound,
-    TraylmError,
-)
-from engines.events import DaemonStopping, EngineState, EngineStatus, EnvInstallProgress, Notice
-from engines.gateway.app import GatewayContext, build_app
-from engines.gateway.control import control_routes
-from engines.gateway.metrics import MetricsRegistry
+from engines.chats.routes import CHATS, chats_routes
+from engines.chats.service import ChatsFeature
+from engines.chats.store import ChatStore
+from engines.config import Paths, ProfileStore, Settings, write_bytes_atomic
+from engines.control.routes import CONTROL, control_routes
+from engines.control.service import ControlAPI, DaemonStatus, EngineControl
+from engines.envs import EnvManager
+from engines.errors import PortInUseError, TraylmError
+from engines.events.codec import to_plain
+from engines.events.core import DaemonStopping
+from engines.gateway.app import build_app
+from engines.gateway.service import GatewayContext
+from engines.gateway.usage import UsageRecorder
+from engines.gpu.routes import GPU, gpu_routes
+from engines.gpu.service import GPUFeature
+from engines.http import mount
+from engines.hub.routes import HUB, hub_routes
+from engines.hub.service import HubFeature
+from engines.metrics import MetricsRegistry
 from engines.procs import PidRegistry, port_holder, reap_orphans
+from engines.remote.routes import REMOTE, remote_routes
+from engines.remote.service import RemoteFallback
+from engines.settings import LiveSettings
 from engines.store import Store
-from engines.supervisor import ManagedEngine, Prepare, Supervisor
-from engines.trt.feature import EnginesFeature
+from engines.supervisor import ManagedEngine, Supervisor
+from engines.trt.env import env_extras
+from engines.trt.routes import TRT, trt_routes
+from engines.trt.service import TRTFeature
 
 log = logging.getLogger(__name__)
-
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 class DaemonAlreadyRunning(TraylmError):
@@ -67,94 +62,155 @@ class DaemonAlreadyRunning(TraylmError):
 
 
 class Feature(Protocol):
-    """A part of the daemon with its own routes and background work (GPU telemetry, hub, ...).
-
-    The daemon builds each feature in ``_build_features`` (no I/O in constructors), adds its
-    routes to the gateway, starts it after the gateway serves, and stops it before the engines.
-    """
+    """A part of the daemon with background work. The daemon starts each after the gateway
+    serves (in the order of ``Daemon.features``) and stops them in reverse before the engines.
+    Constructors do no I/O."""
 
     name: str
-
-    def routes(self) -> list[web.RouteDef]: ...
 
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
 
-class LaunchHook(Protocol):
-    """Per-engine check before a start (raises TraylmError with the fix) that may return work
-    to run before the first launch (a TensorRT engine build), registered by a feature."""
-
-    async def __call__(
-        self, profile: Profile, *, runtime: EngineRuntime, model: str
-    ) -> Prepare | None: ...
-
-
 class Daemon:
     """Composition root. Construct (no I/O), then ``await run()``."""
 
-    def __init__(self, paths: Paths, settings: Settings | None = None) -> None:
+    def __init__(self, paths: Paths, settings: Settings | LiveSettings) -> None:
+        """``settings``: loaded and merged with the command line's overrides before anything
+        is built (``LiveSettings.load``); plain Settings are used as config.toml's values."""
         self.paths = paths
-        self._settings_override = settings
-        self.settings = settings or Settings()
+        self.live = (
+            settings
+            if isinstance(settings, LiveSettings)
+            else LiveSettings(settings, config_file=paths.config_file)
+        )
         self.bus = EventBus()
         self.supervisor = Supervisor()
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
-        self.envs = EnvManager(paths.envs_dir)
         self.store = Store(paths.db_path)
         self.pids = PidRegistry(paths.engine_pids_json)
         self.token = secrets.token_urlsafe(32)
-        self.ctx: GatewayContext | None = None
-        self.started_at_s = time.time()
         self.reaped: list[str] = []
         self._stop = asyncio.Event()
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
-        self._install_task: asyncio.Task[None] | None = None
-        self.launch_hooks: dict[str, LaunchHook] = {}
-        """engine name → hook; features register theirs while they are built."""
-        self.status_providers: dict[str, Callable[[], object]] = {}
-        """Extra /api/status keys (e.g. "remote"), filled by features."""
-        self.features: list[Feature] = self._build_features()
+        self._build()
 
-    def _build_features(self) -> list[Feature]:
-        features: list[Feature] = []
-        # gpu (issue 3): telemetry sampler, fan curves and power limits via traylm-gpud, guard
-        from engines.gpu.service import GPUFeature
-
-        features.append(GPUFeature(self))
-
-        # hub (issue 4): search, fit estimate, downloads, library
-        from engines.hub.service import HubFeature
-
-        self.hub = HubFeature(
-            settings=lambda: self.settings,
-            store=self.store,
-            publish=self.bus.publish,
-            logs_dir=self.paths.logs_dir,
-            profiles=self.profiles,
-            supervisor=self.supervisor,
-            local_models_dir=self.paths.local_models_dir,
+    def _build(self) -> None:
+        """Every part, each given what it uses. Order matters only where one part is another's
+        dependency (the gateway before the GPU feature, the GPU inventory before hub and trt)."""
+        live, paths, publish = self.live, self.paths, self.bus.publish
+        self.usage = UsageRecorder(self.store)
+        self.remote = RemoteFallback(lambda: live.current.remote, publish)
+        self.ctx = GatewayContext(
+            settings=live,
+            routing=self.supervisor,
+            registry=self.registry,
+            control_token=self.token,
+            fallback=self.remote,
+            usage=self.usage.record,
         )
-        features.append(self.hub)
+        self.gpu = GPUFeature(
+            settings=live,
+            bus=self.bus,
+            store=self.store,
+            engines=self.supervisor,
+            gateway=self.ctx,
+            state_dir=paths.state_dir,
+        )
+        self.registry.collector(self.gpu.exposition)
+        inventory = self.gpu.inventory
+        self.envs = EnvManager(paths.envs_dir, extras=env_extras(inventory))
+        self.hub = HubFeature(
+            settings=live,
+            store=self.store,
+            publish=publish,
+            logs_dir=paths.logs_dir,
+            profiles=self.profiles,
+            engines=self.supervisor,
+            inventory=inventory,
+            local_models_dir=paths.local_models_dir,
+        )
+        self.trt = TRTFeature(
+            cache_dir=paths.trt_engines_dir,
+            settings=live,
+            envs=self.envs,
+            engines=self.supervisor,
+            inventory=inventory,
+            publish=publish,
+        )
+        self.bench = BenchFeature(
+            store=self.store,
+            routing=self.supervisor,
+            settings=live,
+            control_token=self.token,
+            logs_dir=paths.logs_dir,
+            publish=publish,
+        )
+        self.chats = ChatsFeature(ChatStore(self.store), publish)
+        self.control = EngineControl(
+            supervisor=self.supervisor,
+            envs=self.envs,
+            settings=live,
+            logs_dir=paths.logs_dir,
+            pids=self.pids,
+            publish=publish,
+            launch_hooks={"trtllm": self.trt.launcher},
+            check_trust=self.hub.require_trust,
+        )
+        self.status = DaemonStatus(
+            settings=live,
+            engines=self.supervisor,
+            paused=lambda: self.ctx.paused,
+            reaped=lambda: self.reaped,
+            providers={
+                "remote": lambda: to_plain(self.remote.status()),
+                "trt_builds": lambda: to_plain(self.trt.builds()),
+                "bench": self.bench.status,
+            },
+        )
+        self.features: list[Feature] = [
+            self.gpu,
+            self.hub,
+            self.trt,
+            self.remote,
+            self.usage,
+            self.chats,
+            self.bench,
+        ]
 
-        # engines (issue 5): TensorRT-LLM engine cache and builds, remote fallback
-        features.append(EnginesFeature(self))
+    def _app(self) -> web.Application:
+        """The gateway's app with every feature's routes, each reachable by its typed key."""
+        app = build_app(self.ctx)
+        control = ControlAPI(
+            engines=self.control,
+            status=self.status,
+            profiles=self.profiles,
+            envs=self.envs,
+            settings=self.live,
+            bus=self.bus,
+            metrics_text=self.registry.render,
+            request_stop=self.request_stop,
+            folder_profile=self.hub.folders.profile_for,
+        )
+        mount(app, CONTROL, control, control_routes())
+        mount(app, GPU, self.gpu, gpu_routes())
+        mount(app, HUB, self.hub, hub_routes())
+        mount(app, TRT, self.trt, trt_routes())
+        mount(app, REMOTE, self.remote, remote_routes())
+        mount(app, CHATS, self.chats, chats_routes())
+        mount(app, BENCH, self.bench, bench_routes())
+        return app
 
-        # desktop (issue 6): chats persisted for the chat window
-        from engines.chats import ChatStore
-        from engines.gateway.chats import DesktopFeature
+    @property
+    def settings(self) -> Settings:
+        """The settings in use now (config.toml's values under the overrides)."""
+        return self.live.current
 
-        features.append(DesktopFeature(ChatStore(self.store), self.bus, self.registry))
-
-        # bench: `traylm bench` runs (load generator worker, results in SQLite, reports)
-        from engines.bench.service import BenchFeature
-
-        features.append(BenchFeature(self))
-
-        return features
+    def engine(self, engine_id: str) -> ManagedEngine:
+        return self.control.engine(engine_id)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -173,8 +229,6 @@ class Daemon:
         self.bus.bind_loop(asyncio.get_running_loop())
         self._take_lock()
         try:
-            if self._settings_override is None:
-                self.settings = await asyncio.to_thread(load_settings, self.paths.config_file)
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
             await asyncio.to_thread(self.store.open)
             await self._serve()
@@ -193,13 +247,8 @@ class Daemon:
 
     async def _serve(self) -> None:
         g = self.settings.gateway
-        self.ctx = GatewayContext(
-            self.settings, self.supervisor, self.registry, self.token, daemon=self
-        )
-        routes = [*control_routes(), *(r for f in self.features for r in f.routes())]
-        app = build_app(self.ctx, control_routes=routes)
         runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+            self._app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0
         )
         await runner.setup()
         self._runner = runner
@@ -222,16 +271,13 @@ class Daemon:
             "port": g.port,
             "token": self.token,
             "version": __version__,
-            "started_at_s": self.started_at_s,
+            "started_at_s": self.status.started_at_s,
         }
         write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
 
     async def _shutdown(self) -> None:
         self.bus.publish(DaemonStopping(reason="daemon stopping"))
-        if self._install_task is not None and not self._install_task.done():
-            self._install_task.cancel()  # the installer removes its half-made venv
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._install_task
+        await self.control.stop()  # a running env install removes its half-made venv
         for feature in reversed(self.features):
             try:
                 await asyncio.wait_for(feature.stop(), 10)
@@ -278,162 +324,3 @@ class Daemon:
         if self._lock_fh is not None:
             self._lock_fh.close()
             self._lock_fh = None
-
-    # ----------------------------------------------------------------- engines
-
-    async def start_engine(self, profile: Profile) -> EngineStatus:
-        """Validate everything that can be checked before launch, then start (returns at once
-        with state ``starting``). Raises TraylmError subclasses with the fix in the message."""
-        adapter = adapter_for(profile.engine)
-        device = resolve_device(profile)
-        env = self.envs.find(profile.engine, device=device, version=profile.engine_version)
-        runtime = await asyncio.to_thread(env.runtime)
-        model = resolve_model(profile)
-        if profile.trust_remote_code:  # hub (issue 4): the user must have trusted this model
-            await self.hub.require_trust(profile.name, model)
-        if profile.cpu_kv_cache_gib is None and device == "cpu":
-            profile = dataclasses.replace(
-                profile, cpu_kv_cache_gib=self.settings.engines.cpu_kv_cache_gib
-            )
-        self._check_names_free(profile)
-        adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
-        hook = self.launch_hooks.get(profile.engine)
-        prepare = await hook(profile, runtime=runtime, model=model) if hook else None
-        engine = ManagedEngine(
-            profile.name,
-            profile=profile,
-            adapter=adapter,
-            runtime=runtime,
-            model=model,
-            settings=self.settings.engines,
-            log_path=self.paths.logs_dir / "engines" / f"{profile.name}.log",
-            pids=self.pids,
-            publish=self.bus.publish,
-            prepare=prepare,
-        )
-        self.supervisor.add(engine)
-        await engine.start()
-        return engine.status()
-
-    async def load_profile(self, name: str) -> Profile:
-        """The profile ``name``, else the model folder registered under that name in the
-        library (``traylm models add``), which is servable by name like a profile."""
-        try:
-            return await asyncio.to_thread(self.profiles.load, name)
-        except ProfileNotFound:
-            folder = await asyncio.to_thread(self.hub.folders.profile_for, name)
-            if folder is None:
-                raise
-            return folder
-
-    def _check_names_free(self, profile: Profile) -> None:
-        for other in self.supervisor.engines.values():
-            if other.engine_id == profile.name or other.state in (
-                EngineState.STOPPED,
-                EngineState.FAILED,
-            ):
-                continue
-            clash = set(other.served_names) & set(profile.served_names)
-            if clash:
-                raise ConfigError(
-                    f"{', '.join(sorted(clash))} is already served by engine "
-                    f"{other.engine_id!r}; stop it first or give this profile another served_name"
-                )
-
-    def engine(self, engine_id: str) -> ManagedEngine:
-        engine = self.supervisor.get(engine_id)
-        if engine is None:
-            known = ", ".join(sorted(self.supervisor.engines)) or "none"
-            raise EngineNotFound(f"no engine {engine_id!r}; engines: {known}")
-        return engine
-
-    def install_env(self, engine: str, *, device: str, version: str | None) -> dict[str, str]:
-        """Start installing an engine env in the background (one at a time); progress and the
-        outcome are published as EnvInstallProgress events."""
-        from engines.envs import RECIPES
-
-        if device == "auto":
-            device = "cuda" if has_nvidia_gpu() else "cpu"
-        if (engine, device) not in RECIPES:
-            known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
-            raise ConfigError(f"traylm cannot install {engine!r} for {device}; it knows: {known}")
-        if self._install_task is not None and not self._install_task.done():
-            raise EngineEnvError("an engine install is already running; wait for it to finish")
-        started = time.monotonic()
-
-        def progress(phase: str, line: str) -> None:
-            self.bus.publish(
-                EnvInstallProgress(
-                    engine=engine,
-                    device=device,
-                    phase=phase,
-                    line=line,
-                    elapsed_s=time.monotonic() - started,
-                )
-            )
-
-        async def run() -> None:
-            try:
-                await self.envs.install(engine, device=device, version=version, progress=progress)
-            except TraylmError as exc:
-                progress("failed", exc.message)
-                self.notify_error(f"installing {engine} failed", exc)
-
-        self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
-        return {"engine": engine, "device": device, "version": version or "default"}
-
-    def notify_error(self, title: str, exc: TraylmError) -> None:
-        self.bus.publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
-
-    # ----------------------------------------------------------------- settings
-
-    async def update_settings(self, changes: dict[str, Any]) -> Settings:
-        """Apply ``{"section.field": value}`` changes: all validated, saved and applied, or
-        none (the first invalid one raises ConfigError)."""
-        new = self.settings
-        for dotted, value in changes.items():
-            new = replace_setting(new, dotted, value)
-        await asyncio.to_thread(save_settings, self.paths.config_file, new)
-        self.settings = new
-        if self.ctx is not None:
-            self.ctx.apply_settings(new)
-        return new
-
-    def adhoc_profile(self, data: dict[str, Any]) -> Profile:
-        model = str(data.get("model", ""))
-        name = data.pop("name", None) or _name_from_model(model)
-        return profile_from_mapping(name, data, f"--model {model}")
-
-
-def resolve_device(profile: Profile) -> str:
-    if profile.device != "auto":
-        return profile.device
-    return "cuda" if has_nvidia_gpu() else "cpu"
-
-
-def resolve_model(profile: Profile) -> str:
-    model = profile.model
-    if model.startswith(("/", "./", "../", "~")):
-        path = Path(model).expanduser().resolve()
-        if not path.is_dir():
-            raise ConfigError(
-                f"model folder {model} does not exist; check the profile's model "
-                "path, or use a Hugging Face repo id (org/name)"
-            )
-        if not (path / "config.json").exists():
-            raise ConfigError(
-                f"{model} has no config.json, so it is not a Hugging Face model "
-                "folder; point the profile at the folder that holds config.json"
-            )
-        return str(path)
-    if not REPO_ID_RE.match(model) or ".." in model or "--" in model:
-        raise ConfigError(
-            f"model {model!r} is neither a local folder nor a Hugging Face repo id "
-            "(org/name); fix the profile's model"
-        )
-    return model
-
-
-def _name_from_model(model: str) -> str:
-    base = model.rstrip("/").rsplit("/", 1)[-1] or "model"
-    return re.sub(r"[^A-Za-z0-9._-]", "-", base)[:64].lstrip(".-_") or "model"

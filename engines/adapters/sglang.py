@@ -21,7 +21,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 KV_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 

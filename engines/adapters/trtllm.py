@@ -10,8 +10,8 @@ Two modes (``Profile.mode``):
 
 trtllm-serve is a click command: flags are spelled with underscores (``--tp_size``) and click does
 not treat '-' and '_' alike. Settings without a flag go into the generated YAML (``--config``);
-for two GeForce cards without P2P it sets NCCL all-reduce. Log texts: notes/engines.md and
-TensorRT(-LLM) issue threads.
+for two GeForce cards without P2P it sets NCCL all-reduce. The log texts matched below are the
+ones TensorRT-LLM 1.2 prints (its source and TensorRT(-LLM) issue threads).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 CONFIG_NAME = "trtllm-serve.yaml"
 """The generated --config file (JSON text, which YAML loaders read as YAML)."""

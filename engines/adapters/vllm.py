@@ -2,7 +2,7 @@
 
 Only flags the installed version accepts are emitted: every flag traylm builds itself is checked
 against the version's allow-list too, so a renamed flag fails before launch, not after a
-minute-long start. Log texts come from vLLM 0.32/0.33 source (see notes/engines.md).
+minute-long start. The log texts matched below come from vLLM 0.32/0.33 source.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from engines.adapters.base import (
 )
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.events import Diagnosis
+from engines.events.core import Diagnosis
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})

@@ -26,15 +26,15 @@ from engines.bench.compare import cell, compare, format_table
 from engines.bench.metrics import DEFINITIONS
 from engines.client import DaemonClient
 from engines.errors import ConfigError, TraylmError
-from engines.events import (
+from engines.events.bench import (
     BenchConfig,
     BenchFinished,
     BenchLevel,
     BenchProgress,
     BenchRun,
     BenchState,
-    to_plain,
 )
+from engines.events.codec import to_plain
 
 API_KEY_ENV = "TRAYLM_API_KEY"
 FINISH_POLL_S = 2.0

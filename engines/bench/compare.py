@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engines.events import BenchLevel, BenchRun, LatencyStats
+from engines.events.bench import BenchLevel, BenchRun, LatencyStats
 
 GIB = 1024**3
 

@@ -1,4 +1,4 @@
-"""Benchmark figures, defined as `vllm bench serve` defines them (notes/engines.md).
+"""Benchmark figures, defined as `vllm bench serve` (vLLM 0.32) defines them.
 
 Per request (times from ``time.perf_counter``):
 - TTFT = first streamed content chunk − request start;
@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engines.events import BenchLevel, BenchRequest, BenchTelemetry, LatencyStats
+from engines.events.bench import BenchLevel, BenchRequest, BenchTelemetry, LatencyStats
 
 DEFINITIONS = (
     "vLLM `bench serve` definitions: TTFT = first content chunk − request start; "

@@ -10,7 +10,7 @@ from html import escape
 from engines.bench.compare import METRICS, Comparison, cell, compare, run_label, verdict
 from engines.bench.metrics import DEFINITIONS
 from engines.bench.svg import Series, bar_chart, line_chart
-from engines.events import BenchLevel, BenchRun
+from engines.events.bench import BenchLevel, BenchRun
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em; color: #111827; max-width: 1100px; }

@@ -19,7 +19,7 @@ from engines.bench.metrics import RequestTiming, level_result
 from engines.bench.telemetry import TelemetryRecorder, TelemetrySource
 from engines.bench.workload import WORKLOADS, EngineTokenizer, build_requests
 from engines.errors import BenchError, ConfigError
-from engines.events import BenchConfig, BenchLevel, BenchProgress, BenchState
+from engines.events.bench import BenchConfig, BenchLevel, BenchProgress, BenchState
 
 PROGRESS_EVERY_S = 0.5
 MAX_CONCURRENCY = 4096

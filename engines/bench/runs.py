@@ -13,15 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from engines.errors import BenchError
-from engines.events import (
-    BenchConfig,
-    BenchLevel,
-    BenchRun,
-    BenchRunSummary,
-    BenchState,
-    from_plain,
-    to_plain,
-)
+from engines.events.bench import BenchConfig, BenchLevel, BenchRun, BenchRunSummary, BenchState
+from engines.events.codec import from_plain, to_plain
 from engines.store import Store, dumps
 
 

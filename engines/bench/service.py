@@ -27,33 +27,34 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
 
 from engines import __version__
 from engines.bench.metrics import DEFINITIONS
 from engines.bench.runner import check_config
 from engines.bench.runs import RunStore, summary
 from engines.errors import BenchError, ConfigError
-from engines.events import (
+from engines.events.bench import (
     BenchConfig,
     BenchFinished,
     BenchLevel,
     BenchProgress,
     BenchRun,
     BenchState,
-    EngineState,
-    from_plain,
-    from_wire,
-    to_plain,
 )
+from engines.events.codec import Event, from_plain, to_plain
+from engines.events.core import EngineState
+from engines.events.registry import from_wire
+from engines.settings import SettingsView
+from engines.store import Store
+from engines.supervisor import RoutingView
 
 if TYPE_CHECKING:
-    from engines.daemon import Daemon
     from engines.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
@@ -74,22 +75,31 @@ class _Job:
 class BenchFeature:
     name = "bench"
 
-    def __init__(self, daemon: Daemon) -> None:
-        """No I/O."""
-        self._d = daemon
-        self.runs = RunStore(daemon.store)
+    def __init__(
+        self,
+        *,
+        store: Store,
+        routing: RoutingView,
+        settings: SettingsView,
+        control_token: str,
+        logs_dir: Path,
+        publish: Callable[[Event], None],
+    ) -> None:
+        """No I/O. ``control_token``: handed to the worker, which reads GPU telemetry back
+        from the daemon's control API during the run."""
+        self.runs = RunStore(store)
+        self._routing = routing
+        self._settings = settings
+        self._token = control_token
+        self._logs_dir = logs_dir
+        self._publish = publish
         self._job: _Job | None = None
         self.progress: BenchProgress | None = None
         self._starting = asyncio.Lock()
-        daemon.status_providers["bench"] = self._status
 
-    def _status(self) -> Any:
+    def status(self) -> Any:
+        """The running run's summary, or None (/api/status "bench")."""
         return to_plain(summary(self._job.run)) if self._job is not None else None
-
-    def routes(self) -> list[web.RouteDef]:
-        from engines.bench.api import bench_routes
-
-        return bench_routes()
 
     async def start(self) -> None:
         count = await asyncio.to_thread(self.runs.mark_interrupted)
@@ -120,6 +130,7 @@ class BenchFeature:
             await _preflight(target, config.model, api_key)
             run = await asyncio.to_thread(self.runs.create, config, target=target, engine=engine)
             run = dataclasses.replace(run, definitions=DEFINITIONS)
+            port = self._settings.current.gateway.port
             job_spec = {
                 "run_id": run.id,
                 "config": to_plain(config),
@@ -127,9 +138,9 @@ class BenchFeature:
                 "tokenize_root": tokenize_root,
                 "api_key": api_key,
                 "daemon": {
-                    "url": f"http://127.0.0.1:{self._d.settings.gateway.port}",
-                    "port": self._d.settings.gateway.port,
-                    "token": self._d.token,
+                    "url": f"http://127.0.0.1:{port}",
+                    "port": port,
+                    "token": self._token,
                     "version": __version__,
                 },
             }
@@ -150,9 +161,9 @@ class BenchFeature:
     def _resolve(self, config: BenchConfig) -> tuple[str, str | None, dict[str, str]]:
         """(OpenAI base URL, server root for /tokenize or None, engine facts)."""
         if not config.url:
-            engine = self._d.supervisor.route(config.model)
+            engine = self._routing.route(config.model)
             if engine is None:
-                served = sorted({n for n, _ in self._d.supervisor.served_models()})
+                served = sorted({n for n, _ in self._routing.served_models()})
                 listing = ", ".join(served) or "none (start one with `traylm start PROFILE`)"
                 raise BenchError(f"the model {config.model!r} is not served; served: {listing}")
             if engine.state != EngineState.READY:
@@ -160,7 +171,7 @@ class BenchFeature:
                     f"the engine for {config.model!r} is {engine.state}; benchmark it once "
                     "`traylm status` shows it ready"
                 )
-            target = f"http://127.0.0.1:{self._d.settings.gateway.port}/v1"
+            target = f"http://127.0.0.1:{self._settings.current.gateway.port}/v1"
             return target, engine.base_url, _engine_facts(engine)
         url = config.url.rstrip("/")
         if not url.endswith("/v1"):
@@ -168,14 +179,14 @@ class BenchFeature:
         root = url.removesuffix("/v1")
         parts = urlsplit(url)
         facts: dict[str, str] = {}
-        for engine in self._d.supervisor.engines.values():
+        for engine in self._routing.engines.values():
             local = parts.hostname in ("127.0.0.1", "localhost", "::1")
             if local and engine.port is not None and engine.port == parts.port:
                 facts = _engine_facts(engine)
         return url, root, facts
 
     async def _spawn(self, run: BenchRun, job_spec: dict[str, Any]) -> _Job:
-        log_path = self._d.paths.logs_dir / "bench" / f"run-{run.id}.log"
+        log_path = self._logs_dir / "bench" / f"run-{run.id}.log"
         log_fh = await asyncio.to_thread(_open_log, log_path)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -211,7 +222,7 @@ class BenchFeature:
                     event = from_wire(line["event"])
                     if isinstance(event, BenchProgress):
                         self.progress = event
-                        self._d.bus.publish(event)
+                        self._publish(event)
                 elif line.get("type") == "result":
                     result = line
         finally:
@@ -223,7 +234,7 @@ class BenchFeature:
             log.exception("could not store benchmark run %d", final.id)
         self._job = None
         self.progress = None
-        self._d.bus.publish(BenchFinished(summary=summary(final)))
+        self._publish(BenchFinished(summary=summary(final)))
         return final
 
     def _final(self, job: _Job, result: dict[str, Any] | None, code: int) -> BenchRun:

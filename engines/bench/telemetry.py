@@ -21,16 +21,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.errors import TraylmError
-from engines.events import (
-    BenchTelemetry,
-    Event,
-    GPUBenchTelemetry,
-    GPUInfo,
-    GPUOverview,
-    GPUSampled,
-    GPUSnapshot,
-    GPUState,
-)
+from engines.events.bench import BenchTelemetry, GPUBenchTelemetry
+from engines.events.codec import Event
+from engines.events.gpu import GPUInfo, GPUOverview, GPUSampled, GPUSnapshot, GPUState
 
 log = logging.getLogger(__name__)
 MIN_EXTRAPOLATE_S = 2.0

@@ -24,7 +24,8 @@ from engines.bench.load import Target
 from engines.bench.runner import RunOutcome, run_benchmark
 from engines.client import DaemonClient, DaemonInfo
 from engines.errors import TraylmError
-from engines.events import BenchConfig, BenchProgress, BenchState, from_plain, to_plain
+from engines.events.bench import BenchConfig, BenchProgress, BenchState
+from engines.events.codec import from_plain, to_plain
 
 log = logging.getLogger("traylm.bench.worker")
 ORPHAN_CHECK_S = 1.0

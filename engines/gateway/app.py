@@ -1,116 +1,28 @@
-"""The gateway's HTTP application: OpenAI routes, /health, /metrics and /api on one port.
+"""The gateway's HTTP application on one port: the middlewares (errors, security) around the
+gateway's own routes (engines/gateway/routes.py) and the /api routes the daemon mounts.
 
-Only an allow-list of OpenAI routes is forwarded (engine admin routes such as vLLM's /pause or
-/collective_rpc are never reachable). Every error is OpenAI-shaped JSON.
+Every error is OpenAI-shaped JSON. The control API (/api) needs the token from daemon.json; the
+OpenAI routes need an API key once keys are configured (``traylm keys``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
-from engines.config import Settings
-from engines.events import EngineState
-from engines.gateway.admission import Admission, QueueFull
-from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import (
-    REPLY_COMPLETE,
-    Upstream,
-    UsageSink,
-    openai_error,
-    parse_json_body,
-    relay,
-)
-from engines.gateway.security import Guard
-from engines.gateway.usage import UsageRecord
-from engines.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from engines.daemon import Daemon
+from engines.gateway.proxy import REPLY_COMPLETE
+from engines.gateway.routes import FORWARDED_ROUTES, OPEN_ROUTES, gateway_routes
+from engines.gateway.service import GATEWAY, GatewayContext
+from engines.http import openai_error
 
 log = logging.getLogger(__name__)
 
-FORWARDED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-OPEN_ROUTES = frozenset({"/health"})
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CONTEXT: web.AppKey[GatewayContext] = web.AppKey("gateway", object)  # type: ignore[arg-type]
-
-
-@dataclass
-class Pause:
-    """Set by the thermal guard: new requests get 503 until it is lifted."""
-
-    reason: str
-    retry_after_s: int = 30
-
-
-@dataclass
-class GatewayContext:
-    settings: Settings
-    supervisor: Supervisor
-    registry: MetricsRegistry
-    control_token: str
-    daemon: Daemon | None = None
-    metrics: GatewayMetrics = field(init=False)
-    guard: Guard = field(init=False)
-    session: aiohttp.ClientSession | None = None
-    admissions: dict[str, Admission] = field(default_factory=dict)
-    pause: Pause | None = None
-    started_at_s: float = field(default_factory=time.time)
-    fallback: Callable[[str, str], Upstream | None] | None = None
-    """Remote fallback hook: (model, why) → an upstream, or None. Installed by the daemon."""
-    usage: Callable[[UsageRecord], None] | None = None
-    """Usage-log hook: one record per relayed request (engines/gateway/usage.py)."""
-
-    def __post_init__(self) -> None:
-        self.metrics = GatewayMetrics(self.registry)
-        self.apply_settings(self.settings)
-        self.registry.gauge(
-            "traylm_queue_depth",
-            "Requests waiting for an engine.",
-            lambda: {(("engine", k),): float(a.waiting) for k, a in self.admissions.items()},
-        )
-        self.registry.gauge(
-            "traylm_requests_in_flight",
-            "Requests being served by an engine.",
-            lambda: {(("engine", k),): float(a.in_flight) for k, a in self.admissions.items()},
-        )
-
-    def apply_settings(self, settings: Settings) -> None:
-        self.settings = settings
-        g = settings.gateway
-        # the Host check keeps the port the gateway listens on: a new gateway.port applies at
-        # the next start (checking it now locked every client out of the running daemon)
-        listening = self.guard.port if hasattr(self, "guard") else g.port
-        self.guard = Guard.build(
-            hosts=g.allowed_hosts,
-            origins=g.allowed_origins,
-            key_digests=g.api_key_sha256,
-            port=listening,
-            lan=g.lan_sharing,
-        )
-        for adm in self.admissions.values():
-            adm.max_concurrent, adm.max_queue = g.max_concurrent, g.max_queue
-            adm.queue_timeout_s = g.queue_timeout_s
-
-    def admission(self, engine_id: str) -> Admission:
-        adm = self.admissions.get(engine_id)
-        if adm is None:
-            g = self.settings.gateway
-            adm = self.admissions[engine_id] = Admission(
-                max_concurrent=g.max_concurrent,
-                max_queue=g.max_queue,
-                queue_timeout_s=g.queue_timeout_s,
-            )
-        return adm
 
 
 # --------------------------------------------------------------------------- middlewares
@@ -118,7 +30,7 @@ class GatewayContext:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
+    ctx = request.app[GATEWAY]
     try:
         resp = await handler(request)
     except asyncio.CancelledError:
@@ -169,7 +81,7 @@ def _route_label(request: web.Request) -> str:
 
 @web.middleware
 async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
+    ctx = request.app[GATEWAY]
     guard = ctx.guard
     problem = guard.path_problem(request.raw_path)
     if problem:
@@ -216,8 +128,6 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
 
 
 def _token_ok(request: web.Request, token: str) -> bool:
-    import secrets
-
     auth = request.headers.get("Authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
     return bool(token) and secrets.compare_digest(given.encode(), token.encode())
@@ -235,213 +145,18 @@ def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> 
     return resp
 
 
-# --------------------------------------------------------------------------- OpenAI routes
-
-
-async def list_models(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    data = []
-    for name, engine in ctx.supervisor.served_models():
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": int(engine.ready_at_s or time.time()),
-                "owned_by": "traylm",
-                "traylm": {
-                    "engine_id": engine.engine_id,
-                    "engine": engine.profile.engine,
-                    "device": engine.runtime.device,
-                },
-            }
-        )
-    return web.json_response({"object": "list", "data": data})
-
-
-async def forward(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
-    g = ctx.settings.gateway
-    if request.content_length is not None and request.content_length > g.max_body_bytes:
-        return openai_error(
-            413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
-        )
-    body = await request.read()
-    payload, problem = parse_json_body(body)
-    if payload is None:
-        return openai_error(400, problem or "bad request")
-    invalid = _check_payload(payload, ctx)
-    if invalid:
-        return openai_error(400, invalid[1], param=invalid[0])
-    model = payload["model"]
-    if ctx.pause is not None:
-        _log_refused(ctx, request, model, 503)
-        return openai_error(
-            503,
-            f"traylm paused new requests: {ctx.pause.reason}",
-            type_="paused",
-            headers={"Retry-After": str(ctx.pause.retry_after_s)},
-        )
-    target = _resolve(ctx, model)
-    if isinstance(target, web.Response):
-        _log_refused(ctx, request, model, target.status)
-        return target
-    upstream, admission = target
-    assert ctx.session is not None
-    try:
-        async with admission.slot():
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=upstream,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=_usage_sink(ctx, request, model, upstream),
-            )
-    except QueueFull as exc:
-        fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
-        if fallback is not None:
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=fallback,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=_usage_sink(ctx, request, model, fallback),
-            )
-        _log_refused(ctx, request, model, 429, upstream.name)
-        return openai_error(
-            429,
-            f"too many requests for {model}: {exc.reason}; retry later",
-            type_="rate_limit_exceeded",
-            headers={"Retry-After": str(g.retry_after_s)},
-        )
-
-
-def _usage_sink(
-    ctx: GatewayContext, request: web.Request, model: str, upstream: Upstream
-) -> UsageSink | None:
-    record = ctx.usage
-    if record is None:
-        return None
-
-    def sink(status: int, prompt: int | None, completion: int | None, duration_s: float) -> None:
-        record(
-            UsageRecord(
-                model,
-                upstream.name,
-                request.path,
-                upstream.remote,
-                status,
-                prompt,
-                completion,
-                duration_s,
-            )
-        )
-
-    return sink
-
-
-def _log_refused(
-    ctx: GatewayContext, request: web.Request, model: str, status: int, engine_id: str = ""
-) -> None:
-    """Requests the gateway answered itself (not served, starting, paused, queue full)."""
-    if ctx.usage is not None:
-        ctx.usage(UsageRecord(model, engine_id, request.path, False, status, None, None, 0.0))
-
-
-def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:
-    g = ctx.settings.gateway
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        return "model", "'model' is required: one of the names GET /v1/models lists"
-    messages = payload.get("messages")
-    if messages is not None and (not isinstance(messages, list) or len(messages) > g.max_messages):
-        return "messages", f"'messages' must be a list of at most {g.max_messages} messages"
-    n = payload.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= g.max_n):
-        return "n", f"'n' must be a whole number from 1 to {g.max_n}"
-    stream = payload.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        return "stream", "'stream' must be true or false"
-    return None
-
-
-def _resolve(ctx: GatewayContext, model: str) -> tuple[Upstream, Admission] | web.Response:
-    retry = str(ctx.settings.gateway.retry_after_s)
-    engine = ctx.supervisor.route(model)
-    if engine is not None and engine.state == EngineState.READY and engine.base_url:
-        upstream = Upstream(engine.engine_id, engine.base_url, {})
-        return upstream, ctx.admission(engine.engine_id)
-    why = "not_served" if engine is None else str(engine.state)
-    fallback = ctx.fallback(model, why) if ctx.fallback else None
-    if fallback is not None:
-        return fallback, ctx.admission(f"remote:{fallback.name}")
-    if engine is None:
-        served = sorted({name for name, _ in ctx.supervisor.served_models()})
-        listing = ", ".join(served) if served else "none (start one with `traylm start PROFILE`)"
-        return openai_error(
-            404,
-            f"the model {model!r} is not served; served models: {listing}",
-            type_="model_not_found",
-            code="model_not_found",
-            param="model",
-        )
-    if engine.state == EngineState.STARTING:
-        return openai_error(
-            503,
-            f"{model!r} is starting ({engine.detail}); retry in {retry} s",
-            type_="engine_starting",
-            headers={"Retry-After": retry},
-        )
-    return openai_error(
-        503,
-        f"the engine for {model!r} is {engine.state}: {engine.detail}. Start it with "
-        f"`traylm start {engine.engine_id}`",
-        type_="engine_unavailable",
-        headers={"Retry-After": retry},
-    )
-
-
-async def health(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    engines = {e.engine_id: str(e.state) for e in ctx.supervisor.engines.values()}
-    return web.json_response(
-        {"status": "ok", "engines": engines, "paused": ctx.pause.reason if ctx.pause else None}
-    )
-
-
-async def metrics(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    return web.Response(
-        text=ctx.registry.render(),
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
-    )
-
-
 # --------------------------------------------------------------------------- app
 
 
-def build_app(
-    ctx: GatewayContext, *, control_routes: list[web.RouteDef] | None = None
-) -> web.Application:
+def build_app(ctx: GatewayContext) -> web.Application:
+    """The gateway's app with its own routes; the daemon mounts each feature's /api routes on
+    it (engines.http.mount) before it starts serving."""
     app = web.Application(
         middlewares=[error_middleware, security_middleware],
         client_max_size=ctx.settings.gateway.max_body_bytes,
     )
-    app[CONTEXT] = ctx
-    app.router.add_get("/v1/models", list_models)
-    for route in FORWARDED_ROUTES:
-        app.router.add_post(route, forward)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    if control_routes:
-        app.router.add_routes(control_routes)
+    app[GATEWAY] = ctx
+    app.router.add_routes(gateway_routes())
 
     async def on_startup(_: web.Application) -> None:
         if ctx.session is None:

@@ -16,12 +16,12 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.http import openai_error
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +40,6 @@ HOP_HEADERS = frozenset(
         "date",
     }
 )
-
-
-def openai_error(
-    status: int,
-    message: str,
-    *,
-    type_: str = "invalid_request_error",
-    code: str | int | None = None,
-    param: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    body = {
-        "error": {
-            "message": message,
-            "type": type_,
-            "param": param,
-            "code": code if code is not None else status,
-        }
-    }
-    return web.json_response(body, status=status, headers=headers)
 
 
 def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
@@ -224,13 +204,3 @@ def _count_usage(
         completion_tokens = chunks - 1  # first chunk carries the role
         metrics.tokens_out.inc(float(completion_tokens), model=model)
     return prompt_tokens, completion_tokens
-
-
-def parse_json_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, f"the request body is not valid JSON ({exc})"
-    if not isinstance(data, dict):
-        return None, "the request body must be a JSON object"
-    return data, None

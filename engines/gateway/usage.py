@@ -34,6 +34,11 @@ class UsageRecord:
 
 
 class UsageRecorder:
+    """The usage log: the gateway records each request (``record``, no I/O); a background task
+    writes them to SQLite in batches. A part of the daemon (started and stopped with it)."""
+
+    name = "usage"
+
     def __init__(self, store: Store, *, period_s: float = 1.0, max_pending: int = 50_000) -> None:
         self._store = store
         self._period_s = period_s
@@ -47,7 +52,7 @@ class UsageRecorder:
             self.dropped += 1
         self._pending.append(record)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="usage-log")
 
     async def stop(self) -> None:

@@ -2,7 +2,8 @@
 
 Three backends implement it: ``NVMLBackend`` (real GPUs through nvidia-ml-py), ``SimulatedBackend``
 (two RTX 4090s with a thermal model and injectable faults) and ``ReplayBackend`` (a recorded JSONL
-trace). The snapshot types live in engines.events (they cross to the UI) and are re-exported here.
+trace). The snapshot types live in engines.events.gpu (they cross to the UI); this module
+re-exports them.
 
 Calls are blocking; the daemon makes them from the sampler thread or through
 ``asyncio.to_thread``. Errors: ``GPUUnavailable`` (no driver or GPU), ``GPULost`` (fell off the
@@ -16,13 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from engines.errors import GPUNotFound
-from engines.events import (
-    FanReading,
-    GPUInfo,
-    GPUProcess,
-    GPUSnapshot,
-    GPUState,
-)
+from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 
 __all__ = [
     "CLOCK_EVENT_REASONS",

@@ -24,7 +24,8 @@ from typing import Any
 
 from engines.client import DaemonClient
 from engines.errors import ConfigError, DaemonUnavailable
-from engines.events import (
+from engines.events.codec import to_plain
+from engines.events.gpu import (
     GPUEntry,
     GPUInfo,
     GPUOverview,
@@ -32,7 +33,6 @@ from engines.events import (
     GPUSnapshot,
     GPUState,
     HelperStatus,
-    to_plain,
 )
 
 

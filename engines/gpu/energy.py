@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engines.events import EngineEnergy, GPUSnapshot, PSUStatus
+from engines.events.gpu import EngineEnergy, GPUSnapshot, PSUStatus
 
 MIN_WINDOW_S = 5.0
 JOULES_PER_KWH = 3.6e6

@@ -25,7 +25,7 @@ from typing import Any
 
 from engines.config import resources_dir
 from engines.errors import ConfigError
-from engines.events import FanCurve
+from engines.events.gpu import FanCurve
 
 MAX_POINTS = 16
 MAX_TEMPERATURE_C = 105.0

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.config import GPUSettings
-from engines.events import GPUGuardAction, GPUInfo, GPUSnapshot, GPUState, GuardGPU, GuardLevel
+from engines.events.gpu import GPUGuardAction, GPUInfo, GPUSnapshot, GPUState, GuardGPU, GuardLevel
 
 log = logging.getLogger(__name__)
+
+PAUSE_PREFIX = "thermal guard"
+"""The guard's pause reasons start with this; it lifts a gateway pause only when it is its own."""
 
 DEFAULT_SLOWDOWN_C = 90  # when a card does not report its own (RTX 4090: ~90 °C)
 THRESHOLD_FIELDS = (
@@ -232,7 +235,7 @@ class ThermalGuard:
         if step.action == "lower_power":
             return await actions.lower_power(step, self.thresholds.power_pct)
         if step.action == "pause":
-            return await actions.pause(step, f"thermal guard: {where}")
+            return await actions.pause(step, f"{PAUSE_PREFIX}: {where}")
         if step.action == "stop_engine":
             return await actions.stop_engines(step)
         return await actions.stand_down(step)

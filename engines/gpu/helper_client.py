@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import HelperRefused, HelperUnavailable
-from engines.events import FanControl, HelperStatus, PowerControl, from_plain
+from engines.events.codec import from_plain
+from engines.events.gpu import FanControl, HelperStatus, PowerControl
 from engines.gpu.protocol import MAX_LINE_BYTES, encode_request
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 It runs as root (systemd system unit, installers/linux/traylm-gpud.service) and listens on a unix
 socket owned by root:traylm, mode 0660, so only members of the ``traylm`` group can talk to it.
 The protocol (engines/gpu/protocol.py) is one strict JSON object per line, rate limited per
-connection; every value is checked against the card before it is applied (engines/gpu/control.py).
+connection; every value is checked against the card before it is applied
+(engines/gpu/helper_core.py).
 
 It runs the fan-curve loop itself, so fans stay safe while the daemon is gone, and gives control
 back — every fan to the firmware, every power limit to its default — on exit, on SIGTERM/SIGINT/
@@ -32,15 +33,15 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from engines import __version__
 from engines.errors import ConfigError, TraylmError
 from engines.gpu.backend import GPUBackend
-from engines.gpu.control import HelperCore
 from engines.gpu.fans import curve_from_mapping
+from engines.gpu.helper_core import HelperCore
 from engines.gpu.protocol import MAX_LINE_BYTES, ProtocolError, Request, ok, parse_request, refused
 
 log = logging.getLogger("traylm-gpud")
@@ -97,6 +98,14 @@ class HelperServer:
         self._ids = itertools.count(1)
         self.failed: BaseException | None = None
         self.stopped = asyncio.Event()
+        self._ops: dict[str, Callable[[Request, int], Any]] = {
+            "status": self._status,
+            "apply_curve": self._apply_curve,
+            "restore_fans": self._restore_fans,
+            "apply_power": self._apply_power,
+            "restore_power": self._restore_power,
+        }
+        """op → handler(request, client id); runs in a worker thread (HelperCore blocks)."""
 
     async def start(self) -> None:
         problems = await asyncio.to_thread(self.core.start)
@@ -235,29 +244,36 @@ class HelperServer:
             return refused(rid, exc.code, exc.message)
 
     def _execute(self, req: Request, cid: int) -> Any:
-        core = self.core
-        if req.op == "status":
-            return {**core.status(), "version": __version__, "pid": os.getpid()}
-        if req.op == "apply_curve":
-            assert req.curve is not None
-            curve = curve_from_mapping(req.curve)
-            result = core.apply_curve(
-                req.gpu, curve, req.fans, persist=req.persist, owner=None if req.persist else cid
-            )
-            log.info("client %d: fan curve on %s fans %s", cid, req.gpu, result["fans"])
-            return result
-        if req.op == "restore_fans":
-            return {"gpus": core.restore_fans(req.gpu)}
-        if req.op == "apply_power":
-            assert req.limit_mw is not None
-            result = core.apply_power(
-                req.gpu, req.limit_mw, persist=req.persist, source=req.source, owner=cid
-            )
-            log.info("client %d: power limit %s on %s", cid, req.limit_mw, req.gpu)
-            return result
-        if req.op == "restore_power":
-            return {"gpus": core.restore_power(req.gpu, req.source)}
-        raise ProtocolError(f"unknown op {req.op!r}")
+        handler = self._ops.get(req.op)
+        if handler is None:  # parse_request checked the op against protocol.OPS already
+            raise ProtocolError(f"unknown op {req.op!r}")
+        return handler(req, cid)
+
+    def _status(self, req: Request, cid: int) -> Any:
+        return {**self.core.status(), "version": __version__, "pid": os.getpid()}
+
+    def _apply_curve(self, req: Request, cid: int) -> Any:
+        assert req.curve is not None
+        curve = curve_from_mapping(req.curve)
+        result = self.core.apply_curve(
+            req.gpu, curve, req.fans, persist=req.persist, owner=None if req.persist else cid
+        )
+        log.info("client %d: fan curve on %s fans %s", cid, req.gpu, result["fans"])
+        return result
+
+    def _restore_fans(self, req: Request, cid: int) -> Any:
+        return {"gpus": self.core.restore_fans(req.gpu)}
+
+    def _apply_power(self, req: Request, cid: int) -> Any:
+        assert req.limit_mw is not None
+        result = self.core.apply_power(
+            req.gpu, req.limit_mw, persist=req.persist, source=req.source, owner=cid
+        )
+        log.info("client %d: power limit %s on %s", cid, req.limit_mw, req.gpu)
+        return result
+
+    def _restore_power(self, req: Request, cid: int) -> Any:
+        return {"gpus": self.core.restore_power(req.gpu, req.source)}
 
     # ----------------------------------------------------------------- fan loop
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.events import GPUHistory, GPUSnapshot, GPUState
+from engines.events.gpu import GPUHistory, GPUSnapshot, GPUState
 from engines.store import Store
 
 COLUMNS = (

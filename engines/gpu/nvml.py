@@ -25,7 +25,7 @@ from engines.errors import (
     GPUPermissionDenied,
     GPUUnavailable,
 )
-from engines.events import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
+from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import decode_clock_event_reasons, find_info
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,9 @@ class NVMLBackend:
             driver_version=driver,
             cuda_version=cuda,
             memory_total_bytes=_int(getattr(memory, "total", None)),
+            compute_capability=_capability(
+                self.call("nvmlDeviceGetCudaComputeCapability", h, uuid=uuid)
+            ),
             slowdown_temperature_c=_int(
                 self.call(
                     "nvmlDeviceGetTemperatureThreshold",
@@ -382,3 +385,12 @@ def _cuda_version(value: Any) -> str:
     if not number:
         return ""
     return f"{number // 1000}.{(number % 1000) // 10}"
+
+
+def _capability(value: Any) -> str:
+    """(major, minor) from NVML as "8.9"; "" when it is not a pair of numbers."""
+    try:
+        major, minor = (int(x) for x in value)
+    except (TypeError, ValueError):
+        return ""
+    return f"{major}.{minor}"

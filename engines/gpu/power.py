@@ -14,7 +14,7 @@ from typing import Any
 
 from engines.config import resources_dir
 from engines.errors import ConfigError
-from engines.events import GPUInfo, PowerPreset
+from engines.events.gpu import GPUInfo, PowerPreset
 
 
 class PowerLimitError(ConfigError):

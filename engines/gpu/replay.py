@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from engines.errors import ConfigError, GPUPermissionDenied
-from engines.events import GPUInfo, GPUSnapshot, from_plain, to_plain
+from engines.events.codec import from_plain, to_plain
+from engines.events.gpu import GPUInfo, GPUSnapshot
 from engines.gpu.backend import GPUBackend
 
 TRACE_VERSION = 1

@@ -20,7 +20,8 @@ from typing import Any
 import psutil
 
 from engines.errors import GPUError, GPUUnavailable
-from engines.events import Event, GPUInfo, GPUSampled, GPUSnapshot, GPUState, GPUStateChanged
+from engines.events.codec import Event
+from engines.events.gpu import GPUInfo, GPUSampled, GPUSnapshot, GPUState, GPUStateChanged
 from engines.gpu.backend import GPUBackend
 from engines.gpu.history import TelemetryHistory
 

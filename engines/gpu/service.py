@@ -1,6 +1,6 @@
 """``GPUFeature``: the daemon's GPU part. It builds the backend (NVML, the simulator with
 ``--simulate-gpus N``, or a replayed trace), runs the sampler thread, talks to traylm-gpud, runs
-the thermal guard and the energy meter, and serves the /api/gpus routes (engines/gpu/api.py).
+the thermal guard and the energy meter, and serves the /api/gpus routes (engines/gpu/routes.py).
 
 With the simulator the feature also runs an in-process traylm-gpud on the same simulated GPUs
 (a private socket in the state dir), so fan curves, power limits and the guard work end to end
@@ -15,29 +15,27 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
-from aiohttp import web
 
+from engines.bus import EventBus
 from engines.config import Settings
 from engines.errors import GPUUnavailable, HelperUnavailable, TraylmError
-from engines.events import (
+from engines.events.core import EngineState, Notice
+from engines.events.gpu import (
     EngineEnergy,
-    EngineState,
     GPUEnergyUpdated,
     GPUHelperChanged,
     GPUInfo,
     GPUProcess,
     GPUSnapshot,
     HelperStatus,
-    Notice,
     PSUStatus,
 )
 from engines.gpu.backend import GPUBackend, cuda_order
-from engines.gpu.control import HelperCore
 from engines.gpu.energy import (
     EnergyPoint,
     EnergyWindow,
@@ -47,16 +45,21 @@ from engines.gpu.energy import (
     psu_status,
 )
 from engines.gpu.guard import GuardThresholds, Step, ThermalGuard
+from engines.gpu.guard_actions import DaemonGuardActions
 from engines.gpu.helper_client import HelperClient
+from engines.gpu.helper_core import HelperCore
 from engines.gpu.helperd import HelperServer
 from engines.gpu.history import TelemetryHistory
+from engines.gpu.inventory import GPUInventory
 from engines.gpu.prometheus import gpu_exposition
 from engines.gpu.sampler import Sampler
 from engines.gpu.sim import SimulatedBackend
 from engines.procs import descendants
+from engines.settings import SettingsEditor
+from engines.store import Store
+from engines.supervisor import EngineView
 
 if TYPE_CHECKING:
-    from engines.daemon import Daemon
     from engines.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
@@ -78,67 +81,92 @@ def build_backend(settings: Settings) -> GPUBackend:
     return NVMLBackend()
 
 
+class GatewayControl(Protocol):
+    """What the GPU feature asks of the gateway (engines/gateway/service.py GatewayContext)."""
+
+    @property
+    def paused(self) -> str | None: ...
+
+    def pause_requests(self, reason: str) -> None: ...
+
+    def resume_requests(self) -> None: ...
+
+    def in_flight(self, engine_id: str) -> int: ...
+
+
 class GPUFeature:
     name = "gpu"
 
-    def __init__(self, daemon: Daemon, backend: GPUBackend | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: SettingsEditor,
+        bus: EventBus,
+        store: Store,
+        engines: EngineView,
+        gateway: GatewayControl,
+        state_dir: Path,
+        backend: GPUBackend | None = None,
+    ) -> None:
         """No I/O. ``backend``: use this one instead of the one the settings name (tests)."""
-        self.daemon = daemon
-        self._given_backend = backend
+        self.settings = settings
+        self.bus = bus
+        self.gateway = gateway
+        self._engines = engines
+        self._state_dir = state_dir
         self.local_helper: HelperServer | None = None
         self.helper: HelperClient | None = None
         self.energy: dict[str, EngineEnergy] = {}
         self._windows: dict[str, EnergyWindow] = {}
         self._energy_published_s: dict[str, float] = {}
-        self._paused_by: set[str] = set()
         self._guard_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._energy_task: asyncio.Task[None] | None = None
         self._psu_notice_s = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self._build(daemon.settings)
-        daemon.registry.collector(lambda: gpu_exposition(self.sampler, self.energy))
-
-    def use_backend(self, backend: GPUBackend) -> None:
-        """Run on ``backend`` instead of the one the settings name (before ``start``; tests)."""
-        self._given_backend = backend
-        self._build(self.daemon.settings)
-
-    def _build(self, settings: Settings) -> None:
-        """Make the parts from ``settings`` (again at start: the daemon may have loaded
-        config.toml after constructing its features)."""
-        self._built_for = settings
-        self.backend = self._given_backend or build_backend(settings)
+        current = settings.current
+        self.backend = backend or build_backend(current)
+        self.inventory = GPUInventory(self.backend)
+        """The machine's GPUs for every other part (hub fit, TensorRT-LLM checks)."""
         self.guard = ThermalGuard(
-            GuardThresholds.from_settings(settings.gpu), simulated=self.backend.simulated
+            GuardThresholds.from_settings(current.gpu), simulated=self.backend.simulated
         )
         self.history = TelemetryHistory(
-            self.daemon.store,
-            resolution_s=settings.gpu.history_resolution_s,
-            keep_days=settings.gpu.history_days,
+            store,
+            resolution_s=current.gpu.history_resolution_s,
+            keep_days=current.gpu.history_days,
         )
         self.sampler = Sampler(
             self.backend,
-            interval_s=settings.gpu.sample_interval_s,
-            process_interval_s=settings.gpu.process_interval_s,
-            publish=self.daemon.bus.publish_threadsafe,
+            interval_s=current.gpu.sample_interval_s,
+            process_interval_s=current.gpu.process_interval_s,
+            publish=bus.publish_threadsafe,
             on_sample=self._on_sample_threadsafe,
             history=self.history,
             engine_pids=self._engine_pids,
         )
+        self.actions = DaemonGuardActions(
+            infos=self.infos,
+            helper=lambda: self.helper,
+            require_helper=self.require_helper,
+            gateway=gateway,
+            engines=engines,
+            engine_gpus=self.engine_gpus,
+        )
+        settings.subscribe(self._on_settings)
+
+    def _on_settings(self, settings: Settings) -> None:
+        self.guard.thresholds = GuardThresholds.from_settings(settings.gpu)
+
+    def exposition(self) -> Iterator[str]:
+        """GPU gauges, lines of the Prometheus text format (a /metrics collector)."""
+        return gpu_exposition(self.sampler, self.energy)
 
     # ----------------------------------------------------------------- Feature protocol
 
-    def routes(self) -> list[web.RouteDef]:
-        from engines.gpu.api import gpu_routes
-
-        return gpu_routes()
-
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self.daemon.settings is not self._built_for:
-            self._build(self.daemon.settings)
         await self._start_helper()
         self.sampler.start()
         self._energy_task = asyncio.create_task(self._energy_loop(), name="gpu energy")
@@ -165,7 +193,7 @@ class GPUFeature:
         on_change = self._on_helper_change
         if isinstance(self.backend, SimulatedBackend):
             socket_path = self._private_socket()
-            core = HelperCore(self.backend, self.daemon.paths.state_dir / "gpud-sim")
+            core = HelperCore(self.backend, self._state_dir / "gpud-sim")
             server = HelperServer(core, socket_path, interval_s=1.0)
             try:
                 await server.start()
@@ -179,12 +207,12 @@ class GPUFeature:
             self.helper = None
             return
         else:
-            path = Path(self.daemon.settings.gpu.helper_socket)
+            path = Path(self.settings.current.gpu.helper_socket)
             self.helper = HelperClient(path, on_change=on_change)
         await self.helper.start()
 
     def _private_socket(self) -> Path:
-        path = self.daemon.paths.state_dir / "gpud-sim.sock"
+        path = self._state_dir / "gpud-sim.sock"
         if len(str(path)) < 100:  # AF_UNIX paths are limited to 107 bytes
             path.parent.mkdir(parents=True, exist_ok=True)
             return path
@@ -195,7 +223,7 @@ class GPUFeature:
         log.info(
             "traylm-gpud: %s", status.detail if status.available else "unavailable (read-only)"
         )
-        self.daemon.bus.publish(GPUHelperChanged(status=status))
+        self.bus.publish(GPUHelperChanged(status=status))
 
     def helper_status(self) -> HelperStatus:
         if self.helper is not None:
@@ -230,7 +258,7 @@ class GPUFeature:
     def _engine_pids(self) -> Mapping[int, str]:
         """pid → engine id for every engine process and its children (sampler thread)."""
         out: dict[int, str] = {}
-        for engine in list(self.daemon.supervisor.engines.values()):
+        for engine in list(self._engines.engines.values()):
             pid = engine.pid
             if not pid or engine.state == EngineState.STOPPED:
                 continue
@@ -247,7 +275,6 @@ class GPUFeature:
             loop.call_soon_threadsafe(self._on_sample, snaps)
 
     def _on_sample(self, snaps: tuple[GPUSnapshot, ...]) -> None:
-        self.guard.thresholds = GuardThresholds.from_settings(self.daemon.settings.gpu)
         if self._guard_lock.locked():
             return  # the previous step is still acting (stopping an engine takes seconds)
         infos = {i.uuid: i for i in self.sampler.infos}
@@ -261,13 +288,11 @@ class GPUFeature:
         task.add_done_callback(self._tasks.discard)
 
     async def _act(self, steps: list[Step]) -> None:
-        from engines.gpu.guard_actions import DaemonGuardActions
-
         async with self._guard_lock:
-            events = await self.guard.act(steps, DaemonGuardActions(self))
+            events = await self.guard.act(steps, self.actions)
         for event in events:
-            self.daemon.bus.publish(event)
-            self.daemon.bus.publish(
+            self.bus.publish(event)
+            self.bus.publish(
                 Notice(
                     level="warning" if event.ok else "error",
                     title=f"Thermal guard: GPU {event.gpu_index}",
@@ -290,9 +315,9 @@ class GPUFeature:
                     log.debug("energy update skipped: %s", exc.message)
 
     async def _energy_tick(self, http: aiohttp.ClientSession) -> None:
-        settings = self.daemon.settings.energy
+        settings = self.settings.current.energy
         live = {}
-        for engine in list(self.daemon.supervisor.engines.values()):
+        for engine in list(self._engines.engines.values()):
             gpus = self.engine_gpus(engine)
             if engine.state != EngineState.READY or not engine.base_url or not gpus:
                 continue
@@ -325,7 +350,7 @@ class GPUFeature:
             self.energy[engine_id] = result
             if at_s - self._energy_published_s.get(engine_id, 0.0) >= window.window_s:
                 self._energy_published_s[engine_id] = at_s
-                self.daemon.bus.publish(GPUEnergyUpdated(energy=result, psu=self.psu()))
+                self.bus.publish(GPUEnergyUpdated(energy=result, psu=self.psu()))
 
     def _drive_simulator(self, live: Mapping[str, tuple[ManagedEngine, tuple[str, ...]]]) -> None:
         """Make the simulated GPUs look like the engines on them: their processes, the memory
@@ -333,9 +358,8 @@ class GPUFeature:
         assert isinstance(self.backend, SimulatedBackend)
         per_gpu: dict[str, list[GPUProcess]] = {i.uuid: [] for i in self.sampler.infos}
         in_flight: dict[str, int] = dict.fromkeys(per_gpu, 0)
-        admissions = self.daemon.ctx.admissions if self.daemon.ctx is not None else {}
         for engine, gpus in live.values():
-            busy = admissions[engine.engine_id].in_flight if engine.engine_id in admissions else 0
+            busy = self.gateway.in_flight(engine.engine_id)
             for uuid in gpus:
                 if engine.pid:
                     per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=20 << 30))
@@ -351,7 +375,7 @@ class GPUFeature:
         latest = [s for s in self.sampler.latest if s.power_draw_mw is not None]
         if not latest:
             return None
-        e = self.daemon.settings.energy
+        e = self.settings.current.energy
         return psu_status(
             latest,
             psu_watts=e.psu_watts,
@@ -366,7 +390,7 @@ class GPUFeature:
             return
         self._psu_notice_s = now
         log.warning("PSU headroom: %s", status.warning)
-        self.daemon.bus.publish(
+        self.bus.publish(
             Notice(
                 level="warning",
                 title="Power supply headroom",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
-from engines.events import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
+from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
 
 MIB = 1024 * 1024
@@ -398,6 +398,7 @@ def _sim_info(index: int) -> GPUInfo:
         driver_version="570.133.07 (simulated)",
         cuda_version="12.8",
         memory_total_bytes=MEMORY_TOTAL_BYTES,
+        compute_capability="8.9",
         slowdown_temperature_c=SLOWDOWN_C,
         shutdown_temperature_c=SHUTDOWN_C,
         power_default_mw=DEFAULT_LIMIT_MW,

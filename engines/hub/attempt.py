@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.config import HubSettings
-from engines.events import DownloadState
+from engines.events.hub import DownloadState
 from engines.hub.access import HubAccess
 from engines.hub.jobs import Job
 

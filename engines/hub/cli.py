@@ -16,13 +16,13 @@ import time
 from typing import Any
 
 from engines.client import DaemonClient
-from engines.events import (
+from engines.events.codec import to_plain
+from engines.events.hub import (
     DownloadProgress,
     DownloadState,
     DownloadStateChanged,
     DownloadStatus,
     FitResult,
-    to_plain,
 )
 from engines.hub import folders_cli
 

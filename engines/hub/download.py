@@ -28,12 +28,12 @@ from pathlib import Path
 
 from engines.config import HubSettings
 from engines.errors import DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
-from engines.events import (
+from engines.events.codec import Event
+from engines.events.hub import (
     DownloadProgress,
     DownloadState,
     DownloadStateChanged,
     DownloadStatus,
-    Event,
     LibraryChanged,
 )
 from engines.hub import cachefs

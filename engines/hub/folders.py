@@ -21,7 +21,7 @@ from typing import Any
 
 from engines.config import Profile, profile_from_mapping, write_toml_atomic
 from engines.errors import ConfigError, ModelNotFound
-from engines.events import LocalFolder
+from engines.events.hub import LocalFolder
 from engines.hub.library import TRTLLM_ARCHITECTURES
 from engines.hub.shape import parse_config
 

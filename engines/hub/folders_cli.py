@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.client import DaemonClient
-from engines.events import LocalFolder
+from engines.events.hub import LocalFolder
 
 
 def add_parsers(msub: Any) -> None:

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engines.events import DownloadState, DownloadStatus
+from engines.events.hub import DownloadState, DownloadStatus
 from engines.hub.verify import ExpectedFile
 
 RATE_WINDOW_S = 5.0

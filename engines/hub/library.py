@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import ModelNotFound
-from engines.events import LocalModel
+from engines.events.hub import LocalModel
 from engines.hub import cachefs
 from engines.hub.access import HubAccess
 from engines.hub.cachefs import CachedRevision

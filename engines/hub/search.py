@@ -20,7 +20,7 @@ from engines.errors import (
     HubUnavailable,
     ModelNotFound,
 )
-from engines.events import ModelDetails, ModelFile, ModelSummary
+from engines.events.hub import ModelDetails, ModelFile, ModelSummary
 from engines.hub.access import HubAccess
 from engines.hub.names import validate_repo_id, validate_revision
 from engines.hub.selection import RepoEntry, file_kind, select_files

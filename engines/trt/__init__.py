@@ -1,1 +1,1 @@
-"""TensorRT-LLM engine builds, the engine cache, GPU facts, and the engines feature."""
+"""TensorRT-LLM: engine builds, the engine cache, the launch hook and its checks."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import EngineError
-from engines.events import TRTBuildProgress
+from engines.events.trt import TRTBuildProgress
 from engines.procs import group_alive, signal_group
 from engines.trt.plan import BuildPlan, BuildStep
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from engines.config import write_bytes_atomic
 from engines.errors import ConfigError, EngineError
-from engines.events import TRTCacheEntry
+from engines.events.trt import TRTCacheEntry
 
 META = "meta.json"
 ENGINE_DIR = "engine"

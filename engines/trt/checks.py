@@ -7,9 +7,13 @@ do instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.trt.gpuinfo import GPUFacts, select
+from engines.events.gpu import GPUInfo
+from engines.gpu.backend import cuda_order
+from engines.gpu.inventory import architecture, by_cuda_index, capability, sm_name
 from engines.trt.model import ModelFacts
 from engines.trt.plan import checkpoint_tool
 
@@ -30,28 +34,29 @@ RUNTIME_OVERHEAD_BYTES = 2 * GIB
 """CUDA context, cuBLAS/NCCL workspaces and activations at modest batch sizes."""
 
 
-def check_gpus(profile: Profile, gpus: list[GPUFacts]) -> list[GPUFacts]:
+def check_gpus(profile: Profile, gpus: Sequence[GPUInfo]) -> list[GPUInfo]:
     """The profile's GPUs; refuses when there are none or some indices are missing."""
     if not gpus:
         raise ConfigError(
             "TensorRT-LLM needs an NVIDIA GPU and none was found (NVML did not answer); install "
             "the NVIDIA driver, or use engine = 'vllm' with device = 'cpu'"
         )
-    mine = select(gpus, profile.gpus)
-    missing = sorted(set(profile.gpus) - {g.index for g in mine})
+    found = by_cuda_index(gpus, profile.gpus)
+    missing = sorted(set(profile.gpus) - {i for i, _ in found})
     if missing:
-        have = ", ".join(f"{g.index} ({g.name})" for g in gpus)
+        have = ", ".join(f"{i} ({g.name})" for i, g in enumerate(cuda_order(gpus)))
         raise ConfigError(f"gpus lists {missing} but this machine has GPUs {have}; fix gpus")
-    return mine
+    return [g for _, g in found]
 
 
-def check_precision(profile: Profile, gpus: list[GPUFacts]) -> None:
+def check_precision(profile: Profile, gpus: Sequence[GPUInfo]) -> None:
     """FP8 needs Ada or Hopper; NVFP4 needs Blackwell; 4/8-bit weight-only needs Ampere."""
     recipe = profile.quant_recipe
     quant = (profile.quantization or "").lower()
-    oldest = min(gpus, key=lambda g: g.compute_capability)
-    where = f"GPU {oldest.index} is an {oldest.name} ({oldest.sm}, {oldest.architecture})"
-    if (recipe == "nvfp4" or quant in FP4_QUANTIZATION) and oldest.compute_capability < (10, 0):
+    oldest = min(gpus, key=lambda g: capability(g.compute_capability))
+    cc = oldest.compute_capability
+    where = f"GPU {oldest.index} is an {oldest.name} ({sm_name(cc)}, {architecture(cc)})"
+    if (recipe == "nvfp4" or quant in FP4_QUANTIZATION) and capability(cc) < (10, 0):
         raise ConfigError(
             f"NVFP4 runs on Blackwell GPUs only and {where}; use quant_recipe = 'fp8' "
             "(Ada/Hopper) or 'int4_awq'"
@@ -59,13 +64,13 @@ def check_precision(profile: Profile, gpus: list[GPUFacts]) -> None:
     fp8 = recipe in {"fp8", "w4a8_awq"} or quant in FP8_QUANTIZATION
     if profile.kv_cache_dtype != "auto":
         fp8 = True
-    if fp8 and oldest.compute_capability < (8, 9):
+    if fp8 and capability(cc) < (8, 9):
         raise ConfigError(
             f"FP8 (weights, activations or KV cache) needs an Ada (sm_89) or Hopper GPU and "
             f"{where}; use quant_recipe = 'int4_awq' (AWQ) or 'int8_wo' (INT8 weight-only) with "
             "kv_cache_dtype = 'auto'"
         )
-    if recipe in {"int4_awq", "int4_wo", "int8_wo"} and oldest.compute_capability < (8, 0):
+    if recipe in {"int4_awq", "int4_wo", "int8_wo"} and capability(cc) < (8, 0):
         raise ConfigError(f"quant_recipe {recipe!r} needs an Ampere or newer GPU and {where}")
     names = {g.name for g in gpus}
     if len(names) > 1 and profile.mode == "build":
@@ -90,10 +95,10 @@ def check_build_model(profile: Profile, facts: ModelFacts) -> None:
         )
 
 
-def check_fit(profile: Profile, facts: ModelFacts, gpus: list[GPUFacts]) -> None:
+def check_fit(profile: Profile, facts: ModelFacts, gpus: Sequence[GPUInfo]) -> None:
     """Refuse an engine whose weights, or one full-length sequence of KV cache, cannot fit."""
     world = profile.world_size
-    memory = min(g.memory_total_bytes for g in gpus)
+    memory = min(g.memory_total_bytes or 0 for g in gpus)
     weights = facts.weights_bytes * WEIGHT_FACTOR.get(profile.quant_recipe, 1.0) / world
     usable = memory * 0.95 - RUNTIME_OVERHEAD_BYTES
     if weights > usable:

@@ -18,13 +18,15 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from engines.config import resources_dir, write_bytes_atomic
-from engines.envs import META_FILE, Check, EnvInfo, ProgressFn, _capture, _report
+from engines.envsteps import META_FILE, Check, EnvExtras, ProgressFn, capture, report
 from engines.errors import EngineEnvError
-from engines.trt.gpuinfo import GPUFacts, probe_gpus
+from engines.events.gpu import GPUInfo
+from engines.gpu.inventory import Inventory, architecture, capability, sm_name
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ async def after_install(target: Path, version: str, progress: ProgressFn | None)
         try:
             data = await asyncio.to_thread(_fetch, url)
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            await _report(
+            await report(
                 progress,
                 "fix",
                 f"could not fetch {url} ({exc}); mode = 'build' needs it: install again when "
@@ -59,7 +61,7 @@ async def after_install(target: Path, version: str, progress: ProgressFn | None)
             )
             continue
         write_bytes_atomic(examples / path, data)
-        await _report(progress, "fix", f"fetched {path} of TensorRT-LLM {version}")
+        await report(progress, "fix", f"fetched {path} of TensorRT-LLM {version}")
     await probe_flags(target, progress)
 
 
@@ -71,11 +73,11 @@ async def probe_flags(target: Path, progress: ProgressFn | None) -> None:
         argv = [a.format(examples=target / EXAMPLES_DIR) for a in args]
         name = f"flags-{tool}.json" if tool else "flags.json"
         try:
-            out = await _capture([python, probe, *argv])
+            out = await capture([python, probe, *argv])
             json.loads(out)
         except (EngineEnvError, ValueError) as exc:
             reason = exc.message.splitlines()[-1] if isinstance(exc, EngineEnvError) else exc
-            await _report(
+            await report(
                 progress,
                 "probe",
                 f"could not probe {tool or 'trtllm-serve'} flags ({reason}); "
@@ -83,13 +85,13 @@ async def probe_flags(target: Path, progress: ProgressFn | None) -> None:
             )
             continue
         write_bytes_atomic(target / name, out.encode())
-        await _report(progress, "probe", f"probed {tool or 'trtllm-serve'} flags")
+        await report(progress, "probe", f"probed {tool or 'trtllm-serve'} flags")
 
 
-def import_facts(env: EnvInfo) -> dict[str, str]:
+def import_facts(env_path: Path) -> dict[str, str]:
     """The versions the install's import check printed (``TRAYLM {json}``)."""
     try:
-        meta = json.loads((env.path / META_FILE).read_text())
+        meta = json.loads((env_path / META_FILE).read_text())
     except (OSError, ValueError):
         return {}
     for line in reversed(str(meta.get("import_check", "")).splitlines()):
@@ -107,9 +109,8 @@ def find_openmpi() -> str | None:
     return ctypes.util.find_library("mpi")
 
 
-async def doctor_checks(env: EnvInfo, extras: str) -> list[Check]:
-    facts = import_facts(env)
-    gpus = await asyncio.to_thread(probe_gpus)
+async def doctor_checks(env_path: Path, extras: str, gpus: Sequence[GPUInfo]) -> list[Check]:
+    facts = import_facts(env_path)
     checks = [gpu_architecture_check(gpus), cuda_check(gpus, facts.get("torch_cuda", ""))]
     if extras == "trtllm":
         mpi = await asyncio.to_thread(find_openmpi)
@@ -121,7 +122,7 @@ async def doctor_checks(env: EnvInfo, extras: str) -> list[Check]:
                 "" if mpi else "sudo apt install openmpi-bin libopenmpi-dev",
             )
         )
-        missing = [p for p in EXAMPLE_SCRIPTS if not (env.path / EXAMPLES_DIR / p).exists()]
+        missing = [p for p in EXAMPLE_SCRIPTS if not (env_path / EXAMPLES_DIR / p).exists()]
         checks.append(
             Check(
                 "engine-build scripts",
@@ -136,12 +137,12 @@ async def doctor_checks(env: EnvInfo, extras: str) -> list[Check]:
     return [c for c in checks if c.name]
 
 
-def gpu_architecture_check(gpus: list[GPUFacts]) -> Check:
+def gpu_architecture_check(gpus: Sequence[GPUInfo]) -> Check:
     if not gpus:
         return Check("GPU architecture", False, "no NVIDIA GPU answered NVML", "install the driver")
     parts = []
     for g in gpus:
-        cc = g.compute_capability
+        cc = capability(g.compute_capability)
         if cc >= (10, 0):
             formats = "FP8, NVFP4, AWQ, INT8"
         elif cc >= (8, 9):
@@ -150,16 +151,17 @@ def gpu_architecture_check(gpus: list[GPUFacts]) -> Check:
             formats = "AWQ, INT8 weight-only; no FP8 (use int4_awq or int8_wo)"
         else:
             formats = "too old for TensorRT-LLM 1.2"
-        parts.append(f"GPU {g.index} {g.name} ({g.sm}, {g.architecture}): {formats}")
-    ok = all(g.compute_capability >= (8, 0) for g in gpus)
+        where = f"{sm_name(g.compute_capability)}, {architecture(g.compute_capability)}"
+        parts.append(f"GPU {g.index} {g.name} ({where}): {formats}")
+    ok = all(capability(g.compute_capability) >= (8, 0) for g in gpus)
     return Check("GPU architecture", ok, "; ".join(parts), "" if ok else "use vLLM on this GPU")
 
 
-def cuda_check(gpus: list[GPUFacts], torch_cuda: str) -> Check:
+def cuda_check(gpus: Sequence[GPUInfo], torch_cuda: str) -> Check:
     """The driver must support at least the CUDA version torch was built for."""
     if not gpus or not torch_cuda:
         return Check("", True, "")
-    driver = gpus[0].cuda_driver_version
+    driver = gpus[0].cuda_version
     ok = _version_tuple(driver) >= _version_tuple(torch_cuda)
     return Check(
         "driver/CUDA",
@@ -181,3 +183,16 @@ def _fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as resp:  # noqa: S310 - https only
         data: bytes = resp.read()
     return data
+
+
+def env_extras(inventory: Inventory) -> dict[str, EnvExtras]:
+    """The steps EnvManager runs for the engines that need more than pip (EngineRecipe.extras);
+    the doctor reads the GPUs from ``inventory``."""
+
+    async def doctor(env_path: Path, extras: str) -> list[Check]:
+        return await doctor_checks(env_path, extras, await inventory.gpus())
+
+    return {
+        "trtllm": EnvExtras(doctor_checks=doctor, after_install=after_install),
+        "sglang": EnvExtras(doctor_checks=doctor),
+    }

@@ -13,26 +13,27 @@ import dataclasses
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engines.adapters.base import EngineRuntime, tp_env
 from engines.config import Profile
 from engines.envs import EnvInfo, load_flags
 from engines.errors import EngineEnvError, EngineError
-from engines.events import EngineState, Notice, TRTBuildProgress, TRTCacheEntry
-from engines.supervisor import LogSink, Prepare
+from engines.events.codec import Event
+from engines.events.core import EngineState, Notice
+from engines.events.gpu import GPUInfo
+from engines.events.trt import TRTBuildProgress, TRTCacheEntry
+from engines.gpu.inventory import Inventory, major_version
+from engines.settings import SettingsView
+from engines.supervisor import EngineView, LogSink, Prepare
 from engines.trt.build import ETAModel, run_build
 from engines.trt.cache import CacheKey, EngineCache, mismatch_error
 from engines.trt.checks import check_build_model, check_fit, check_gpus, check_precision
 from engines.trt.env import EXAMPLES_DIR, find_openmpi, import_facts
-from engines.trt.gpuinfo import GPUFacts, probe_gpus
 from engines.trt.model import ModelFacts, local_model_dir, read_model_facts
 from engines.trt.plan import QUANTIZE_SCRIPT, BuildTools, build_arguments, plan_build
-
-if TYPE_CHECKING:
-    from engines.daemon import Daemon
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,31 @@ GIB = 1024**3
 TOOLS = ("quantize", "convert-llama", "build")
 
 
-class TRTLauncher:
-    """``Daemon.launch_hooks["trtllm"]``."""
+class EnvFinder(Protocol):
+    """Finds an installed engine environment (engines/envs.py EnvManager.find)."""
 
-    def __init__(self, daemon: Daemon, cache: EngineCache) -> None:
-        self._d = daemon
+    def find(self, engine: str, *, device: str, version: str | None = None) -> EnvInfo: ...
+
+
+class TRTLauncher:
+    """The launch hook for engine = "trtllm" (the engine control calls it before a start)."""
+
+    def __init__(
+        self,
+        *,
+        cache: EngineCache,
+        settings: SettingsView,
+        envs: EnvFinder,
+        engines: EngineView,
+        inventory: Inventory,
+        publish: Callable[[Event], None],
+    ) -> None:
         self.cache = cache
+        self._settings = settings
+        self._envs = envs
+        self._engines = engines
+        self._inventory = inventory
+        self._publish = publish
         self._build_lock = asyncio.Lock()
         self.builds: dict[str, TRTBuildProgress] = {}
         self.find_mpi: Callable[[], str | None] = find_openmpi
@@ -53,7 +73,7 @@ class TRTLauncher:
     async def __call__(
         self, profile: Profile, *, runtime: EngineRuntime, model: str
     ) -> Prepare | None:
-        gpus = await asyncio.to_thread(probe_gpus, self._d.settings.gpu.simulate_gpus)
+        gpus = await self._inventory.gpus()
         mine = check_gpus(profile, gpus)
         check_precision(profile, mine)
         if profile.world_size > 1:
@@ -65,7 +85,7 @@ class TRTLauncher:
         check_build_model(profile, facts)
         check_fit(profile, facts, mine)
         env = await asyncio.to_thread(
-            self._d.envs.find, "trtllm", device="cuda", version=str(runtime.version)
+            self._envs.find, "trtllm", device="cuda", version=str(runtime.version)
         )
         arguments = build_arguments(profile, facts, mine)
         tools = self._tools(env, arguments["checkpoint.tool"])
@@ -129,7 +149,7 @@ class TRTLauncher:
     ) -> TRTCacheEntry:
         emit(f"traylm: cache miss: building TensorRT engine {key.id} for {facts.source_id}")
         staging = await asyncio.to_thread(self.cache.begin, key)
-        timeout_s = self._d.settings.trt.build_timeout_s
+        timeout_s = self._settings.current.trt.build_timeout_s
         try:
             plan = plan_build(arguments, model_dir=facts.path, work_dir=staging, tools=tools)
             eta = ETAModel(await asyncio.to_thread(self.cache.history), facts.weights_bytes)
@@ -173,7 +193,7 @@ class TRTLauncher:
             removed = await asyncio.to_thread(
                 self.cache.prune,
                 in_use=self.in_use(),
-                budget_bytes=int(self._d.settings.trt.cache_budget_gib * GIB),
+                budget_bytes=int(self._settings.current.trt.cache_budget_gib * GIB),
                 keep=entry.id,
             )
             for old in removed:
@@ -190,13 +210,13 @@ class TRTLauncher:
             self.builds[event.engine_id] = event
         else:
             self.builds.pop(event.engine_id, None)
-        self._d.bus.publish(event)
+        self._publish(event)
 
     def in_use(self) -> dict[str, list[str]]:
         """cache id → engine ids serving from it (or about to)."""
         users: dict[str, list[str]] = {}
         root = self.cache.root.resolve()
-        for engine in self._d.supervisor.engines.values():
+        for engine in self._engines.engines.values():
             if engine.state in (EngineState.STOPPED, EngineState.FAILED):
                 continue
             path = Path(engine.model)
@@ -227,7 +247,7 @@ class TRTLauncher:
 
     async def _warn_without_mpi(self, profile: Profile) -> None:
         if await asyncio.to_thread(self.find_mpi) is None:
-            self._d.bus.publish(
+            self._publish(
                 Notice(
                     level="warning",
                     title=f"{profile.name}: OpenMPI not found",
@@ -251,26 +271,26 @@ def identity(profile: Profile, facts: ModelFacts, arguments: dict[str, str]) -> 
     }
 
 
-def environment(env: EnvInfo, runtime: EngineRuntime, gpus: list[GPUFacts]) -> dict[str, str]:
-    facts = import_facts(env)
+def environment(env: EnvInfo, runtime: EngineRuntime, gpus: Sequence[GPUInfo]) -> dict[str, str]:
+    facts = import_facts(env.path)
     first = gpus[0]
     return {
         "tensorrt_llm": facts.get("tensorrt_llm") or str(runtime.version),
         "tensorrt": facts.get("tensorrt") or env.packages.get("tensorrt", "unknown"),
         "gpu": ",".join(sorted({g.name for g in gpus})),
-        "compute_capability": ".".join(str(x) for x in first.compute_capability),
-        "driver_major": str(first.driver_major),
-        "cuda_major": str(first.cuda_major),
+        "compute_capability": first.compute_capability,
+        "driver_major": str(major_version(first.driver_version)),
+        "cuda_major": str(major_version(first.cuda_version)),
     }
 
 
-async def current_environment(daemon: Daemon) -> dict[str, str] | None:
+async def current_environment(envs: EnvFinder, inventory: Inventory) -> dict[str, str] | None:
     """The environment a build would get now (newest TensorRT-LLM env, the GPUs), if any."""
     try:
-        env = await asyncio.to_thread(daemon.envs.find, "trtllm", device="cuda")
+        env = await asyncio.to_thread(envs.find, "trtllm", device="cuda")
     except EngineEnvError:
         return None
-    gpus = await asyncio.to_thread(probe_gpus, daemon.settings.gpu.simulate_gpus)
+    gpus = await inventory.gpus()
     if not gpus:
         return None
     return environment(env, await asyncio.to_thread(env.runtime), gpus)

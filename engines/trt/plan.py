@@ -12,14 +12,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.adapters.base import FlagSet
 from engines.config import Profile
 from engines.errors import ConfigError
-from engines.trt.gpuinfo import GPUFacts
+from engines.events.gpu import GPUInfo
+from engines.gpu.inventory import capability
 from engines.trt.model import ModelFacts
 
 CONVERT_FAMILIES: dict[str, str] = {
@@ -97,7 +98,7 @@ def checkpoint_tool(profile: Profile, facts: ModelFacts) -> str:
     return f"convert-{family}"
 
 
-def build_arguments(profile: Profile, facts: ModelFacts, gpus: list[GPUFacts]) -> dict[str, str]:
+def build_arguments(profile: Profile, facts: ModelFacts, gpus: Sequence[GPUInfo]) -> dict[str, str]:
     """Every argument that shapes the engine, as "step.flag" → value ("" for a bare flag)."""
     tool = checkpoint_tool(profile, facts)
     tp, pp = profile.tensor_parallel_size, profile.pipeline_parallel_size
@@ -123,7 +124,7 @@ def build_arguments(profile: Profile, facts: ModelFacts, gpus: list[GPUFacts]) -
         "workers": str(profile.world_size),
     }
     fp8 = profile.quant_recipe in FP8_RECIPES or profile.kv_cache_dtype != "auto"
-    if fp8 and any(g.compute_capability < (9, 0) for g in gpus):
+    if fp8 and any(capability(g.compute_capability) < (9, 0) for g in gpus):
         build["use_fp8_context_fmha"] = "disable"  # FP8 context FMHA is Hopper-only
     args.update({f"build.{k}": v for k, v in build.items()})
     return args

@@ -48,11 +48,11 @@ def test_no_daemon_shows_it_and_connects_when_one_appears(
 def test_daemon_of_another_version_is_reported_then_recovers(
     qtbot, app_factory: AppFactory, paths: Paths, fake_env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import engines.control.service
     import engines.daemon
-    import engines.gateway.control
 
-    monkeypatch.setattr(engines.daemon, "__version__", "9.9.9")
-    monkeypatch.setattr(engines.gateway.control, "__version__", "9.9.9")
+    monkeypatch.setattr(engines.daemon, "__version__", "9.9.9")  # daemon.json
+    monkeypatch.setattr(engines.control.service, "__version__", "9.9.9")  # /api/status
     settings = fast_settings(free_loopback_port())
     d = ThreadedDaemon(paths, settings).start()
     app = app_factory(connect=False)

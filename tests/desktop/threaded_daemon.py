@@ -124,7 +124,7 @@ class ThreadedDaemon:
         return engine.state if engine else None
 
     def feature(self, name: str) -> Any:
-        """The daemon's feature object called ``name`` (gpu, hub, bench, engines)."""
+        """The daemon's part called ``name`` (gpu, hub, trt, remote, usage, chats, bench)."""
         assert self.daemon is not None
         return next(f for f in self.daemon.features if f.name == name)
 

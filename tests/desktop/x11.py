@@ -29,6 +29,12 @@ def wait_until(cond: Callable[[], object], timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _alive(proc: subprocess.Popen[bytes], name: str) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"{name} exited with {proc.returncode} before it was ready")
+    return True
+
+
 class Processes:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -64,6 +70,16 @@ class XDesktop(Processes):
         self.display = ""
 
     def start_x(self) -> XDesktop:
+        """Start Xvfb and trayer; if either does not come up, stop what was started (no process
+        outlives a failed start) and raise. The waits are generous: a fresh, loaded CI machine
+        took over 10 s to map trayer's first window."""
+        try:
+            return self._start_x()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_x(self) -> XDesktop:
         number = next(n for n in range(120, 400) if not Path(f"/tmp/.X11-unix/X{n}").exists())
         self.display = f":{number}"
         self.start(
@@ -71,13 +87,13 @@ class XDesktop(Processes):
              "-nolisten", "tcp"],
             os.environ,
         )  # fmt: skip
-        wait_until(lambda: Path(f"/tmp/.X11-unix/X{number}").exists(), 10, "Xvfb")
-        self.start(
+        wait_until(lambda: Path(f"/tmp/.X11-unix/X{number}").exists(), 60, "Xvfb")
+        trayer = self.start(
             ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel", "--width",
              "160", "--height", "30", "--transparent", "false", "--SetDockType", "true"],
             self.env,
         )  # fmt: skip
-        wait_until(self._tray_mapped, 10, "the trayer panel")
+        wait_until(lambda: _alive(trayer, "trayer") and self._tray_mapped(), 60, "trayer")
         return self
 
     def _tray_mapped(self) -> bool:

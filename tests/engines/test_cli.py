@@ -43,13 +43,12 @@ def traylm(
     )
 
 
-@pytest.fixture
-def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = free_loopback_port()
+def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`traylm serve ARGS` in the background; returns once it wrote daemon.json."""
     log = Path(env["TRAYLM_HOME"] + "-serve.log")
     with log.open("w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", "--port", str(port)],
+            [sys.executable, "-m", "engines", "serve", *args],
             env=env,
             text=True,
             stdout=fh,
@@ -61,6 +60,13 @@ def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_loopback_port()
+    proc = serve(env, "--port", str(port))
     yield proc, port
     if proc.poll() is None:
         proc.kill()
@@ -95,6 +101,31 @@ def test_keys_add_list_remove(env: dict[str, str]) -> None:
     assert key not in config  # only the digest is stored
     assert traylm(env, "keys", "remove", fingerprint).returncode == 0
     assert "no API keys" in traylm(env, "keys", "list").stdout
+
+
+def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -> None:
+    """`serve --port P --simulate-gpus 2` holds for that daemon only: a settings change made
+    while it runs (here `traylm keys add`, which saves the file and applies it to the daemon)
+    must not write P or the simulated GPUs into config.toml."""
+    config = Path(env["TRAYLM_HOME"]) / "config" / "config.toml"
+    assert traylm(env, "config", "set", "gateway.max_queue", "77").returncode == 0
+    port = free_loopback_port()
+    proc = serve(env, "--port", str(port), "--simulate-gpus", "2")
+    try:
+        added = traylm(env, "keys", "add")
+        assert added.returncode == 0, added.stderr
+        assert "applied to the running daemon" in added.stdout
+        status = json.loads(traylm(env, "status", "--json").stdout)
+        assert status["url"].endswith(f":{port}") and status["api_key_required"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    saved = config.read_text()
+    assert "port" not in saved and "simulate_gpus" not in saved, saved
+    assert "max_queue = 77" in saved and "api_key_sha256" in saved
+    assert traylm(env, "config", "get", "gateway.port").stdout.strip() == "8000"
+    assert traylm(env, "config", "get", "gpu.simulate_gpus").stdout.strip() == "0"
+    assert traylm(env, "config", "get", "gateway.max_queue").stdout.strip() == "77"
 
 
 def test_start_stop_status_logs(

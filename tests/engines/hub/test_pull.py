@@ -3,7 +3,6 @@ the FAKE Hub on loopback; the model is ready only after every hash matched."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
 
@@ -24,7 +23,7 @@ async def test_full_pull_is_verified_pinned_and_fetches_only_engine_files(
     hub_daemon: RunningDaemon, fake_hub: FakeHub, hf_home: Path
 ) -> None:
     log = EventLog(hub_daemon, ("download", "library"))
-    await asyncio.sleep(0.2)  # the SSE subscription is open before the pull starts
+    await log.opened()  # the SSE subscription is open before the pull starts
     status = await hub_daemon.client.pull(REPO)
     repo = fake_hub.repos[REPO]
     assert status.commit_sha == repo.sha

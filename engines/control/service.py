@@ -1,0 +1,290 @@
+"""What the core control API acts on: starting and stopping engines (``EngineControl``), the
+daemon's status report (``DaemonStatus``), and ``ControlAPI``, the bundle the daemon mounts for
+engines/control/routes.py (status, engines, profiles, settings, engine envs, events, metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from engines import __version__
+from engines.adapters import adapter_for
+from engines.adapters.base import EngineRuntime
+from engines.bus import EventBus
+from engines.config import Profile, ProfileStore, profile_from_mapping
+from engines.envs import RECIPES, EnvManager, has_nvidia_gpu
+from engines.errors import (
+    ConfigError,
+    EngineEnvError,
+    EngineNotFound,
+    ProfileNotFound,
+    TraylmError,
+)
+from engines.events.codec import Event
+from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
+from engines.procs import PidRegistry
+from engines.settings import SettingsEditor, SettingsView
+from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
+
+log = logging.getLogger(__name__)
+
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+class LaunchHook(Protocol):
+    """Per-engine check before a start (raises TraylmError with the fix) that may return work
+    to run before the first launch (a TensorRT engine build). The daemon gives EngineControl
+    one per engine name (engines/trt/launcher.py for "trtllm")."""
+
+    async def __call__(
+        self, profile: Profile, *, runtime: EngineRuntime, model: str
+    ) -> Prepare | None: ...
+
+
+TrustCheck = Callable[[str, str], Awaitable[None]]
+"""(profile name, model) → None, or ConfigError when the profile runs code the user did not
+trust (engines/hub/service.py HubFeature.require_trust)."""
+
+
+class EngineControl:
+    """Starts engines after checking everything that can be checked before launch, finds them,
+    and installs engine environments in the background."""
+
+    def __init__(
+        self,
+        *,
+        supervisor: Supervisor,
+        envs: EnvManager,
+        settings: SettingsView,
+        logs_dir: Path,
+        pids: PidRegistry,
+        publish: Callable[[Event], None],
+        launch_hooks: Mapping[str, LaunchHook],
+        check_trust: TrustCheck,
+    ) -> None:
+        self._supervisor = supervisor
+        self._envs = envs
+        self._settings = settings
+        self._logs_dir = logs_dir
+        self._pids = pids
+        self._publish = publish
+        self._launch_hooks = dict(launch_hooks)
+        self._check_trust = check_trust
+        self._install_task: asyncio.Task[None] | None = None
+
+    async def stop(self) -> None:
+        """Cancel a running install (the installer removes its half-made venv)."""
+        if self._install_task is not None and not self._install_task.done():
+            self._install_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._install_task
+
+    async def start_engine(self, profile: Profile) -> EngineStatus:
+        """Validate everything that can be checked before launch, then start (returns at once
+        with state ``starting``). Raises TraylmError subclasses with the fix in the message."""
+        adapter = adapter_for(profile.engine)
+        device = resolve_device(profile)
+        env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
+        runtime = await asyncio.to_thread(env.runtime)
+        model = resolve_model(profile)
+        settings = self._settings.current.engines
+        if profile.trust_remote_code:  # the user must have trusted this model's code
+            await self._check_trust(profile.name, model)
+        if profile.cpu_kv_cache_gib is None and device == "cpu":
+            profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
+        self._check_names_free(profile)
+        adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        hook = self._launch_hooks.get(profile.engine)
+        prepare = await hook(profile, runtime=runtime, model=model) if hook else None
+        engine = ManagedEngine(
+            profile.name,
+            profile=profile,
+            adapter=adapter,
+            runtime=runtime,
+            model=model,
+            settings=settings,
+            log_path=self._logs_dir / "engines" / f"{profile.name}.log",
+            pids=self._pids,
+            publish=self._publish,
+            prepare=prepare,
+        )
+        self._supervisor.add(engine)
+        await engine.start()
+        return engine.status()
+
+    def _check_names_free(self, profile: Profile) -> None:
+        for other in self._supervisor.engines.values():
+            if other.engine_id == profile.name or other.state in (
+                EngineState.STOPPED,
+                EngineState.FAILED,
+            ):
+                continue
+            clash = set(other.served_names) & set(profile.served_names)
+            if clash:
+                raise ConfigError(
+                    f"{', '.join(sorted(clash))} is already served by engine "
+                    f"{other.engine_id!r}; stop it first or give this profile another served_name"
+                )
+
+    def statuses(self) -> list[EngineStatus]:
+        return [e.status() for e in self._supervisor.engines.values()]
+
+    def engine(self, engine_id: str) -> ManagedEngine:
+        engine = self._supervisor.get(engine_id)
+        if engine is None:
+            known = ", ".join(sorted(self._supervisor.engines)) or "none"
+            raise EngineNotFound(f"no engine {engine_id!r}; engines: {known}")
+        return engine
+
+    def install_env(self, engine: str, *, device: str, version: str | None) -> dict[str, str]:
+        """Start installing an engine env in the background (one at a time); progress and the
+        outcome are published as EnvInstallProgress events."""
+        if device == "auto":
+            device = "cuda" if has_nvidia_gpu() else "cpu"
+        if (engine, device) not in RECIPES:
+            known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
+            raise ConfigError(f"traylm cannot install {engine!r} for {device}; it knows: {known}")
+        if self._install_task is not None and not self._install_task.done():
+            raise EngineEnvError("an engine install is already running; wait for it to finish")
+        started = time.monotonic()
+
+        def progress(phase: str, line: str) -> None:
+            self._publish(
+                EnvInstallProgress(
+                    engine=engine,
+                    device=device,
+                    phase=phase,
+                    line=line,
+                    elapsed_s=time.monotonic() - started,
+                )
+            )
+
+        async def run() -> None:
+            try:
+                await self._envs.install(engine, device=device, version=version, progress=progress)
+            except TraylmError as exc:
+                progress("failed", exc.message)
+                self.notify_error(f"installing {engine} failed", exc)
+
+        self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
+        return {"engine": engine, "device": device, "version": version or "default"}
+
+    def notify_error(self, title: str, exc: TraylmError) -> None:
+        self._publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
+
+
+class DaemonStatus:
+    """The /api/status report: the daemon's own facts plus the keys features provide."""
+
+    def __init__(
+        self,
+        *,
+        settings: SettingsView,
+        engines: EngineView,
+        paused: Callable[[], str | None],
+        reaped: Callable[[], list[str]],
+        providers: Mapping[str, Callable[[], object]],
+    ) -> None:
+        """``providers``: extra keys (e.g. "remote", "bench") → their value now."""
+        self._settings = settings
+        self._engines = engines
+        self._paused = paused
+        self._reaped = reaped
+        self._providers = dict(providers)
+        self.started_at_s = time.time()
+
+    def report(self) -> dict[str, Any]:
+        s = self._settings.current
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "url": f"http://127.0.0.1:{s.gateway.port}",
+            "bind_host": s.bind_host,
+            "lan_sharing": s.gateway.lan_sharing,
+            "api_key_required": bool(s.gateway.api_key_sha256),
+            "started_at_s": self.started_at_s,
+            "engines": [e.status() for e in self._engines.engines.values()],
+            "paused": self._paused(),
+            "reaped_orphans": self._reaped(),
+            **{key: provide() for key, provide in self._providers.items()},
+        }
+
+
+@dataclass(frozen=True)
+class ControlAPI:
+    """Everything the core control routes act on, given by the daemon."""
+
+    engines: EngineControl
+    status: DaemonStatus
+    profiles: ProfileStore
+    envs: EnvManager
+    settings: SettingsEditor
+    bus: EventBus
+    metrics_text: Callable[[], str]
+    """The gateway's Prometheus text (/api/metrics: readable with the control token even when
+    API keys guard /metrics)."""
+    request_stop: Callable[[str], None]
+    folder_profile: Callable[[str], Profile | None] = lambda _name: None
+    """A model folder registered in the library, as the profile that serves it by its name
+    (``traylm models add``; blocking: called through a thread). None: no such folder."""
+
+    async def load_profile(self, name: str) -> Profile:
+        """The profile ``name``, else the model folder registered under that name."""
+        try:
+            return await asyncio.to_thread(self.profiles.load, name)
+        except ProfileNotFound:
+            folder = await asyncio.to_thread(self.folder_profile, name)
+            if folder is None:
+                raise
+            return folder
+
+
+def resolve_device(profile: Profile) -> str:
+    if profile.device != "auto":
+        return profile.device
+    return "cuda" if has_nvidia_gpu() else "cpu"
+
+
+def resolve_model(profile: Profile) -> str:
+    model = profile.model
+    if model.startswith(("/", "./", "../", "~")):
+        path = Path(model).expanduser().resolve()
+        if not path.is_dir():
+            raise ConfigError(
+                f"model folder {model} does not exist; check the profile's model "
+                "path, or use a Hugging Face repo id (org/name)"
+            )
+        if not (path / "config.json").exists():
+            raise ConfigError(
+                f"{model} has no config.json, so it is not a Hugging Face model "
+                "folder; point the profile at the folder that holds config.json"
+            )
+        return str(path)
+    if not REPO_ID_RE.match(model) or ".." in model or "--" in model:
+        raise ConfigError(
+            f"model {model!r} is neither a local folder nor a Hugging Face repo id "
+            "(org/name); fix the profile's model"
+        )
+    return model
+
+
+def adhoc_profile(data: dict[str, Any]) -> Profile:
+    """A profile from a start request's fields ({"model": M, "engine": ..., "name"?: N})."""
+    model = str(data.get("model", ""))
+    name = data.pop("name", None) or _name_from_model(model)
+    return profile_from_mapping(name, data, f"--model {model}")
+
+
+def _name_from_model(model: str) -> str:
+    base = model.rstrip("/").rsplit("/", 1)[-1] or "model"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", base)[:64].lstrip(".-_") or "model"

@@ -1,0 +1,205 @@
+"""``GatewayContext``: what the gateway's routes work with, built once by the daemon.
+
+It holds the gateway's settings (kept current through the settings subscription), the routing
+view (which engine serves a model), the per-engine admission queues, the pause switch the thermal
+guard uses, and the two hooks the daemon gives it: the remote fallback and the usage log.
+``resolve`` is where a request's model becomes an upstream: the one place models on demand will
+hook in to start an engine the request asks for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from engines.config import Settings
+from engines.events.core import EngineState
+from engines.gateway.admission import Admission
+from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.proxy import Upstream, UsageSink
+from engines.gateway.security import Guard
+from engines.gateway.usage import UsageRecord
+from engines.http import openai_error
+from engines.metrics import MetricsRegistry
+from engines.settings import SettingsView
+from engines.supervisor import RoutingView
+
+Fallback = Callable[[str, str], Upstream | None]
+"""Remote fallback hook: (model, why) → an upstream, or None (engines/remote/service.py)."""
+UsageLog = Callable[[UsageRecord], None]
+"""Usage-log hook: one record per request (engines/gateway/usage.py)."""
+
+
+@dataclass
+class Pause:
+    """Set by the thermal guard: new requests get 503 until it is lifted."""
+
+    reason: str
+    retry_after_s: int = 30
+
+
+class GatewayContext:
+    """The gateway's state and hooks. No I/O: the HTTP session opens when the app starts."""
+
+    def __init__(
+        self,
+        *,
+        settings: SettingsView,
+        routing: RoutingView,
+        registry: MetricsRegistry,
+        control_token: str,
+        fallback: Fallback | None = None,
+        usage: UsageLog | None = None,
+    ) -> None:
+        self.routing = routing
+        self.registry = registry
+        self.control_token = control_token
+        self.fallback = fallback
+        self.usage = usage
+        self.metrics = GatewayMetrics(registry)
+        self.session: aiohttp.ClientSession | None = None
+        self.admissions: dict[str, Admission] = {}
+        self.pause: Pause | None = None
+        self.started_at_s = time.time()
+        self.settings = settings.current
+        # the Host check keeps the port the gateway listens on: a new gateway.port applies at
+        # the next start (checking it now locked every client out of the running daemon)
+        self._listening_port = self.settings.gateway.port
+        self.guard = self._guard(self.settings)
+        settings.subscribe(self.apply_settings)
+        registry.gauge(
+            "traylm_queue_depth",
+            "Requests waiting for an engine.",
+            lambda: {(("engine", k),): float(a.waiting) for k, a in self.admissions.items()},
+        )
+        registry.gauge(
+            "traylm_requests_in_flight",
+            "Requests being served by an engine.",
+            lambda: {(("engine", k),): float(a.in_flight) for k, a in self.admissions.items()},
+        )
+
+    def _guard(self, settings: Settings) -> Guard:
+        g = settings.gateway
+        return Guard.build(
+            hosts=g.allowed_hosts,
+            origins=g.allowed_origins,
+            key_digests=g.api_key_sha256,
+            port=self._listening_port,
+            lan=g.lan_sharing,
+        )
+
+    def apply_settings(self, settings: Settings) -> None:
+        """The settings subscription: new keys, hosts and queue limits apply at once."""
+        self.settings = settings
+        self.guard = self._guard(settings)
+        g = settings.gateway
+        for adm in self.admissions.values():
+            adm.max_concurrent, adm.max_queue = g.max_concurrent, g.max_queue
+            adm.queue_timeout_s = g.queue_timeout_s
+
+    def admission(self, engine_id: str) -> Admission:
+        adm = self.admissions.get(engine_id)
+        if adm is None:
+            g = self.settings.gateway
+            adm = self.admissions[engine_id] = Admission(
+                max_concurrent=g.max_concurrent,
+                max_queue=g.max_queue,
+                queue_timeout_s=g.queue_timeout_s,
+            )
+        return adm
+
+    # ----------------------------------------------------------------- for the thermal guard
+
+    @property
+    def paused(self) -> str | None:
+        """Why new requests are refused, or None."""
+        return self.pause.reason if self.pause is not None else None
+
+    def pause_requests(self, reason: str) -> None:
+        self.pause = Pause(reason)
+
+    def resume_requests(self) -> None:
+        self.pause = None
+
+    def in_flight(self, engine_id: str) -> int:
+        """Requests an engine is serving now (the simulator's load follows it)."""
+        adm = self.admissions.get(engine_id)
+        return adm.in_flight if adm is not None else 0
+
+    # ----------------------------------------------------------------- routing
+
+    def resolve(self, model: str) -> tuple[Upstream, Admission] | web.Response:
+        """The upstream and admission queue for ``model``, or the error to answer with."""
+        retry = str(self.settings.gateway.retry_after_s)
+        engine = self.routing.route(model)
+        if engine is not None and engine.state == EngineState.READY and engine.base_url:
+            upstream = Upstream(engine.engine_id, engine.base_url, {})
+            return upstream, self.admission(engine.engine_id)
+        why = "not_served" if engine is None else str(engine.state)
+        fallback = self.fallback(model, why) if self.fallback else None
+        if fallback is not None:
+            return fallback, self.admission(f"remote:{fallback.name}")
+        if engine is None:
+            served = sorted({name for name, _ in self.routing.served_models()})
+            listing = (
+                ", ".join(served) if served else "none (start one with `traylm start PROFILE`)"
+            )
+            return openai_error(
+                404,
+                f"the model {model!r} is not served; served models: {listing}",
+                type_="model_not_found",
+                code="model_not_found",
+                param="model",
+            )
+        if engine.state == EngineState.STARTING:
+            return openai_error(
+                503,
+                f"{model!r} is starting ({engine.detail}); retry in {retry} s",
+                type_="engine_starting",
+                headers={"Retry-After": retry},
+            )
+        return openai_error(
+            503,
+            f"the engine for {model!r} is {engine.state}: {engine.detail}. Start it with "
+            f"`traylm start {engine.engine_id}`",
+            type_="engine_unavailable",
+            headers={"Retry-After": retry},
+        )
+
+    # ----------------------------------------------------------------- usage log
+
+    def usage_sink(self, path: str, model: str, upstream: Upstream) -> UsageSink | None:
+        record = self.usage
+        if record is None:
+            return None
+
+        def sink(
+            status: int, prompt: int | None, completion: int | None, duration_s: float
+        ) -> None:
+            record(
+                UsageRecord(
+                    model,
+                    upstream.name,
+                    path,
+                    upstream.remote,
+                    status,
+                    prompt,
+                    completion,
+                    duration_s,
+                )
+            )
+
+        return sink
+
+    def log_refused(self, path: str, model: str, status: int, engine_id: str = "") -> None:
+        """Requests the gateway answered itself (not served, starting, paused, queue full)."""
+        if self.usage is not None:
+            self.usage(UsageRecord(model, engine_id, path, False, status, None, None, 0.0))
+
+
+GATEWAY: web.AppKey[GatewayContext] = web.AppKey("gateway", GatewayContext)
+"""``request.app[GATEWAY]``: the gateway's context (middlewares and the OpenAI routes)."""

@@ -1,0 +1,255 @@
+"""The hub feature's routes: /api/models (search, details, fit, library) and /api/downloads.
+
+Routes (all behind the control token; errors in the OpenAI error shape with traylm's code):
+
+    GET    /api/models                          local library → [LocalModel]
+    GET    /api/models/hub                      endpoint, cache folder, whether a token is sent
+    GET    /api/models/search?q=&sort=&quant=&limit=       → [ModelSummary]
+    GET    /api/models/{org}/{name}?revision=   details from metadata → ModelDetails
+    GET    /api/models/{org}/{name}/fit?revision=&engine=&gpus=&context=&concurrency=
+           &kv_cache_dtype=&device=             → [FitResult] (every engine × 1 and 2 GPUs
+                                                  unless engine/gpus are given; device=cpu:
+                                                  the CPU build in this computer's memory)
+    GET|POST /api/models/local, DELETE /api/models/local/{name}: model folders
+                                                  (engines/hub/folders_api.py)
+    POST   /api/models/{org}/{name}/verify?revision=       → [LocalModel]
+    PUT    /api/models/{org}/{name}/trust       {"trust_remote_code": bool}
+    DELETE /api/models/{org}/{name}?revision=   → {"repo_id", "freed_bytes"} (409 if served)
+    GET    /api/downloads                       → [DownloadStatus]
+    POST   /api/downloads                       {"repo_id", "revision"?} → DownloadStatus (202)
+    GET    /api/downloads/{id}                  → DownloadStatus
+    POST   /api/downloads/{id}/pause|resume|cancel          → DownloadStatus
+    DELETE /api/downloads/{id}                  same as cancel
+
+Events: ``download.state`` (DownloadStateChanged), ``download.progress`` (DownloadProgress),
+``library.changed`` (LibraryChanged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psutil
+from aiohttp import web
+
+from engines.errors import ConfigError, HubError, ModelInUse
+from engines.events.hub import LibraryChanged
+from engines.gpu.inventory import RTX_4090
+from engines.http import ok, traylm_errors
+from engines.hub import fit
+from engines.hub.folders_api import folder_routes
+from engines.hub.names import validate_repo_id
+from engines.hub.search import search_models
+from engines.hub.service import HubFeature
+
+HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
+"""``request.app[HUB]``: the hub feature these routes act on (mounted by the daemon)."""
+
+
+def hub_routes() -> list[web.RouteDef]:
+    m = "/api/models/{org}/{name}"
+    return [
+        *folder_routes(HUB),  # before m, which would take /api/models/local/NAME
+        web.get("/api/models", traylm_errors(models_library)),
+        web.get("/api/models/hub", traylm_errors(hub_info)),
+        web.get("/api/models/search", traylm_errors(search)),
+        web.get(m, traylm_errors(model_info)),
+        web.get(m + "/fit", traylm_errors(model_fit)),
+        web.post(m + "/verify", traylm_errors(verify_model)),
+        web.put(m + "/trust", traylm_errors(trust_model)),
+        web.delete(m, traylm_errors(delete_model)),
+        web.get("/api/downloads", traylm_errors(list_downloads)),
+        web.post("/api/downloads", traylm_errors(start_download)),
+        web.get("/api/downloads/{id}", traylm_errors(get_download)),
+        web.post("/api/downloads/{id}/{action}", traylm_errors(download_action)),
+        web.delete("/api/downloads/{id}", traylm_errors(cancel_download)),
+    ]
+
+
+def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+
+
+async def models_library(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    profiles = await asyncio.to_thread(hub.profiles_by_repo)
+    return ok(await asyncio.to_thread(hub.library.models, profiles=profiles, served=hub.served()))
+
+
+async def hub_info(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    a = hub.access()
+    return ok(
+        {
+            "endpoint": a.endpoint,
+            "official": a.official,
+            "cache_dir": str(a.cache_dir),
+            "token_found": a.token_found,
+            "token_sent": a.token is not None,
+            "token_withheld_reason": a.token_withheld_reason,
+        }
+    )
+
+
+async def search(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    q = request.query
+    found = await asyncio.to_thread(
+        search_models,
+        hub.access(),
+        query=q.get("q", ""),
+        sort=q.get("sort", "downloads"),
+        quantization=q.get("quant") or None,
+        limit=_int_param(request, "limit", 20) or 20,
+    )
+    return ok(list(found))
+
+
+def _repo(request: web.Request) -> str:
+    return validate_repo_id(f"{request.match_info['org']}/{request.match_info['name']}")
+
+
+async def model_info(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return ok(await hub.details(_repo(request), request.query.get("revision")))
+
+
+async def model_fit(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    details = await hub.details(_repo(request), request.query.get("revision"))
+    q = request.query
+    context = _int_param(request, "context", None)
+    concurrency = _int_param(request, "concurrency", 1) or 1
+    kv = q.get("kv_cache_dtype", "auto")
+    if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        raise ConfigError("kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
+    if q.get("device") == "cpu":  # the CPU build: this computer's memory instead of GPUs
+        ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
+        kv_bytes = hub.settings.current.engines.cpu_kv_cache_gib * fit.GIB
+        return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
+                                    context_len=context)])  # fmt: skip
+    pool = await hub.inventory.gpus()
+    engine = q.get("engine")
+    n_gpus = _int_param(request, "gpus", None)
+    if engine is None and n_gpus is None:
+        return ok(
+            fit.fit_matrix(
+                details, pool, context_len=context, concurrency=concurrency, kv_cache_dtype=kv
+            )
+        )
+    if engine not in (None, *fit.FIT_ENGINES):
+        raise ConfigError(f"engine must be one of {', '.join(fit.FIT_ENGINES)}")
+    gpus = pool or (RTX_4090, RTX_4090)
+    count = n_gpus or 1
+    if count < 1 or count > max(len(gpus), 2):
+        raise ConfigError(f"gpus must be between 1 and {max(len(gpus), 2)}")
+    gpu_set = tuple(gpus[i % len(gpus)] for i in range(count))
+    request_ = fit.FitRequest(
+        engine=engine or "vllm",
+        gpus=gpu_set,
+        context_len=context,
+        concurrency=concurrency,
+        kv_cache_dtype=kv,
+        gpus_available=max(len(gpus), count),
+    )
+    return ok([fit.estimate(details, request_)])
+
+
+async def verify_model(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    repo_id = _repo(request)
+    found = await asyncio.to_thread(hub.library.verify, repo_id, request.query.get("revision"))
+    for m in found:
+        reason = "verified" if m.verified == "verified" else "corrupt"
+        hub.publish(LibraryChanged(repo_id=repo_id, commit_sha=m.commit_sha, reason=reason))
+    return ok(found)
+
+
+async def trust_model(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    repo_id = _repo(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ConfigError('the body must be JSON: {"trust_remote_code": true}') from None
+    value = body.get("trust_remote_code") if isinstance(body, dict) else None
+    if not isinstance(value, bool):
+        raise ConfigError("trust_remote_code must be true or false")
+    await asyncio.to_thread(hub.records.set_trust, repo_id, value)
+    hub.publish(LibraryChanged(repo_id=repo_id, commit_sha="", reason="trust"))
+    return ok({"repo_id": repo_id, "trust_remote_code": value})
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    repo_id = _repo(request)
+    users = hub.served().get(repo_id)
+    if users:
+        raise ModelInUse(
+            f"{repo_id} is being served by engine {', '.join(users)}; stop it first "
+            f"(`traylm stop {users[0]}`)"
+        )
+    for d in hub.downloads.statuses():
+        if d.repo_id == repo_id and d.state in (
+            "queued",
+            "downloading",
+            "verifying",
+            "retrying",
+        ):
+            raise ModelInUse(f"{repo_id} is downloading ({d.id}); cancel the download first")
+    freed = await asyncio.to_thread(hub.library.delete, repo_id, request.query.get("revision"))
+    hub.publish(LibraryChanged(repo_id=repo_id, commit_sha="", reason="deleted"))
+    return ok({"repo_id": repo_id, "freed_bytes": freed})
+
+
+async def list_downloads(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return ok(hub.downloads.statuses())
+
+
+async def get_download(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return ok(hub.downloads.get(request.match_info["id"]))
+
+
+async def start_download(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ConfigError('the body must be JSON: {"repo_id": "org/name"}') from None
+    if not isinstance(body, dict) or not isinstance(body.get("repo_id"), str):
+        raise ConfigError('the body must name a model: {"repo_id": "org/name"}')
+    repo_id = validate_repo_id(body["repo_id"])
+    revision = body.get("revision")
+    if revision is not None and not isinstance(revision, str):
+        raise ConfigError("revision must be a string (branch, tag or commit sha)")
+    trusted = await asyncio.to_thread(hub.records.trusted)
+    status = await hub.downloads.add(repo_id, revision, include_code=repo_id in trusted)
+    return ok(status, status=202)
+
+
+async def download_action(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    action = request.match_info["action"]
+    ops: dict[str, Callable[[str], Awaitable[Any]]] = {
+        "pause": hub.downloads.pause,
+        "resume": hub.downloads.resume,
+        "cancel": hub.downloads.cancel,
+    }
+    if action not in ops:
+        raise HubError(f"unknown action {action!r}: pause, resume or cancel", code="not_found")
+    return ok(await ops[action](request.match_info["id"]))
+
+
+async def cancel_download(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return ok(await hub.downloads.cancel(request.match_info["id"]))

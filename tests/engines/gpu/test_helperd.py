@@ -1,0 +1,318 @@
+"""traylm-gpud as a real process on the simulated backend: its protocol refuses bad requests,
+and it gives the fans back to the firmware on SIGTERM and when its client vanishes.
+
+``--sim-state`` makes the simulated driver write its control state (fan modes, power limits) to a
+file after every write, so the test can see what the helper left behind after it exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines.gpu.helper_core import HelperCore
+from engines.gpu.helperd import HelperServer
+from engines.gpu.protocol import OPS, ProtocolError, parse_request
+from engines.gpu.sim import SimulatedBackend, sim_uuid
+
+GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
+FULL = {"points": [[30, 100], [100, 100]]}
+
+
+# --------------------------------------------------------------------------- parser (in-process)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"op": "format_disk"}', "unknown op"),
+        (b'{"op": "status", "sudo": true}', "unknown keys"),
+        (b'{"op": "status", "op": "status"}', "duplicate key"),
+        (b'{"op": "apply_power", "gpu": "' + GPU0.encode() + b'", "limit_mw": NaN}', "NaN"),
+        (
+            b'{"op": "apply_power", "gpu": "' + GPU0.encode() + b'", "limit_mw": 3e5}',
+            "whole number",
+        ),
+        (
+            b'{"op": "apply_power", "gpu": "' + GPU0.encode() + b'", "limit_mw": true}',
+            "whole number",
+        ),
+        (b'{"op": "apply_power", "gpu": "../etc", "limit_mw": 300000}', "GPU UUID"),
+        (b'{"op": "apply_power", "gpu": "all", "limit_mw": 300000}', "GPU UUID"),
+        (b'{"op": "apply_curve", "gpu": "' + GPU0.encode() + b'"}', "needs curve"),
+        (
+            b'{"op": "apply_curve", "gpu": "' + GPU0.encode() + b'", "curve": [], "persist": 1}',
+            "curve must be",
+        ),
+        (b'{"op": "restore_power", "gpu": "all", "source": "root"}', "source must be"),
+        (
+            b'{"op": "apply_curve", "gpu": "' + GPU0.encode() + b'", "curve": {}, "fans": [0, 0]}',
+            "distinct",
+        ),
+        (b'{"op": "status", "id": -1}', "id must be"),
+        (b" " * 20000, "longer than"),
+    ],
+)
+def test_protocol_refusals(line: bytes, expected: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse_request(line)
+    assert expected in err.value.message
+    assert err.value.code == "bad_request"
+
+
+def test_every_protocol_op_has_a_handler(tmp_path: Path) -> None:
+    """The helper dispatches through one table; an op the parser accepts but the table lacks
+    would reach clients as "unknown op"."""
+    server = HelperServer(HelperCore(SimulatedBackend(1)), tmp_path / "s.sock")
+    assert set(server._ops) == set(OPS)
+
+
+def test_protocol_accepts_a_well_formed_request() -> None:
+    req = parse_request(
+        json.dumps(
+            {"op": "apply_power", "id": 3, "gpu": GPU0, "limit_mw": 300000, "persist": True}
+        ).encode()
+    )
+    assert (req.op, req.id, req.gpu, req.limit_mw, req.persist) == (
+        "apply_power",
+        3,
+        GPU0,
+        300000,
+        True,
+    )
+
+
+# --------------------------------------------------------------------------- the real process
+
+
+@dataclass
+class Helper:
+    proc: asyncio.subprocess.Process
+    socket: Path
+    sim_state: Path
+    state_dir: Path
+
+    def control(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.sim_state.read_text())
+        return data
+
+
+class Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.next_id = 0
+
+    async def raw(self, line: bytes) -> dict[str, Any]:
+        self.writer.write(line + b"\n")
+        await self.writer.drain()
+        answer: dict[str, Any] = json.loads(await asyncio.wait_for(self.reader.readline(), 10))
+        return answer
+
+    async def ask(self, op: str, **fields: Any) -> dict[str, Any]:
+        self.next_id += 1
+        return await self.raw(json.dumps({"op": op, "id": self.next_id, **fields}).encode())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def connect(helper: Helper) -> Conn:
+    reader, writer = await asyncio.open_unix_connection(str(helper.socket), limit=1 << 20)
+    return Conn(reader, writer)
+
+
+async def wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def helper(tmp_path: Path) -> AsyncIterator[Helper]:
+    sock = Path(f"/tmp/traylm-test-{os.getpid()}-{time.monotonic_ns()}.sock")
+    sim_state = tmp_path / "sim-state.json"
+    state_dir = tmp_path / "gpud"
+    group = grp.getgrgid(os.getgid()).gr_name  # as root: exercises the chown/0660 path
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.gpu.helperd",
+        "--socket",
+        str(sock),
+        "--backend",
+        "sim:2",
+        "--state-dir",
+        str(state_dir),
+        "--sim-state",
+        str(sim_state),
+        "--group",
+        group,
+        "--lease-timeout-s",
+        "3",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    h = Helper(proc, sock, sim_state, state_dir)
+    assert proc.stderr is not None
+    while True:  # wait for the ready line (fail fast if it died)
+        line = await asyncio.wait_for(proc.stderr.readline(), 20)
+        assert line, "traylm-gpud exited before it was ready"
+        if b"ready on" in line:
+            break
+    drain = asyncio.create_task(proc.stderr.read())
+    yield h
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+    drain.cancel()
+    sock.unlink(missing_ok=True)
+
+
+async def test_socket_is_private_and_status_answers(helper: Helper) -> None:
+    mode = helper.socket.stat().st_mode & 0o777
+    assert mode in (0o600, 0o660)  # 0660 root:group as root, 0600 otherwise
+    c = await connect(helper)
+    answer = await c.ask("status")
+    assert answer["ok"] and answer["id"] == 1
+    result = answer["result"]
+    assert result["backend"] == "simulated" and result["simulated"] is True
+    assert {f["mode"] for f in result["fans"]} == {"auto"}
+    c.close()
+
+
+async def test_bad_requests_are_refused_and_nothing_is_applied(helper: Helper) -> None:
+    c = await connect(helper)
+    refusals = [
+        await c.raw(b"{broken"),
+        await c.raw(b'{"op": "apply_power", "gpu": "' + GPU0.encode() + b'", "limit_mw": "300"}'),
+        await c.ask("apply_power", gpu=GPU0, limit_mw=100_000),  # under the card's 150 W
+        await c.ask("apply_power", gpu=GPU0, limit_mw=900_000),  # over its 600 W
+        await c.ask("apply_power", gpu="GPU-99999999-0000-0000-0000-000000000000", limit_mw=300000),
+        await c.ask("apply_curve", gpu=GPU0, curve={"points": [[40, 5], [80, 100]]}),
+        await c.ask("apply_curve", gpu=GPU0, curve={"points": [[80, 50], [40, 100]]}),
+        await c.ask("apply_curve", gpu=GPU0, curve=FULL, fans=[7]),
+    ]
+    codes = [r["error"] for r in refusals]
+    assert all(not r["ok"] for r in refusals)
+    assert codes == [
+        "bad_request",
+        "bad_request",
+        "power_limit_invalid",
+        "power_limit_invalid",
+        "gpu_not_found",
+        "fan_curve_invalid",
+        "fan_curve_invalid",
+        "gpu_error",
+    ]
+    assert "150-600 W" in refusals[2]["message"] and "fan floor" in refusals[5]["message"]
+    assert not helper.sim_state.exists()  # the simulated driver never saw a write
+    assert (await c.ask("status"))["ok"]  # the connection survives refusals
+    c.close()
+
+
+async def test_rate_limit(helper: Helper) -> None:
+    c = await connect(helper)
+    answers = [await c.ask("restore_fans", gpu="all") for _ in range(12)]
+    limited = [a for a in answers if not a["ok"]]
+    assert limited and all(a["error"] == "rate_limited" for a in limited)
+    assert answers[0]["ok"]
+    c.close()
+
+
+async def test_sigterm_restores_automatic_fans_and_default_power(helper: Helper) -> None:
+    c = await connect(helper)
+    assert (await c.ask("apply_curve", gpu=GPU0, curve=FULL, persist=True))["ok"]
+    assert (await c.ask("apply_power", gpu=GPU1, limit_mw=300_000, persist=True))["ok"]
+    state = helper.control()
+    assert all(f["manual"] for f in state[GPU0]["fans"])
+    assert state[GPU1]["power_limit_mw"] == 300_000
+    helper.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(helper.proc.wait(), 10) == 0
+    state = helper.control()
+    assert not any(f["manual"] for g in state.values() for f in g["fans"])
+    assert state[GPU1]["power_limit_mw"] == 450_000
+    assert not helper.socket.exists()
+    saved = json.loads((helper.state_dir / "state.json").read_text())
+    assert len(saved["items"]) == 3  # kept on disk: re-applied at the next start
+    c.close()
+
+
+async def test_client_vanishing_releases_its_leases(helper: Helper) -> None:
+    c = await connect(helper)
+    assert (await c.ask("apply_curve", gpu=GPU0, curve=FULL))["ok"]  # no persist: a lease
+    assert (await c.ask("apply_power", gpu=GPU0, limit_mw=200_000))["ok"]
+    assert all(f["manual"] for f in helper.control()[GPU0]["fans"])
+    c.writer.transport.abort()  # the client dies without a goodbye
+
+    def released() -> bool:
+        g = helper.control()[GPU0]
+        return not any(f["manual"] for f in g["fans"]) and g["power_limit_mw"] == 450_000
+
+    await wait_until(released)
+    assert helper.proc.returncode is None  # the helper itself keeps running
+
+
+async def test_silent_client_times_out_and_is_released(helper: Helper) -> None:
+    c = await connect(helper)
+    assert (await c.ask("apply_curve", gpu=GPU1, curve=FULL))["ok"]
+    assert all(f["manual"] for f in helper.control()[GPU1]["fans"])
+    # no heartbeat for longer than --lease-timeout-s 3
+    await wait_until(lambda: not any(f["manual"] for f in helper.control()[GPU1]["fans"]), 10)
+    c.close()
+
+
+async def test_second_helper_on_the_same_socket_is_refused(helper: Helper, tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.gpu.helperd",
+        "--socket",
+        str(helper.socket),
+        "--backend",
+        "sim:1",
+        "--state-dir",
+        str(tmp_path / "other"),
+        "--group",
+        grp.getgrgid(os.getgid()).gr_name,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 1
+    assert b"already listens" in err
+
+
+async def test_restore_all_command(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.gpu.helperd",
+        "--restore-all",
+        "--backend",
+        "sim:2",
+        "--sim-state",
+        str(tmp_path / "s.json"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0 and b"fans automatic" in out
+    state = json.loads((tmp_path / "s.json").read_text())
+    assert len(state) == 2  # every fan of every GPU was handed back, not only touched ones
