@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import logging.handlers
@@ -18,6 +19,7 @@ from typing import Any
 from engines import __version__
 from engines.client import DaemonClient
 from engines.config import Paths, load_settings, replace_setting, save_settings
+from engines.control.cli import follow_start
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
@@ -307,25 +309,28 @@ async def cmd_start(args: argparse.Namespace) -> int:
             "traylm: name a profile (`traylm profiles` lists them) or give --model", file=sys.stderr
         )
         return 2
+    adhoc: dict[str, Any] = {}
+    if not args.profile:
+        adhoc = {"model": args.model, "engine": args.engine, "device": args.device}
+        for key in ("name", "served_name", "max_model_len"):
+            if getattr(args, key):
+                adhoc[key] = getattr(args, key)
     async with await _client() as c:
-        if args.profile:
-            status = await c.start(args.profile)
-        else:
-            adhoc: dict[str, Any] = {
-                "model": args.model,
-                "engine": args.engine,
-                "device": args.device,
-            }
-            for key in ("name", "served_name", "max_model_len"):
-                if getattr(args, key):
-                    adhoc[key] = getattr(args, key)
-            status = await c.start(**adhoc)
-        print(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
+
+        async def start() -> EngineStatus:
+            return await (c.start(args.profile) if args.profile else c.start(**adhoc))
+
         if not args.wait:
+            status = await start()
+            print(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
             return 0
-        final = await c.wait_for_engine(
-            status.engine_id, (EngineState.READY, EngineState.FAILED), args.timeout
-        )
+        say = functools.partial(print, flush=True)
+        try:
+            final = await follow_start(c, start, timeout_s=args.timeout, say=say)
+        except TimeoutError:
+            print(f"traylm: not ready after {args.timeout:.0f} s; it goes on starting in the "
+                  "daemon (`traylm status`, `traylm logs -f`)", file=sys.stderr)  # fmt: skip
+            return 1
         print(_engine_line(final))
         if final.state == EngineState.FAILED:
             return 1

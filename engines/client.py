@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -248,9 +248,12 @@ class DaemonClient:
 
     # ----------------------------------------------------------------- events
 
-    async def events(self, kinds: Iterable[str] | None = None) -> AsyncIterator[Event]:
+    async def events(
+        self, kinds: Iterable[str] | None = None, *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[Event]:
         """Yield events until the daemon closes the stream. Unknown kinds (a newer daemon) are
-        skipped."""
+        skipped. ``opened`` is called once the daemon has subscribed this stream: nothing
+        published after that is missed."""
         params = {"kinds": ",".join(kinds)} if kinds else None
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=60)
         try:
@@ -261,6 +264,8 @@ class DaemonClient:
                         code="events",
                         http_status=resp.status,
                     )
+                if opened is not None:
+                    opened()
                 async for raw in resp.content:
                     line = raw.decode(errors="replace").strip()
                     if not line.startswith("data:"):

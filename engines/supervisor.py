@@ -7,6 +7,9 @@ State machine (published as ``EngineStateChanged``)::
         any state ─(start failed | crashed too often)→ failed ─start→ starting
     ready ─crash→ starting (automatic restart, capped exponential backoff)
 
+While it starts, each stage the engine logs (engines/adapters/phases.py: loading weights,
+compiling, CUDA graphs, ...) becomes the state's detail, published as starting → starting.
+
 Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
 A crash is noticed within 2 s: the leader's exit code is polled every 50 ms, and ``/health``
 failing twice in a row (vLLM answers 503 when its engine core died) also counts.
@@ -30,6 +33,7 @@ from typing import Protocol, TextIO
 import aiohttp
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
+from engines.adapters.phases import start_phase
 from engines.config import EngineSettings, Profile, write_bytes_atomic
 from engines.errors import EngineError, TraylmError
 from engines.events.codec import Event
@@ -243,6 +247,8 @@ class ManagedEngine:
             self.detail = f"starting on 127.0.0.1:{self.port}"
         await self._spawn(spec)
         assert self._proc is not None
+        # the port and pid exist now: say so (every view shows them while it starts)
+        self._set_state(EngineState.STARTING, self.detail)
         reader = asyncio.create_task(self._read_logs(self._proc), name=f"logs:{self.engine_id}")
         try:
             ready = await self._wait_until_ready(spec)
@@ -465,6 +471,10 @@ class ManagedEngine:
             fh.write(line + "\n")
             fh.flush()
         self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
+        if self.state == EngineState.STARTING:
+            phase = start_phase(self.profile.engine, line)
+            if phase is not None and phase.words != self.detail:
+                self._set_state(EngineState.STARTING, phase.words)  # how far the start has got
         found = self.adapter.diagnose(line)
         if found is not None:
             if found.severity == "error":

@@ -1,0 +1,83 @@
+"""``traylm start ... --wait``: follow a start to ready (or failed), printing each stage the
+daemon reports (engines/adapters/phases.py: loading weights, compiling, CUDA graphs, ...) with the
+time since the command asked, instead of minutes of silence.
+
+The stages come as ``engine.state`` events, subscribed before the start is asked for; a status
+poll every second catches a terminal state if the stream breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from engines.client import DaemonClient
+from engines.errors import TraylmError
+from engines.events.core import EngineState, EngineStateChanged, EngineStatus
+
+POLL_S = 1.0
+SUBSCRIBE_WAIT_S = 10.0
+DONE = (EngineState.READY, EngineState.FAILED)
+
+
+async def follow_start(
+    c: DaemonClient,
+    start: Callable[[], Awaitable[EngineStatus]],
+    *,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> EngineStatus:
+    """Run ``start`` and follow that engine until it is ready or failed; ``say`` gets one line
+    per stage. Raises TimeoutError after ``timeout_s``."""
+    queue: asyncio.Queue[EngineStateChanged] = asyncio.Queue()
+    subscribed = asyncio.Event()
+
+    async def pump() -> None:
+        with contextlib.suppress(TraylmError):
+            async for event in c.events(kinds=("engine.state",), opened=subscribed.set):
+                if isinstance(event, EngineStateChanged):
+                    queue.put_nowait(event)
+
+    pump_task = asyncio.create_task(pump(), name="start events")
+    asked_s = time.monotonic()
+    try:
+        with contextlib.suppress(TimeoutError):  # no stream: the status poll still follows
+            await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
+        status = await start()
+        say(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
+        return await asyncio.wait_for(_until_done(c, status, queue, asked_s, say), timeout_s)
+    finally:
+        pump_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump_task
+
+
+async def _until_done(
+    c: DaemonClient,
+    status: EngineStatus,
+    queue: asyncio.Queue[EngineStateChanged],
+    asked_s: float,
+    say: Callable[[str], None],
+) -> EngineStatus:
+    engine_id, shown = status.engine_id, ""
+    while True:
+        try:
+            event = await asyncio.wait_for(queue.get(), POLL_S)
+        except TimeoutError:
+            current = next((e for e in await c.engines() if e.engine_id == engine_id), None)
+            if current is None:
+                raise TraylmError(f"engine {engine_id!r} is gone from the daemon") from None
+            state, detail = current.state, current.detail
+        else:
+            if event.engine_id != engine_id:
+                continue
+            state, detail = event.state, event.detail
+        if state == EngineState.STARTING and detail and detail != shown:
+            shown = detail
+            say(f"[{time.monotonic() - asked_s:6.1f}s] {detail}")
+        if state in DONE:
+            final = next(e for e in await c.engines() if e.engine_id == engine_id)
+            if final.state in DONE:
+                return final

@@ -1,0 +1,78 @@
+"""A start says how far it has got: the port and pid as soon as the process exists, then each
+stage the engine logs (the FAKE engine prints real vLLM start lines), as ``engine.state``
+events, in ``traylm status``, and line by line in ``traylm start --wait``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+
+from engines.events import EngineState, EngineStateChanged
+from tests.conftest import RunningDaemon
+
+VLLM_LINES = (
+    "(Worker pid=7088) INFO 12-01 09:31:56 [cpu_model_runner.py:68] Starting to load model /m...",
+    "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.0it/s]",
+    "Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00, 1.0it/s]",
+    "(Worker pid=7088) INFO 12-01 09:31:57 [cpu_model_runner.py:87] Warming up model for the "
+    "compilation...",
+)
+
+
+def _profile(d: RunningDaemon, name: str = "fake", delay_s: float = 1.5) -> None:
+    prints = " ".join(f"--print {shlex.quote(line)}" for line in VLLM_LINES)
+    d.write_profile(
+        name, model="org/" + name, served_name=name, device="cpu",
+        env={"FAKE_ENGINE_ARGS": f"{prints} --startup-delay {delay_s}"},
+    )  # fmt: skip
+
+
+async def test_the_port_pid_and_each_stage_are_published_while_it_starts(
+    daemon: RunningDaemon,
+) -> None:
+    _profile(daemon)
+    seen: list[EngineStateChanged] = []
+    with daemon.daemon.bus.subscribe(frozenset({"engine.state"})) as sub:
+        await daemon.client.start("fake")
+        while True:
+            event = await asyncio.wait_for(sub.get(), 30)
+            assert isinstance(event, EngineStateChanged)
+            seen.append(event)
+            if event.state in (EngineState.READY, EngineState.FAILED):
+                break
+    assert seen[-1].state == EngineState.READY
+    starting = [e for e in seen if e.state == EngineState.STARTING]
+    assert starting[0].pid is None  # "launching": no process yet
+    with_pid = [e for e in starting if e.pid is not None]
+    assert with_pid and with_pid[0].port == seen[-1].port  # published before it was ready
+    assert [e.detail for e in starting if "weights" in e.detail or "model" in e.detail] == [
+        "loading the model",
+        "loading weights (1 of 2 shards)",
+        "loading weights (2 of 2 shards)",
+        "compiling and warming up the model",
+    ]
+
+
+async def test_start_wait_prints_each_stage_with_the_time(daemon: RunningDaemon) -> None:
+    _profile(daemon)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engines", "start", "fake", "--wait", "--timeout", "60",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    lines = text.splitlines()
+    assert lines[0] == "fake: starting (serves fake)"
+    stages = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
+    assert "compiling and warming up the model" in stages
+    assert stages.index("loading the model") < stages.index("compiling and warming up the model")
+    assert all(line[1:7].strip().replace(".", "").isdigit() for line in lines if line[:1] == "[")
+    assert "ready: point apps at" in text
