@@ -49,7 +49,8 @@ def tooltip_text(
     shown = [e for e in engines if e.state != EngineState.STOPPED]
     for e in shown:
         names = ", ".join(e.served_names) or e.engine_id
-        lines.append(f"{names}: {e.state}")
+        stage = f" ({e.detail})" if e.state == EngineState.STARTING and e.detail else ""
+        lines.append(f"{names}: {e.state}{stage}")
     if not shown:
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):

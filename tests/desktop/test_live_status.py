@@ -196,3 +196,27 @@ def test_an_offline_hub_search_says_so_across_the_page_with_its_fix(
         assert asked == [True] and page.tabs.currentWidget() is page.shelf
     finally:
         d.stop()
+
+
+def test_while_it_starts_the_engines_table_tooltip_and_chat_show_port_pid_and_stage(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+) -> None:
+    line = "(Worker pid=7) INFO [cpu_model_runner.py:68] Starting to load model /models/x..."
+    daemon_thread.write_fake_profile(
+        "fake", args=f"--print {shlex.quote(line)} --startup-delay 3"
+    )
+    page = _engines_page(app)
+    app.actions.start_profile("fake")
+
+    def starting_with_pid() -> bool:
+        e = app.state.engines.get("fake")
+        return e is not None and e.state == EngineState.STARTING and e.pid is not None
+
+    qtbot.waitUntil(starting_with_pid, timeout=10000)
+    qtbot.waitUntil(lambda: app.state.engines["fake"].detail == "loading the model", timeout=10000)
+    e = app.state.engines["fake"]
+    row = [page.table.item(0, c).text() for c in range(page.table.columnCount())]
+    assert row[:2] == ["fake", "starting"] and row[3] == str(e.port) and row[4] == str(e.pid)
+    assert row[6] == "loading the model"
+    assert "fake: starting (loading the model)" in app.tray.icon.toolTip()
+    qtbot.waitUntil(lambda: app.state.engines["fake"].state == EngineState.READY, timeout=20000)
