@@ -175,7 +175,7 @@ class ManagedEngine:
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
             await self._terminate()
-        if self.state not in (EngineState.FAILED, EngineState.STOPPED):
+        if self.state != EngineState.STOPPED:  # a stop also clears a failure
             self._set_state(EngineState.STOPPED, reason)
 
     async def restart(self) -> None:
@@ -574,6 +574,12 @@ class Supervisor:
 
     def get(self, engine_id: str) -> ManagedEngine | None:
         return self.engines.get(engine_id)
+
+    def remove(self, engine_id: str) -> None:
+        """Forget a stopped engine (a failed start the user stopped: nothing left to show)."""
+        engine = self.engines.get(engine_id)
+        if engine is not None and engine.state == EngineState.STOPPED:
+            del self.engines[engine_id]
 
     def route(self, model: str) -> ManagedEngine | None:
         """The engine serving ``model`` (a served name or alias): a ready one first, else one

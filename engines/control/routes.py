@@ -84,9 +84,7 @@ async def start_engine(request: web.Request) -> web.Response:
 @routes.post("/api/engines/{engine_id}/stop")
 @traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:
-    engine = _api(request).engines.engine(request.match_info["engine_id"])
-    await engine.stop()
-    return ok(engine.status())
+    return ok(await _api(request).engines.stop_engine(request.match_info["engine_id"]))
 
 
 @routes.post("/api/engines/{engine_id}/restart")

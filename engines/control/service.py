@@ -136,6 +136,16 @@ class EngineControl:
                     f"{other.engine_id!r}; stop it first or give this profile another served_name"
                 )
 
+    async def stop_engine(self, engine_id: str) -> EngineStatus:
+        """Stop an engine; one whose start had failed is then forgotten (``traylm status`` no
+        longer lists it; its stopped state was published)."""
+        engine = self.engine(engine_id)
+        failed = engine.state == EngineState.FAILED
+        await engine.stop()
+        if failed:
+            self._supervisor.remove(engine_id)
+        return engine.status()
+
     def statuses(self) -> list[EngineStatus]:
         return [e.status() for e in self._supervisor.engines.values()]
 

@@ -202,9 +202,7 @@ def test_while_it_starts_the_engines_table_tooltip_and_chat_show_port_pid_and_st
     qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
 ) -> None:
     line = "(Worker pid=7) INFO [cpu_model_runner.py:68] Starting to load model /models/x..."
-    daemon_thread.write_fake_profile(
-        "fake", args=f"--print {shlex.quote(line)} --startup-delay 3"
-    )
+    daemon_thread.write_fake_profile("fake", args=f"--print {shlex.quote(line)} --startup-delay 3")
     page = _engines_page(app)
     app.actions.start_profile("fake")
 

@@ -76,3 +76,29 @@ async def test_start_wait_prints_each_stage_with_the_time(daemon: RunningDaemon)
     assert stages.index("loading the model") < stages.index("compiling and warming up the model")
     assert all(line[1:7].strip().replace(".", "").isdigit() for line in lines if line[:1] == "[")
     assert "ready: point apps at" in text
+
+
+async def test_a_failed_start_is_gone_from_status_after_stop(daemon: RunningDaemon) -> None:
+    daemon.write_profile(
+        "broken", model="org/broken", served_name="broken", device="cpu",
+        env={"FAKE_ENGINE_ARGS": "--print 'ValueError: no' --exit-after-print 1"},
+    )  # fmt: skip
+    await daemon.client.start("broken")
+    failed = await daemon.client.wait_for_engine("broken", (EngineState.FAILED,), 20)
+    assert "ValueError: no" in failed.detail
+    with daemon.daemon.bus.subscribe(frozenset({"engine.state"})) as sub:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "engines", "stop", "broken",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and "broken: stopped" in out.decode()
+        event = await asyncio.wait_for(sub.get(), 10)  # what apps showing it hear
+    assert isinstance(event, EngineStateChanged)
+    assert (event.state, event.previous) == (EngineState.STOPPED, EngineState.FAILED)
+    assert [e.engine_id for e in await daemon.client.engines()] == []
+    status = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engines", "status", stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    text, _ = await asyncio.wait_for(status.communicate(), 60)
+    assert "broken" not in text.decode()
