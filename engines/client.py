@@ -242,6 +242,10 @@ class DaemonClient:
         )
         return data
 
+    async def cancel_install(self) -> None:
+        """Stop the daemon's running install (its half-made environment is removed)."""
+        await self._call("POST", "/api/envs/install/cancel")
+
     async def env_doctor(self, name: str) -> JSON:
         data: JSON = await self._call("GET", f"/api/envs/{name}/doctor")
         return data

@@ -192,7 +192,10 @@ def env_findings(envs: list[EnvInfo], *, gpu: bool) -> list[Finding]:
     complete = [e for e in envs if e.complete]
     found = []
     for env in envs:
-        if not env.complete:
+        if env.installing_pid:
+            found.append(Finding(f"engine {env.name}", "info",
+                                 f"being installed now (pid {env.installing_pid})"))  # fmt: skip
+        elif not env.complete:
             found.append(Finding(f"engine {env.name}", "warn", "its install did not finish",
                                  f"`traylm engines install {env.engine}"
                                  f"{' --cpu' if env.device == 'cpu' else ''}` again"))  # fmt: skip

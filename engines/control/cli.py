@@ -1,6 +1,7 @@
-"""``traylm start ... --wait``: follow a start to ready (or failed), printing each stage the
-daemon reports (engines/adapters/phases.py: loading weights, compiling, CUDA graphs, ...) with the
-time since the command asked, instead of minutes of silence.
+"""Long waits of the engine commands, said as they go instead of minutes of silence:
+``traylm start ... --wait`` prints each stage the daemon reports (engines/adapters/phases.py:
+loading weights, compiling, CUDA graphs, ...) with the time since the command asked;
+``traylm engines install`` prints pip's steps and, every few seconds, the bytes downloaded.
 
 The stages come as ``engine.state`` events, subscribed before the start is asked for; a status
 poll every second catches a terminal state if the stream breaks.
@@ -16,8 +17,10 @@ from collections.abc import Awaitable, Callable
 from engines.client import DaemonClient
 from engines.errors import TraylmError
 from engines.events.core import EngineState, EngineStateChanged, EngineStatus
+from engines.pip_progress import PipStatus
 
 POLL_S = 1.0
+BYTES_EVERY_S = 3.0  # a download progress line at most this often
 SUBSCRIBE_WAIT_S = 10.0
 DONE = (EngineState.READY, EngineState.FAILED)
 
@@ -81,3 +84,39 @@ async def _until_done(
             final = next(e for e in await c.engines() if e.engine_id == engine_id)
             if final.state in DONE:
                 return final
+
+
+class InstallPrinter:
+    """Prints an install's lines and pip's download progress, with the elapsed time."""
+
+    def __init__(self, started_s: float) -> None:
+        self.started_s = started_s
+        self._printed_s = 0.0
+        self._step = ("", "")
+
+    def _stamp(self) -> str:
+        return f"[{time.monotonic() - self.started_s:6.1f}s]"
+
+    def line(self, phase: str, text: str) -> None:
+        print(f"{self._stamp()} {phase:<7} {text[:150]}", flush=True)
+
+    def pip(self, status: PipStatus) -> None:
+        """Bytes while a file downloads (the step lines come through ``line``)."""
+        step = (status.step, status.package)
+        now = time.monotonic()
+        if status.step != "downloading" or not status.file_total_bytes:
+            self._step = step
+            return
+        if step == self._step and now - self._printed_s < BYTES_EVERY_S:
+            return
+        self._step, self._printed_s = step, now
+        print(
+            f"{self._stamp()} install downloading {status.package[:60]}: "
+            f"{_mb(status.file_done_bytes)} of {_mb(status.file_total_bytes)} "
+            f"({_mb(status.done_bytes)} downloaded so far)",
+            flush=True,
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

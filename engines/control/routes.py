@@ -17,7 +17,7 @@ from aiohttp import web
 from engines.config import SECTIONS, Profile, doc, profile_from_mapping, profile_to_mapping
 from engines.control.service import ControlAPI, adhoc_profile
 from engines.envs import env_summary
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError, EngineEnvError, TraylmError
 from engines.events.codec import to_plain
 from engines.http import error_response, json_body, ok, traylm_errors
 
@@ -215,6 +215,16 @@ async def install_env(request: web.Request) -> web.Response:
     version = body.get("version")
     job = d.engines.install_env(engine, device=device, version=str(version) if version else None)
     return ok(job, status=202)
+
+
+@routes.post("/api/envs/install/cancel")
+@traylm_errors
+async def cancel_install(request: web.Request) -> web.Response:
+    """Stop the running install; its half-made environment is removed (``env.install`` event
+    with phase ``cancelled``). 409 when none runs."""
+    if not await _api(request).engines.cancel_install():
+        raise EngineEnvError("no engine install is running", code="not_installing")
+    return ok({"cancelled": True})
 
 
 # --------------------------------------------------------------------------- metrics, events

@@ -32,12 +32,14 @@ from engines.errors import (
 )
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
+from engines.pip_progress import PipStatus
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
 
 log = logging.getLogger(__name__)
 
+PIP_EVENT_EVERY_S = 0.5  # download progress events, at most (a new file or step: at once)
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
@@ -81,6 +83,7 @@ class EngineControl:
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
         self._install_task: asyncio.Task[None] | None = None
+        self._pip_published_s = 0.0
 
     async def stop(self) -> None:
         """Cancel a running install (the installer removes its half-made venv)."""
@@ -167,30 +170,58 @@ class EngineControl:
         if self._install_task is not None and not self._install_task.done():
             raise EngineEnvError("an engine install is already running; wait for it to finish")
         started = time.monotonic()
+        last: list[PipStatus] = []  # the last pip status published (a few a second at most)
 
-        def progress(phase: str, line: str) -> None:
-            self._publish(
-                EnvInstallProgress(
-                    engine=engine,
-                    device=device,
-                    phase=phase,
-                    line=line,
-                    elapsed_s=time.monotonic() - started,
-                )
-            )
+        def progress(phase: str, line: str, pip: PipStatus | None = None) -> None:
+            pip = pip or (last[-1] if last and phase == "install" else None)
+            event = EnvInstallProgress(
+                engine=engine, device=device, phase=phase, line=line,
+                elapsed_s=time.monotonic() - started,
+            )  # fmt: skip
+            self._publish(event if pip is None else _with_pip(event, pip))
+
+        def on_pip(status: PipStatus) -> None:
+            changed = not last or (last[-1].step, last[-1].package) != (status.step, status.package)
+            if changed or time.monotonic() - self._pip_published_s >= PIP_EVENT_EVERY_S:
+                self._pip_published_s = time.monotonic()
+                last[:] = [status]
+                progress("install", "", status)
 
         async def run() -> None:
             try:
-                await self._envs.install(engine, device=device, version=version, progress=progress)
+                await self._envs.install(
+                    engine, device=device, version=version, progress=progress, on_pip=on_pip
+                )
             except TraylmError as exc:
                 progress("failed", exc.message)
                 self.notify_error(f"installing {engine} failed", exc)
+            except asyncio.CancelledError:
+                progress("cancelled", "the install was cancelled; its unfinished folder is gone")
+                raise
 
         self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
         return {"engine": engine, "device": device, "version": version or "default"}
 
+    async def cancel_install(self) -> bool:
+        """Cancel the running install (the installer removes its half-made venv and says
+        ``cancelled``); False when none runs."""
+        task = self._install_task
+        if task is None or task.done():
+            return False
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return True
+
     def notify_error(self, title: str, exc: TraylmError) -> None:
         self._publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
+
+
+def _with_pip(event: EnvInstallProgress, pip: PipStatus) -> EnvInstallProgress:
+    return dataclasses.replace(
+        event, step=pip.step, package=pip.package, done_bytes=pip.done_bytes,
+        file_done_bytes=pip.file_done_bytes, file_total_bytes=pip.file_total_bytes,
+    )  # fmt: skip
 
 
 class DaemonStatus:

