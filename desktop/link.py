@@ -241,7 +241,11 @@ class DaemonLink:
         if isinstance(event, EngineStateChanged) and event.engine_id not in self._known:
             self._known.add(event.engine_id)
             load = self.load_engines
-        elif isinstance(event, EnvInstallProgress) and event.phase in ("done", "failed"):
+        elif isinstance(event, EnvInstallProgress) and event.phase in (
+            "done",
+            "failed",
+            "cancelled",
+        ):
             load = self.load_envs
         elif isinstance(event, LibraryChanged):
             load = self.load_library

@@ -169,16 +169,19 @@ class AppState(QObject):
             self.cached_models, self.folders = message.cached, message.folders
             self.library_changed.emit()
         elif isinstance(message, Event):
+            install_changed = False
             if isinstance(message, EngineStateChanged):
                 self._apply_engine_event(message)
             elif isinstance(message, _GPU_EVENTS):
                 self.gpu.apply(message)
             elif isinstance(message, EnvInstallProgress):
                 was_running = self.install is not None
-                self.install = None if message.phase in ("done", "failed") else message
-                if was_running != (self.install is not None):
-                    self.envs_changed.emit()  # an install began or ended (not every line)
+                ended = message.phase in ("done", "failed", "cancelled")
+                self.install = None if ended else message
+                install_changed = was_running != (self.install is not None)
             self.event_received.emit(message)
+            if install_changed:  # an install began or ended (not every line); after the event,
+                self.envs_changed.emit()  # so that listeners know how it ended
 
     def _on_connection(self, message: ConnectionChanged) -> None:
         self.connection = message

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.dashboard.page import PageContext
+from desktop.install_text import install_words
 from desktop.messages import CallResult
 from desktop.theme import primary
 from desktop.widgets.log_view import log_view
@@ -30,14 +31,6 @@ from engines.events import EnvInstallProgress, Event
 
 COLUMNS = ("name", "engine", "version", "device", "complete", "path")
 PHASES = ("create", "install", "fix", "probe", "done")
-PHASE_WORDS = {
-    "create": "creating the virtual environment",
-    "install": "installing packages (this is the long part)",
-    "fix": "applying post-install fixes",
-    "probe": "checking that the engine imports and reading its flags",
-    "done": "installed",
-    "failed": "failed",
-}
 LOG_LINES = 500
 
 
@@ -91,8 +84,14 @@ class EnvsView(QWidget):
         self.install_button = primary(QPushButton("Install"))
         self.install_button.setObjectName("installEnv")
         self.install_button.clicked.connect(self.on_install_clicked)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancelInstall")
+        self.cancel_button.setToolTip("Stop the install; its unfinished environment is removed")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.on_cancel_clicked)
         for w in (QLabel("Engine"), self.engine, QLabel("Device"), self.device,
-                  QLabel("Version"), self.version, self.install_button):  # fmt: skip
+                  QLabel("Version"), self.version, self.install_button,
+                  self.cancel_button):  # fmt: skip
             row.addWidget(w)
         row.addStretch(1)
         layout.addLayout(row)
@@ -129,23 +128,37 @@ class EnvsView(QWidget):
         self.install_bar.setValue(0)
         self.ctx.bridge.call(lambda c: c.install_env(engine, device=device, version=version), done)
 
+    def on_cancel_clicked(self) -> None:
+        self.cancel_button.setEnabled(False)
+
+        def done(result: CallResult) -> None:
+            if not result.ok:
+                self.install_status.error(result.error)
+
+        self.ctx.bridge.call(lambda c: c.cancel_install(), done)
+
     def on_event_received(self, event: Event) -> None:
         if not isinstance(event, EnvInstallProgress):
             return
         self.install_bar.setVisible(True)
-        self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
-        self.install_button.setEnabled(event.phase in ("done", "failed"))
+        if event.line:  # progress-only updates carry bytes, not a line
+            self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
+        ended = event.phase in ("done", "failed", "cancelled")
+        self.install_button.setEnabled(ended)
+        self.cancel_button.setEnabled(not ended)
         if event.phase in PHASES:
             self.install_bar.setValue(PHASES.index(event.phase) + 1)
-        words = PHASE_WORDS.get(event.phase, event.phase)
-        self.install_bar.setFormat(f"{event.engine} ({event.device}): {words}")
+        self.install_bar.setFormat(f"{event.engine} ({event.device}): {event.phase}")
         if event.phase == "done":
             self.install_status.ok(event.line)
             self.reload()
         elif event.phase == "failed":
             self.install_status.error(event.line)
+        elif event.phase == "cancelled":
+            self.install_status.warning(f"Cancelled: {event.line}.")
+            self.reload()
         else:
-            self.install_status.neutral(f"{words} · {event.elapsed_s:.0f} s")
+            self.install_status.neutral(install_words(event))
 
     def on_envs_changed(self) -> None:
         if self.isVisible():
@@ -163,11 +176,11 @@ class EnvsView(QWidget):
         for r, env in enumerate(self.envs):
             for c, key in enumerate(COLUMNS):
                 value = env.get(key, "")
-                text = (
-                    ("yes" if value else "NO (install did not finish)")
-                    if key == "complete"
-                    else str(value)
-                )
+                text = str(value)
+                if key == "complete":
+                    pid = env.get("installing_pid")
+                    text = "yes" if value else "NO (install did not finish)"
+                    text = f"installing now (pid {pid})" if pid else text
                 self.table.setItem(r, c, QTableWidgetItem(text))
         if self.envs and self.table.currentRow() < 0:
             self.table.selectRow(0)

@@ -95,6 +95,7 @@ class SetupDialog(QDialog):
         scroll.setWidget(inner)
         outer.addWidget(scroll, 1)
         self._hardware_extras()
+        self._engine_extras()
         self._model_extras()
         outer.addLayout(self._buttons())
 
@@ -110,6 +111,17 @@ class SetupDialog(QDialog):
         row.addWidget(self.simulate_button)
         row.addStretch(1)
         self.cards["hardware"].extra.addLayout(row)
+
+    def _engine_extras(self) -> None:
+        self.cancel_install_button = QPushButton("Cancel the install")
+        self.cancel_install_button.setObjectName("setupCancelInstall")
+        self.cancel_install_button.setToolTip("Nothing is left behind: the unfinished "
+                                              "environment is removed")  # fmt: skip
+        self.cancel_install_button.clicked.connect(self.flow.cancel_install)
+        row = QHBoxLayout()
+        row.addWidget(self.cancel_install_button)
+        row.addStretch(1)
+        self.cards["engine"].extra.addLayout(row)
 
     def _model_extras(self) -> None:
         self.offline = QLabel("")
@@ -156,6 +168,7 @@ class SetupDialog(QDialog):
         self._refresh_proposals()
         no_gpu = self.state.real_gpus == 0 and not self.state.gpu.simulated
         self.simulate_button.setVisible(no_gpu and self.state.connected)
+        self.cancel_install_button.setVisible(self.state.install is not None)
         flow = self.flow
         if flow.done:
             self.go_button.setText("Close")

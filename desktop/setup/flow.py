@@ -19,6 +19,7 @@ from desktop.actions import Actions
 from desktop.bridge import Bridge
 from desktop.fixes import ENGINE_LOG, INSTALL_ENGINE, LOCAL_FOLDER, Fix, fix_for
 from desktop.formatting import fmt_bytes, fmt_duration, fmt_rate
+from desktop.install_text import download_share, install_words
 from desktop.messages import CallResult
 from desktop.readiness import ENGINE_NAMES
 from desktop.setup.proposals import Proposal, folder_proposal, proposals
@@ -37,12 +38,6 @@ from engines.events import (
 
 STEPS = ("hardware", "engine", "model", "start")
 GREETING = "Hello! In one sentence: who are you?"
-INSTALL_WORDS = {
-    "create": "creating the engine's environment",
-    "install": "downloading and installing packages (the long part)",
-    "fix": "applying fixes",
-    "probe": "checking that the engine works",
-}
 OFFLINE_CODES = ("hub_unavailable", "network")
 
 
@@ -78,6 +73,7 @@ class SetupFlow(QObject):
         self.done = False
         self.errors: dict[str, StepView] = {}  # a step's error until it is retried
         self.download: DownloadProgress | None = None
+        self.install_cancelled = False
         self.download_failed: DownloadStateChanged | None = None
         self.started_s: float | None = None
         self._ticker = QTimer(self)
@@ -203,9 +199,8 @@ class SetupFlow(QObject):
         build = "CPU build" if device == "cpu" else "CUDA build"
         install = self.state.install
         if install is not None:
-            words = INSTALL_WORDS.get(install.phase, install.phase)
-            return StepView("working", f"Installing vLLM ({build}): {words} · "
-                            f"{fmt_duration(install.elapsed_s)}")  # fmt: skip
+            return StepView("working", f"Installing vLLM ({build}): {install_words(install)}",
+                            download_share(install))  # fmt: skip
         if self.state.envs is None:
             return StepView("working", "checking the installed engines…")
         for env in self.state.envs:
@@ -213,7 +208,10 @@ class SetupFlow(QObject):
                 return StepView("done", f"{ENGINE_NAMES['vllm']} {env.version} ({build}) is "
                                 "installed.")  # fmt: skip
         size = "about 3.5 GB" if device == "cpu" else "about 8 GB"
-        return StepView("waiting", f"vLLM ({build}) is not installed yet: {size}, a few minutes.")
+        text = f"vLLM ({build}) is not installed yet: {size}, a few minutes."
+        if self.install_cancelled:
+            text = f"The install was cancelled and nothing was left behind. {text}"
+        return StepView("waiting", text)
 
     def model_ready(self) -> bool:
         choice = self.choice
@@ -320,6 +318,7 @@ class SetupFlow(QObject):
         self.changed.emit()
 
     def install_engine(self) -> None:
+        self.install_cancelled = False
         cli = "traylm engines install vllm" + (" --cpu" if self.device() == "cpu" else "")
 
         def done(result: CallResult) -> None:
@@ -329,6 +328,15 @@ class SetupFlow(QObject):
 
         self._ticker.start()
         self.bridge.call(lambda c: c.install_env("vllm", device="auto"), done)
+
+    def cancel_install(self) -> None:
+        """Stop the install (the daemon removes what it had made)."""
+
+        def done(result: CallResult) -> None:
+            if not result.ok:
+                self._fail("engine", result.error, None)
+
+        self.bridge.call(lambda c: c.cancel_install(), done)
 
     def _install_failed(self, message: str) -> None:
         cli = "traylm engines install vllm" + (" --cpu" if self.device() == "cpu" else "")
@@ -434,6 +442,10 @@ class SetupFlow(QObject):
         if isinstance(event, EnvInstallProgress):
             if event.phase == "failed":
                 self._install_failed(event.line)
+            elif event.phase == "cancelled":
+                self.install_cancelled = True
+                self.auto = False  # the user stopped it: nothing goes on by itself
+                self._ticker.stop()
             self.changed.emit()
         elif isinstance(event, DownloadProgress):
             self.download = event

@@ -64,8 +64,10 @@ def test_the_environments_tab_follows_an_install(
         envs.device.setCurrentIndex(envs.device.findData("cpu"))
         envs.install_button.click()
         qtbot.waitUntil(lambda: envs.install_status.state == "ok", timeout=240000)
-        qtbot.waitUntil(lambda: envs.table.rowCount() == 1, timeout=10000)
-        assert envs.table.item(0, 4).text() == "yes"
+        qtbot.waitUntil(
+            lambda: envs.table.rowCount() == 1 and envs.table.item(0, 4).text() == "yes",
+            timeout=10000,
+        )
         assert "No engine installed yet" not in envs.report.text()
         assert app.state.envs is not None and [e.name for e in app.state.envs] == [
             "vllm-0.32.0-cpu"

@@ -189,3 +189,27 @@ def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
         assert "needs the vLLM engine (CUDA build): not installed" in preset.text()
     finally:
         d.stop()
+
+
+def test_an_install_cancelled_half_way_leaves_nothing(
+    qtbot, fresh_daemon: ThreadedDaemon, app_factory: AppFactory, monkeypatch, tmp_path: Path
+) -> None:
+    slow = dataclasses.replace(  # its import check waits: the install is caught half way
+        fake_cpu_recipe(build_fake_vllm_wheel(tmp_path / "slow")),
+        import_check="import time; time.sleep(120)",
+    )
+    monkeypatch.setitem(RECIPES, ("vllm", "cpu"), slow)
+    app = app_factory(offer_setup=True)
+    setup = _setup(qtbot, app)
+    qtbot.waitUntil(lambda: STARTER in setup.rows, timeout=30000)
+    setup.go_button.click()
+    qtbot.waitUntil(lambda: app.state.install is not None and app.state.install.phase == "probe",
+                    timeout=120000)  # fmt: skip
+    card = setup.cards["engine"]
+    assert card.view.status == "working" and setup.cancel_install_button.isVisible()
+    setup.cancel_install_button.click()
+    qtbot.waitUntil(lambda: "cancelled and nothing was left behind" in card.text.text(),
+                    timeout=30000)  # fmt: skip
+    assert not setup.cancel_install_button.isVisible()
+    assert list(fresh_daemon.paths.envs_dir.iterdir()) == []
+    assert setup.go_button.isEnabled() and setup.flow.download is None  # it went no further
