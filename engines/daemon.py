@@ -159,6 +159,7 @@ class Daemon:
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
+            check_available=self.hub.require_available,
         )
         self.status = DaemonStatus(
             settings=live,

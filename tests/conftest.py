@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,21 @@ from engines.config import (
 from engines.daemon import Daemon
 from engines.procs import free_loopback_port
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
+from tests.fakes.hub_endpoint import ReachableEndpoint
+
+
+@pytest.fixture(scope="session")
+def hub_stand_in() -> Iterator[str]:
+    endpoint = ReachableEndpoint().start()
+    yield endpoint.url
+    endpoint.stop()
+
+
+@pytest.fixture(autouse=True)
+def reachable_hub(hub_stand_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starts of made-up repo ids ("org/fake") go on as with network (tests/fakes/
+    hub_endpoint.py); tests that need the Hub set HF_ENDPOINT to the FAKE Hub themselves."""
+    monkeypatch.setenv("HF_ENDPOINT", hub_stand_in)
 
 
 @pytest.fixture

@@ -58,6 +58,10 @@ TrustCheck = Callable[[str, str], Awaitable[None]]
 trust (engines/hub/service.py HubFeature.require_trust)."""
 
 
+async def _always(_profile: str, _model: str) -> None:
+    return None
+
+
 class EngineControl:
     """Starts engines after checking everything that can be checked before launch, finds them,
     and installs engine environments in the background."""
@@ -73,6 +77,7 @@ class EngineControl:
         publish: Callable[[Event], None],
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
+        check_available: TrustCheck = _always,
     ) -> None:
         self._supervisor = supervisor
         self._envs = envs
@@ -82,6 +87,9 @@ class EngineControl:
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
+        self._check_available = check_available
+        """(profile name, model) → None, or an error when the engine could not get the model
+        (a Hub model, not downloaded, without network: HubFeature.require_available)."""
         self._install_task: asyncio.Task[None] | None = None
         self._pip_published_s = 0.0
 
@@ -103,6 +111,7 @@ class EngineControl:
         settings = self._settings.current.engines
         if profile.trust_remote_code:  # the user must have trusted this model's code
             await self._check_trust(profile.name, model)
+        await self._check_available(profile.name, model)  # offline and not downloaded: say so
         if profile.cpu_kv_cache_gib is None and device == "cpu":
             profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
         self._check_names_free(profile)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.config import ProfileStore
-from engines.errors import ConfigError, HubError
+from engines.errors import ConfigError, HubError, HubUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.hub import ModelDetails
@@ -26,6 +26,7 @@ from engines.hub.download import DownloadManager
 from engines.hub.folders import FolderRegistry
 from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
+from engines.hub.reach import reachable
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details
 from engines.settings import SettingsView
@@ -108,6 +109,26 @@ class HubFeature:
             raise
 
     # ----------------------------------------------------------------- launch guard
+
+    async def require_available(self, profile_name: str, model: str) -> None:
+        """A Hub model that is not in the local cache is fetched by the engine at its start:
+        refuse at once, in words, when the Hub cannot be reached (else the engine fails a
+        minute later with a raw transformers error). Local folders and cached models pass."""
+        repo_id = _repo_of(model)
+        if repo_id is None or model.startswith("/"):
+            return
+        cached = await asyncio.to_thread(self.library.cached_revisions, repo_id)
+        if cached:
+            return
+        endpoint = self.access().endpoint
+        if await reachable(endpoint):
+            return
+        raise HubUnavailable(
+            f"{repo_id} (profile {profile_name!r}) is not downloaded and the Hugging Face Hub "
+            f"({endpoint}) cannot be reached, so the engine could not fetch it: download it "
+            f"while online (`traylm models pull {repo_id}`), or serve a model folder on this "
+            "computer (`traylm models add PATH`)"
+        )
 
     async def require_trust(self, profile_name: str, model: str) -> None:
         """A profile with trust_remote_code runs the model repo's own Python code: refuse unless

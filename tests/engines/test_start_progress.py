@@ -102,3 +102,40 @@ async def test_a_failed_start_is_gone_from_status_after_stop(daemon: RunningDaem
     )  # fmt: skip
     text, _ = await asyncio.wait_for(status.communicate(), 60)
     assert "broken" not in text.decode()
+
+
+async def test_a_hub_model_not_downloaded_without_network_is_refused_at_once(
+    daemon: RunningDaemon, monkeypatch, tmp_path
+) -> None:
+    from engines.procs import free_loopback_port
+    from tests.fakes.fake_trt_env import make_tiny_hf_model
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_loopback_port()}")  # no network
+    daemon.write_profile("qwen", model="Qwen/Qwen2.5-0.5B-Instruct", device="cpu")
+    code, out = await _traylm("start", "qwen", "--wait")
+    assert code == 1
+    assert "Qwen/Qwen2.5-0.5B-Instruct (profile 'qwen') is not downloaded and the Hugging " in out
+    assert "`traylm models pull Qwen/Qwen2.5-0.5B-Instruct`" in out
+    assert "`traylm models add PATH`" in out
+    assert await daemon.client.engines() == []  # nothing was launched to fail a minute later
+    # a model folder on this computer needs no network
+    folder = make_tiny_hf_model(tmp_path / "tiny")
+    daemon.write_profile(
+        "local", model=str(folder), served_name="local", device="cpu", env={"FAKE_ENGINE_ARGS": ""}
+    )
+    code, out = await _traylm("start", "local", "--wait", "--timeout", "60")
+    assert code == 0, out
+
+
+async def _traylm(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engines", *args, env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out.decode()

@@ -304,4 +304,7 @@ def report(results: list[Result], tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    from tests.fakes.hub_endpoint import reachable_hub_env
+
+    with reachable_hub_env():  # the FAKE engine serves made-up repo ids
+        asyncio.run(main())
