@@ -31,6 +31,7 @@ from desktop.state import AppState
 from desktop.theme import ThemeFollower
 from desktop.tray import TrayController, Windows
 from engines.config import Paths
+from engines.events import DaemonStopping
 
 if TYPE_CHECKING:
     from desktop.chat.window import ChatWindow
@@ -77,6 +78,7 @@ class DesktopApp(QObject):
         for signal in (self.state.envs_changed, self.state.settings_changed,
                        self.state.profiles_changed, self.state.gpu.overview_changed):  # fmt: skip
             signal.connect(self.offer_setup_once)
+        self.state.event_received.connect(self.on_event_received)
         self.quit_dialog: QuitDialog | None = None
         self.fallback = False
         self._finished = False
@@ -159,6 +161,12 @@ class DesktopApp(QObject):
         self._setup_offered = True
         if not settings.ui.setup_done and not s.current_profile() and not s.live_engines():
             self.open_setup()
+
+    def on_event_received(self, event: object) -> None:
+        """`traylm shutdown` stops traylm as a whole: this app closes with its daemon."""
+        if isinstance(event, DaemonStopping) and event.close_apps:
+            log.info("the daemon is shutting down and asked the apps to close")
+            QTimer.singleShot(0, self, lambda: self.quit_with("leave"))
 
     def run_fix(self, fix: Fix) -> None:
         """What a fix button (a notification's, an error card's) does."""

@@ -385,7 +385,7 @@ async def cmd_shutdown(args: argparse.Namespace) -> int:
         return 0
     async with c:
         pid = c.info.pid
-        await c.shutdown()
+        await c.shutdown(close_apps=True)  # the tray app closes with it
     from engines.client import _pid_alive
 
     deadline = time.monotonic() + 60

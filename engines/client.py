@@ -198,8 +198,9 @@ class DaemonClient:
         data = await self._call("GET", f"/api/engines/{engine_id}/logs", params={"tail": str(tail)})
         return [str(line) for line in data["lines"]]
 
-    async def shutdown(self) -> None:
-        await self._call("POST", "/api/shutdown")
+    async def shutdown(self, *, close_apps: bool = False) -> None:
+        """Stop the daemon (it stops its engines first); ``close_apps``: and the tray app."""
+        await self._call("POST", "/api/shutdown", json_body={"close_apps": close_apps})
 
     # ----------------------------------------------------------------- profiles and settings
 

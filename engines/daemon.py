@@ -94,6 +94,7 @@ class Daemon:
         self.token = secrets.token_urlsafe(32)
         self.reaped: list[str] = []
         self._stop = asyncio.Event()
+        self._close_apps = False
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self._build()
@@ -220,8 +221,10 @@ class Daemon:
         host = "127.0.0.1" if not self.settings.gateway.lan_sharing else "0.0.0.0"  # noqa: S104
         return f"http://{host}:{self.settings.gateway.port}"
 
-    def request_stop(self, reason: str = "") -> None:
+    def request_stop(self, reason: str = "", *, close_apps: bool = False) -> None:
+        """Stop; ``close_apps``: the tray app closes too (`traylm shutdown`)."""
         log.info("stop requested%s", f": {reason}" if reason else "")
+        self._close_apps = self._close_apps or close_apps
         self._stop.set()
 
     async def run(
@@ -277,7 +280,7 @@ class Daemon:
         write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
 
     async def _shutdown(self) -> None:
-        self.bus.publish(DaemonStopping(reason="daemon stopping"))
+        self.bus.publish(DaemonStopping(reason="daemon stopping", close_apps=self._close_apps))
         await self.control.stop()  # a running env install removes its half-made venv
         for feature in reversed(self.features):
             try:

@@ -49,8 +49,11 @@ async def status(request: web.Request) -> web.Response:
 @routes.post("/api/shutdown")
 @traylm_errors
 async def shutdown(request: web.Request) -> web.Response:
-    _api(request).request_stop("asked through the control API")
-    return ok({"stopping": True}, status=202)
+    """Body (optional): {"close_apps": true} closes the tray app too (`traylm shutdown`)."""
+    body = await json_body(request) if request.can_read_body else {}
+    close_apps = body.get("close_apps") is True
+    _api(request).request_stop("asked through the control API", close_apps=close_apps)
+    return ok({"stopping": True, "close_apps": close_apps}, status=202)
 
 
 # --------------------------------------------------------------------------- engines

@@ -270,6 +270,10 @@ class DaemonStatus:
         }
 
 
+class StopRequest(Protocol):
+    def __call__(self, reason: str = "", *, close_apps: bool = False) -> None: ...
+
+
 @dataclass(frozen=True)
 class ControlAPI:
     """Everything the core control routes act on, given by the daemon."""
@@ -283,7 +287,7 @@ class ControlAPI:
     metrics_text: Callable[[], str]
     """The gateway's Prometheus text (/api/metrics: readable with the control token even when
     API keys guard /metrics)."""
-    request_stop: Callable[[str], None]
+    request_stop: StopRequest
     folder_profile: Callable[[str], Profile | None] = lambda _name: None
     """A model folder registered in the library, as the profile that serves it by its name
     (``traylm models add``; blocking: called through a thread). None: no such folder."""

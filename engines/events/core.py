@@ -98,6 +98,8 @@ class Notice(Event):
 class DaemonStopping(Event):
     kind: ClassVar[str] = "daemon.stopping"
     reason: str = ""
+    close_apps: bool = False
+    """The person stopped traylm as a whole (`traylm shutdown`): window apps close too."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
