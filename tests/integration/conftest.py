@@ -211,6 +211,10 @@ def vllm_daemon(
             timeout=ENGINE_READY_TIMEOUT_S + 30,
         )
         assert "ready" in out.stdout, out.stdout
+        # the stages of a real vLLM start, read from its log, said on the way
+        for stage in ("] loading the model", "] compiling and warming up the model",
+                      "] allocating the KV cache (", "] starting the API server"):  # fmt: skip
+            assert stage in out.stdout, out.stdout
         yield daemon
     finally:
         if daemon.proc.poll() is None:
