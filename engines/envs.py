@@ -13,7 +13,6 @@ because the CPU torch wheel is found through pip's configuration (uv ignores it)
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import json
@@ -43,6 +42,7 @@ from engines.envsteps import (
 )
 from engines.errors import EngineEnvError
 from engines.pip_progress import PipProgress, PipStatus, supports_raw
+from engines.reach import reachable
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class EnvManager:
         bar = "raw" if supports_raw(await _pip_help(pip)) else "off"  # raw: bytes, pip >= 24.1
         cmd = [*pip, "install", "--progress-bar", bar, recipe.requirement.format(version=version)]
         for url in indexes:
-            if await _reachable(url):
+            if await reachable(url):
                 cmd += ["--extra-index-url", url]
             else:
                 await report(
@@ -501,23 +501,6 @@ def _version_key(v: str) -> Version:
         return Version(v)
     except InvalidVersion:
         return Version("0")
-
-
-async def _reachable(url: str, timeout_s: float = 3.0) -> bool:
-    """Whether an index host resolves and accepts a TCP connection (pip would otherwise retry
-    every package against it for seconds each)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout_s)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 PipCallback = Callable[[PipStatus], Awaitable[None] | None]

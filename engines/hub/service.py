@@ -26,9 +26,9 @@ from engines.hub.download import DownloadManager
 from engines.hub.folders import FolderRegistry
 from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
-from engines.hub.reach import reachable
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details
+from engines.reach import reachable
 from engines.settings import SettingsView
 from engines.store import Store
 from engines.supervisor import EngineView

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import http.server
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from engines.envs import RECIPES
 from engines.events import EnvInstallProgress
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.fakes.fake_vllm_wheel import build_fake_vllm_wheel, fake_cpu_recipe
+from tests.traylm_cli import traylm
 
 
 async def _events_until(sub: object, phases: tuple[str, ...]) -> list[EnvInstallProgress]:
@@ -31,20 +31,6 @@ async def _events_until(sub: object, phases: tuple[str, ...]) -> list[EnvInstall
             seen.append(event)
             if event.phase in phases:
                 return seen
-
-
-async def traylm(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engines", *args, env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode or 0, out.decode()
 
 
 @pytest.fixture

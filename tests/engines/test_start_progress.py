@@ -5,12 +5,11 @@ events, in ``traylm status``, and line by line in ``traylm start --wait``."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
-import sys
 
 from engines.events import EngineState, EngineStateChanged
 from tests.conftest import RunningDaemon
+from tests.traylm_cli import traylm
 
 VLLM_LINES = (
     "(Worker pid=7088) INFO 12-01 09:31:56 [cpu_model_runner.py:68] Starting to load model /m...",
@@ -57,18 +56,8 @@ async def test_the_port_pid_and_each_stage_are_published_while_it_starts(
 
 async def test_start_wait_prints_each_stage_with_the_time(daemon: RunningDaemon) -> None:
     _profile(daemon)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engines", "start", "fake", "--wait", "--timeout", "60",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=dict(os.environ),
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 90)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    text = out.decode()
-    assert proc.returncode == 0, text
+    code, text = await traylm("start", "fake", "--wait", "--timeout", "60")
+    assert code == 0, text
     lines = text.splitlines()
     assert lines[0] == "fake: starting (serves fake)"
     stages = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
@@ -87,21 +76,14 @@ async def test_a_failed_start_is_gone_from_status_after_stop(daemon: RunningDaem
     failed = await daemon.client.wait_for_engine("broken", (EngineState.FAILED,), 20)
     assert "ValueError: no" in failed.detail
     with daemon.daemon.bus.subscribe(frozenset({"engine.state"})) as sub:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "engines", "stop", "broken",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0 and "broken: stopped" in out.decode()
+        code, out = await traylm("stop", "broken")
+        assert code == 0 and "broken: stopped" in out
         event = await asyncio.wait_for(sub.get(), 10)  # what apps showing it hear
     assert isinstance(event, EngineStateChanged)
     assert (event.state, event.previous) == (EngineState.STOPPED, EngineState.FAILED)
     assert [e.engine_id for e in await daemon.client.engines()] == []
-    status = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engines", "status", stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    text, _ = await asyncio.wait_for(status.communicate(), 60)
-    assert "broken" not in text.decode()
+    code, text = await traylm("status")
+    assert code == 0 and "broken" not in text
 
 
 async def test_a_hub_model_not_downloaded_without_network_is_refused_at_once(
@@ -112,7 +94,7 @@ async def test_a_hub_model_not_downloaded_without_network_is_refused_at_once(
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_loopback_port()}")  # no network
     daemon.write_profile("qwen", model="Qwen/Qwen2.5-0.5B-Instruct", device="cpu")
-    code, out = await _traylm("start", "qwen", "--wait")
+    code, out = await traylm("start", "qwen", "--wait")
     assert code == 1
     assert "Qwen/Qwen2.5-0.5B-Instruct (profile 'qwen') is not downloaded and the Hugging " in out
     assert "`traylm models pull Qwen/Qwen2.5-0.5B-Instruct`" in out
@@ -123,19 +105,5 @@ async def test_a_hub_model_not_downloaded_without_network_is_refused_at_once(
     daemon.write_profile(
         "local", model=str(folder), served_name="local", device="cpu", env={"FAKE_ENGINE_ARGS": ""}
     )
-    code, out = await _traylm("start", "local", "--wait", "--timeout", "60")
+    code, out = await traylm("start", "local", "--wait", "--timeout", "60")
     assert code == 0, out
-
-
-async def _traylm(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engines", *args, env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 90)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode or 0, out.decode()

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,7 @@ from engines.events import EngineState, LibraryChanged
 from engines.hub.folders import FolderRegistry, check_folder
 from tests.conftest import RunningDaemon
 from tests.fakes.fake_trt_env import make_tiny_hf_model
-
-
-async def traylm(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from engines.cli import main; main()", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=dict(os.environ),
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode or 0, out.decode()
+from tests.traylm_cli import traylm
 
 
 def test_the_check_says_what_a_folder_lacks(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Whether the Hub answers at all, in a few seconds: a TCP connection to its host. Used before
-work that would otherwise wait for a long network timeout to learn there is no network."""
+"""Whether a server answers at all, in a few seconds: a TCP connection to its host. Used before
+work that would otherwise wait for a long network timeout to learn there is no network (the
+Hub before a start that needs it, a package index before pip)."""
 
 from __future__ import annotations
 
