@@ -196,6 +196,7 @@ class Daemon:
             metrics_text=self.registry.render,
             request_stop=self.request_stop,
             folder_profile=self.hub.folders.profile_for,
+            remember_folder=self.hub.remember_folder,
         )
         mount(app, CONTROL, control, control_routes())
         mount(app, GPU, self.gpu, gpu_routes())

@@ -78,7 +78,11 @@ async def start_engine(request: web.Request) -> web.Response:
         else:
             profile = adhoc_profile(dict(body))
             title = f"cannot start {profile.name}"
-        return ok(await api.engines.start_engine(profile), status=202)
+        status = await api.engines.start_engine(profile)
+        if "profile" not in body and profile.model.startswith(("/", "~")):
+            # a folder served with --model joins the library, to be started again by name
+            await asyncio.to_thread(api.remember_folder, profile.model, profile.name)
+        return ok(status, status=202)
     except TraylmError as exc:
         api.engines.notify_error(title, exc)
         return error_response(exc)

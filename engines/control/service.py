@@ -288,6 +288,9 @@ class ControlAPI:
     """The gateway's Prometheus text (/api/metrics: readable with the control token even when
     API keys guard /metrics)."""
     request_stop: StopRequest
+    remember_folder: Callable[[str, str], object] = lambda _path, _name: None
+    """(folder, name): register a model folder started with --model in the library, unless
+    it is there already (blocking: called through a thread)."""
     folder_profile: Callable[[str], Profile | None] = lambda _name: None
     """A model folder registered in the library, as the profile that serves it by its name
     (``traylm models add``; blocking: called through a thread). None: no such folder."""

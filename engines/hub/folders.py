@@ -130,6 +130,17 @@ class FolderRegistry:
         assert folder is not None
         return folder
 
+    def ensure(self, path: Path, *, name: str) -> LocalFolder | None:
+        """Register ``path`` under ``name`` unless an entry has that folder already (or the
+        name is taken, or it is not a model folder): the new entry, else None."""
+        path = path.expanduser().resolve()
+        if any(f.path == str(path) for f in self.list()) or self._read(name) is not None:
+            return None
+        try:
+            return self.add(path, name=name)
+        except ConfigError:
+            return None
+
     def list(self) -> list[LocalFolder]:
         if not self._dir.is_dir():
             return []

@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 from aiohttp import web
 
-from engines.errors import ConfigError, HubError, ModelInUse
+from engines.errors import ConfigError, HubError, HubUnavailable, ModelInUse
 from engines.events.hub import LibraryChanged
 from engines.gpu.inventory import RTX_4090
 from engines.http import ok, traylm_errors
@@ -43,6 +43,7 @@ from engines.hub.folders_api import folder_routes
 from engines.hub.names import validate_repo_id
 from engines.hub.search import search_models
 from engines.hub.service import HubFeature
+from engines.reach import reachable
 
 HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
 """``request.app[HUB]``: the hub feature these routes act on (mounted by the daemon)."""
@@ -102,9 +103,15 @@ async def hub_info(request: web.Request) -> web.Response:
 async def search(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     q = request.query
+    access = hub.access()
+    if not await reachable(access.endpoint):  # at once, not after the client's retries
+        raise HubUnavailable(
+            f"cannot reach {access.endpoint}; check your network connection (or hub.endpoint "
+            "/ HF_ENDPOINT), or serve a model folder on this computer (`traylm models add PATH`)"
+        )
     found = await asyncio.to_thread(
         search_models,
-        hub.access(),
+        access,
         query=q.get("q", ""),
         sort=q.get("sort", "downloads"),
         quantization=q.get("quant") or None,

@@ -19,7 +19,7 @@ from engines.config import ProfileStore
 from engines.errors import ConfigError, HubError, HubUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
-from engines.events.hub import ModelDetails
+from engines.events.hub import LibraryChanged, ModelDetails
 from engines.gpu.inventory import Inventory
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
@@ -155,6 +155,13 @@ class HubFeature:
             repo = _repo_of(engine.model) or engine.profile.model
             out.setdefault(repo, []).append(engine.engine_id)
         return out
+
+    def remember_folder(self, path: str, name: str) -> None:
+        """A model folder served with --model joins the library (once; a name another entry
+        has, or a folder that is not a model, is left alone)."""
+        folder = self.folders.ensure(Path(path), name=name)
+        if folder is not None:
+            self.publish(LibraryChanged(repo_id=folder.name, commit_sha="", reason="added"))
 
     def profile_names(self) -> list[str]:
         return self._profiles.names()

@@ -105,3 +105,19 @@ async def test_a_folder_that_is_not_a_model_is_refused_in_words(
     assert await daemon.client.local_folders() == []
     code, out = await traylm("models", "add", str(tmp_path / "missing"))
     assert code == 1 and "does not exist" in out
+
+
+async def test_a_folder_served_with_model_joins_the_library(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    model = make_tiny_hf_model(tmp_path / "quick")
+    code, out = await traylm("start", "--model", str(model), "--device", "cpu", "--wait",
+                             "--timeout", "60")  # fmt: skip
+    assert code == 0, out
+    [folder] = await daemon.client.local_folders()
+    assert (folder.name, folder.path) == ("quick", str(model))
+    await daemon.client.stop("quick")
+    code, out = await traylm("start", "quick", "--wait", "--timeout", "60")  # by name, later
+    assert code == 0, out
+    code, out = await traylm("start", "--model", str(model), "--device", "cpu", "--name", "again")
+    assert [f.name for f in await daemon.client.local_folders()] == ["quick"]  # listed once
