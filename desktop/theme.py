@@ -110,7 +110,11 @@ def qt_palette(p: Palette) -> QPalette:
 
 def style_sheet(p: Palette, base_pt: float) -> str:
     """The app-wide style sheet: the shared components first, then the windows' own rules."""
-    small, heading, title = (round(base_pt * k, 1) for k in (TYPE_SMALL, TYPE_HEADING, TYPE_TITLE))
+    return "".join((_controls(p), _containers(p), _menus(p), _nav_and_roles(p, base_pt), STYLE))
+
+
+def _controls(p: Palette) -> str:
+    """Buttons (the primary one in the accent colour), text inputs."""
     return f"""
 QPushButton {{
     background: {p.button}; color: {p.text}; border: 1px solid {p.border};
@@ -129,6 +133,12 @@ QLineEdit, QPlainTextEdit, QTextEdit {{
     selection-color: {p.accent_text};
 }}
 QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus {{ border-color: {p.accent}; }}
+"""
+
+
+def _containers(p: Palette) -> str:
+    """Group boxes, tabs, tables and lists, progress bars."""
+    return f"""
 QGroupBox {{
     border: 1px solid {p.border}; border-radius: {RADIUS_M}px; margin-top: {SPACE_L}px;
     padding: {SPACE_M}px {SPACE_S}px {SPACE_S}px {SPACE_S}px; background: {p.surface};
@@ -170,6 +180,11 @@ QProgressBar {{
 }}
 QProgressBar::chunk {{ background: {p.accent}; border-radius: {RADIUS_S - 1}px; }}
 QProgressBar[textVisible="true"]::chunk {{ background: {p.accent_soft}; }}
+"""
+
+
+def _menus(p: Palette) -> str:
+    return f"""
 QMenu {{
     background: {p.surface}; border: 1px solid {p.border}; padding: {SPACE_XS}px;
 }}
@@ -180,6 +195,13 @@ QMenu::separator {{ height: 1px; background: {p.border}; margin: {SPACE_XS}px {S
 QToolTip {{
     background: {p.tooltip}; color: {p.tooltip_text}; border: none; padding: {SPACE_XS}px;
 }}
+"""
+
+
+def _nav_and_roles(p: Palette, base_pt: float) -> str:
+    """The dashboard's page list, and the type scale's roles (title, heading, muted, hint)."""
+    small, heading, title = (round(base_pt * k, 1) for k in (TYPE_SMALL, TYPE_HEADING, TYPE_TITLE))
+    return f"""
 QListWidget#pageNav {{
     background: {p.surface_alt}; border: none; border-right: 1px solid {p.border};
     border-radius: 0; padding: {SPACE_S}px; font-size: {heading * 0.92:.1f}pt; outline: 0;
@@ -208,7 +230,6 @@ QFrame#noticeBar[level="warning"] {{
 QFrame#noticeBar[level="info"] {{
     background: {p.accent_soft}; border-bottom: 1px solid {p.accent};
 }}
-{STYLE}
 """
 
 

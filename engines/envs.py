@@ -293,18 +293,8 @@ class EnvManager:
             [*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False
         )
         indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
-        bar = "raw" if supports_raw(await _pip_help(pip)) else "off"  # raw: bytes, pip >= 24.1
-        cmd = [*pip, "install", "--progress-bar", bar, recipe.requirement.format(version=version)]
-        for url in indexes:
-            if await reachable(url):
-                cmd += ["--extra-index-url", url]
-            else:
-                await report(
-                    progress,
-                    "install",
-                    f"{url} is unreachable; using PyPI and pip's "
-                    "own configuration for every package",
-                )
+        cmd = await _pip_install_cmd(pip, recipe.requirement.format(version=version), indexes,
+                                     progress)  # fmt: skip
         await run_streamed(cmd, _pip_lines(progress, on_pip), "install")
         if recipe.remove_after:
             await run_streamed(
@@ -514,6 +504,23 @@ def _installing_pid(path: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return pid if psutil.pid_exists(pid) else None
+
+
+async def _pip_install_cmd(
+    pip: Sequence[str], requirement: str, indexes: Sequence[str], progress: ProgressFn | None
+) -> list[str]:
+    """pip install with byte progress when this pip prints it (raw: pip 24.1+) and the extra
+    indexes that answer (pip would otherwise retry every package against a dead one)."""
+    bar = "raw" if supports_raw(await _pip_help(pip)) else "off"
+    cmd = [*pip, "install", "--progress-bar", bar, requirement]
+    for url in indexes:
+        if await reachable(url):
+            cmd += ["--extra-index-url", url]
+        else:
+            await report(progress, "install",
+                         f"{url} is unreachable; using PyPI and pip's own configuration for "
+                         "every package")  # fmt: skip
+    return cmd
 
 
 async def _pip_help(pip: Sequence[str]) -> str:

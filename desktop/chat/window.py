@@ -3,7 +3,6 @@ composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
@@ -33,17 +32,15 @@ from desktop.actions import Actions
 from desktop.bridge import Bridge
 from desktop.chat.controller import ChatController, ChatOptions, Streaming
 from desktop.chat.keyfile import read_key, write_key
+from desktop.chat.start_card import StartCard
 from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
-from desktop.fixes import ENGINE_LOG, Fix, fix_for
-from desktop.formatting import fmt_duration
-from desktop.messages import CallResult
+from desktop.fixes import Fix
 from desktop.state import AppState
 from desktop.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
 from desktop.widgets.sizing import resize_within_screen
-from engines.events import EngineState
 
 NO_MODEL = "(no model served)"
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
@@ -72,14 +69,12 @@ class ChatWindow(QMainWindow):
         self._shown_chat: int | None = None
         self.run_fix = run_fix
         self.open_setup = open_setup
-        self.starting = ""  # the engine the error card waits for (its Start button was pressed)
-        self._start_pressed_s = 0.0
         self._answered: Callable[[bool], None] | None = None
-        self._ticker = QTimer(self)
-        self._ticker.setInterval(1000)  # the elapsed time on the "Starting…" card
-        self._ticker.timeout.connect(self.on_engines_changed)
-        state.engines_changed.connect(self.on_engines_changed)
         self._build()
+        self.start_card = StartCard(
+            self.transcript.error_card, state, self.controller,
+            start_again=self.on_start_fix, run_fix=run_fix, parent=self,
+        )  # fmt: skip
         c = self.controller
         c.chats_changed.connect(self.on_chats_changed)
         c.transcript_changed.connect(self.on_transcript_changed)
@@ -388,62 +383,11 @@ class ChatWindow(QMainWindow):
         if self.model_picker.currentText() in ("", NO_MODEL):
             self.select_model(served)
             self.controller.options = None
-        self.starting = profile
-        self._start_pressed_s = time.monotonic()
-        self._ticker.start()
-        self.app_actions.start_profile(profile, then=self._on_start_answered)
-        self.on_engines_changed()
+        self.start_card.follow(profile)
+        self.app_actions.start_profile(profile, then=self.start_card.on_start_answered)
 
     def on_setup_fix(self) -> None:
         self.open_setup()
-
-    def _on_start_answered(self, result: CallResult) -> None:
-        """The daemon refused the start at once: say so on the card, with the fix."""
-        if result.ok or result.cancelled or not self.starting:
-            return
-        profile, self.starting = self.starting, ""
-        self._ticker.stop()
-        self.controller.retry_when_served = ""
-        self._show_start_failure(profile, result.error, fix_for(result.error_code, result.error,
-                                                                 target=profile))  # fmt: skip
-
-    def on_engines_changed(self) -> None:
-        """The "Starting…" card follows the engine the daemon runs: its progress while it
-        starts, and its failure (with the fix) as soon as it fails."""
-        profile = self.starting
-        card = self.transcript.error_card
-        if not profile or not card.isVisible():
-            self.starting = ""
-            self._ticker.stop()
-            return
-        engine = self.state.engines.get(profile)
-        entry = self.state.profile(profile)
-        served = entry.served_names[0] if entry else profile
-        if engine is not None and engine.state == EngineState.FAILED:
-            self.starting = ""
-            self._ticker.stop()
-            self.controller.retry_when_served = ""
-            text = engine.detail
-            if engine.diagnosis is not None:
-                text = f"{engine.diagnosis.summary}. {engine.diagnosis.advice}"
-            fix = Fix(ENGINE_LOG, "Open its log", profile, f"traylm logs {profile}")
-            self._show_start_failure(profile, text, fix)
-            return
-        detail = f" ({engine.detail})" if engine is not None and engine.detail else ""
-        elapsed = fmt_duration(time.monotonic() - self._start_pressed_s)
-        card.message.setText(
-            f"Starting {profile}{detail} · {elapsed}… the reply follows as soon as it serves "
-            f"{served}."
-        )
-
-    def _show_start_failure(self, profile: str, text: str, fix: Fix | None) -> None:
-        fixes: list[tuple[str, str, Callable[[], None]]] = []
-        if fix is not None and fix.action:
-            fixes.append(("startFix", fix.label, lambda: self.run_fix(fix)))
-        fixes.append(("startEngine", f"Start {profile} again", lambda: self.on_start_fix(profile)))
-        self.transcript.error_card.show_error(
-            f"{profile} could not start: {text}", fixes, cli=fix.cli if fix is not None else ""
-        )
 
     def on_enter_key(self) -> None:
         dialog = QInputDialog(self)

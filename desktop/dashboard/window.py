@@ -81,6 +81,14 @@ class DashboardWindow(QMainWindow):
         outer.addWidget(ConnectionBanner(state, actions))
         self.notice = NoticeBar(run_fix)
         outer.addWidget(self.notice)
+        outer.addLayout(self._body(), 1)
+        self.setCentralWidget(central)
+        notifier.notified.connect(self.on_notified)
+        first = next(i for i, spec in enumerate(PAGES) if spec.available)
+        self.nav.setCurrentRow(first)
+
+    def _body(self) -> QHBoxLayout:
+        """The page list on the left, the pages on the right."""
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         self.nav = QListWidget()
@@ -90,14 +98,10 @@ class DashboardWindow(QMainWindow):
         self.stack = QStackedWidget()
         body.addWidget(self.nav)
         body.addWidget(self.stack, 1)
-        outer.addLayout(body, 1)
-        self.setCentralWidget(central)
         for spec in PAGES:
             self.nav.addItem(self._nav_item(spec))
         self.nav.currentRowChanged.connect(self.on_nav_changed)
-        notifier.notified.connect(self.on_notified)
-        first = next(i for i, spec in enumerate(PAGES) if spec.available)
-        self.nav.setCurrentRow(first)
+        return body
 
     def _nav_item(self, spec: PageSpec) -> QListWidgetItem:
         item = QListWidgetItem(spec.title if spec.available else f"{spec.title}  (not yet)")
