@@ -8,7 +8,7 @@ from desktop.formatting import fmt_bytes, fmt_duration
 from engines.events import EnvInstallProgress
 
 PHASE_WORDS = {
-    "create": "creating the engine's environment",
+    "create": "creating the virtual environment",
     "install": "installing packages (the long part)",
     "fix": "applying post-install fixes",
     "probe": "checking that the engine imports and reading its flags",

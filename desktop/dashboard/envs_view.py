@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.dashboard.page import PageContext
-from desktop.install_text import install_words
+from desktop.install_text import PHASE_WORDS, install_words
 from desktop.messages import CallResult
 from desktop.theme import primary
 from desktop.widgets.log_view import log_view
@@ -148,7 +148,8 @@ class EnvsView(QWidget):
         self.cancel_button.setEnabled(not ended)
         if event.phase in PHASES:
             self.install_bar.setValue(PHASES.index(event.phase) + 1)
-        self.install_bar.setFormat(f"{event.engine} ({event.device}): {event.phase}")
+        words = PHASE_WORDS.get(event.phase, event.phase)
+        self.install_bar.setFormat(f"{event.engine} ({event.device}): {words}")
         if event.phase == "done":
             self.install_status.ok(event.line)
             self.reload()

@@ -74,6 +74,7 @@ class SetupFlow(QObject):
         self.errors: dict[str, StepView] = {}  # a step's error until it is retried
         self.download: DownloadProgress | None = None
         self.install_cancelled = False
+        self.asked: set[str] = set()  # "install", "download": asked for, not yet under way
         self.download_failed: DownloadStateChanged | None = None
         self.started_s: float | None = None
         self._ticker = QTimer(self)
@@ -289,10 +290,11 @@ class SetupFlow(QObject):
         engine = self.state.engines.get(choice.name)
         state = engine.state if engine is not None else EngineState.STOPPED
         if not self.env_ready():
-            if self.state.install is None and self.state.envs is not None:
+            idle = self.state.install is None and "install" not in self.asked
+            if idle and self.state.envs is not None:
                 self.install_engine()
         elif not self.model_ready():
-            if self.download is None:
+            if self.download is None and "download" not in self.asked:
                 self.fetch_model()
         elif state == EngineState.STOPPED:
             if self.started_s is None:
@@ -305,6 +307,7 @@ class SetupFlow(QObject):
         self.errors.pop(step, None)
         if step == "model":
             self.download, self.download_failed = None, None
+            self.asked.discard("download")
             self.begin()
         self.changed.emit()
         if step == "start":
@@ -323,9 +326,11 @@ class SetupFlow(QObject):
 
         def done(result: CallResult) -> None:
             if not result.ok:
+                self.asked.discard("install")
                 retry = Fix(INSTALL_ENGINE, "Try the install again", "vllm", cli)
                 self._fail("engine", f"The install did not start: {result.error}", retry)
 
+        self.asked.add("install")  # until its first event: no second request meanwhile
         self._ticker.start()
         self.bridge.call(lambda c: c.install_env("vllm", device="auto"), done)
 
@@ -350,12 +355,14 @@ class SetupFlow(QObject):
 
         def done(result: CallResult) -> None:
             if not result.ok:
+                self.asked.discard("download")
                 words = result.error
                 if result.error_code in OFFLINE_CODES:
                     words = _offline_words(repo, result.error)
                 self._fail("model", words, self._offline_fix(result.error_code, repo))
 
         self.download_failed = None
+        self.asked.add("download")
         self.bridge.call(lambda c: c.pull(repo), done)
 
     def _offline_fix(self, code: str, repo: str) -> Fix | None:
@@ -440,6 +447,7 @@ class SetupFlow(QObject):
 
     def on_event_received(self, event: Event) -> None:
         if isinstance(event, EnvInstallProgress):
+            self.asked.discard("install")  # it is under way (or over): the state says now
             if event.phase == "failed":
                 self._install_failed(event.line)
             elif event.phase == "cancelled":
@@ -460,6 +468,7 @@ class SetupFlow(QObject):
             return
         if status.state == DownloadState.FAILED:
             self.download = None
+            self.asked.discard("download")
             self.download_failed = event
             fix = self._offline_fix(status.error_code, status.repo_id)
             words = status.message
@@ -468,6 +477,7 @@ class SetupFlow(QObject):
             self._fail("model", words, fix)
         elif status.state in (DownloadState.READY, DownloadState.CANCELLED):
             self.download = None
+            self.asked.discard("download")
             self.changed.emit()
 
 
