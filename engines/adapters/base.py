@@ -16,6 +16,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
+from engines.adapters.routeset import RouteSet
 from engines.config import Profile
 from engines.errors import UnknownFlagError
 from engines.events.core import Diagnosis
@@ -120,6 +121,8 @@ class EngineRuntime:
     bin_dir: Path
     device: str  # "cuda" | "cpu"
     flags: FlagSet
+    routes: RouteSet | None = None
+    """The HTTP routes the engine serves per model task; None when not recorded."""
 
 
 RUN_DIR = "{run_dir}"
@@ -140,7 +143,7 @@ class LaunchSpec:
     metrics_format: str = "prometheus"
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
-    e.g. TensorRT-LLM's --config YAML."""
+    e.g. TensorRT-LLM's --extra_llm_api_options YAML."""
 
 
 @dataclass(frozen=True)

