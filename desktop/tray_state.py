@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from desktop.engine_text import engine_stage
 from desktop.icons import TrayState
 from desktop.messages import LinkState
 from engines.events import EngineState, EngineStatus, RemoteStatus
@@ -49,7 +50,8 @@ def tooltip_text(
     shown = [e for e in engines if e.state != EngineState.STOPPED]
     for e in shown:
         names = ", ".join(e.served_names) or e.engine_id
-        lines.append(f"{names}: {e.state}")
+        stage = f" ({engine_stage(e)})" if engine_stage(e) else ""
+        lines.append(f"{names}: {e.state}{stage}")
     if not shown:
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):

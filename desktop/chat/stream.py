@@ -51,12 +51,14 @@ class ChatDelta:
 
 @dataclass(frozen=True)
 class ChatError:
-    """kind: model_not_found | engine_starting | engine_unavailable | unauthorized |
-    gateway_unreachable | connection_lost | engine_error | http_error"""
+    """kind: model_not_found | engine_starting | engine_unavailable | model_load_failed |
+    unauthorized | gateway_unreachable | connection_lost | engine_error | http_error.
+    ``code``: the gateway's own error type (traylm's error code, for the fix button)."""
 
     kind: str
     message: str
     http_status: int = 0
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ _ERROR_KINDS = {
     "unauthorized": "unauthorized",
     "paused": "engine_unavailable",
     "rate_limit_exceeded": "engine_unavailable",
+    "model_not_loaded": "model_not_found",  # engines.jit is off: load it first
+    "model_load_failed": "model_load_failed",  # models on demand: the load failed
+    "hub_unavailable": "model_load_failed",  # (its model cannot be fetched offline)
 }
 
 
@@ -107,7 +112,7 @@ def error_from_body(status: int, body: bytes) -> ChatError:
     if status == 401:
         type_ = "unauthorized"
     kind = _ERROR_KINDS.get(type_, "model_not_found" if status == 404 else "http_error")
-    return ChatError(kind, message or f"HTTP {status}", status)
+    return ChatError(kind, message or f"HTTP {status}", status, type_)
 
 
 class _Collector:
@@ -140,7 +145,9 @@ class _Collector:
             return True
         if "error" in chunk:
             err = chunk["error"] or {}
-            self.error = ChatError("engine_error", str(err.get("message", "engine error")), 502)
+            type_ = str(err.get("type", ""))  # a cold model's failed load ends the stream so
+            kind = _ERROR_KINDS.get(type_, "engine_error")
+            self.error = ChatError(kind, str(err.get("message", "engine error")), 502, type_)
             return True
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):

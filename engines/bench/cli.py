@@ -38,6 +38,7 @@ from engines.events.codec import to_plain
 
 API_KEY_ENV = "TRAYLM_API_KEY"
 FINISH_POLL_S = 2.0
+CANCEL_ANSWER_S = 20.0  # the daemon's stop grace for its worker (8 s, then SIGKILL) and a margin
 PLAIN_PROGRESS_EVERY_S = 5.0
 
 
@@ -139,9 +140,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
             try:
                 await _wait(c, run.id, queue)
             except asyncio.CancelledError:  # Ctrl-C: stop the run, keep what finished
-                print("\nstopping the benchmark...", file=sys.stderr)
-                with contextlib.suppress(TraylmError):
-                    await c.bench_cancel(run.id)
+                print("\nstopping the benchmark...", file=sys.stderr, flush=True)
+                try:  # the daemon stops its worker within its grace (then kills it)
+                    await asyncio.wait_for(c.bench_cancel(run.id), CANCEL_ANSWER_S)
+                except (TraylmError, TimeoutError):
+                    print("the daemon did not confirm in time; `traylm bench cancel` stops "
+                          "the run if it still goes on", file=sys.stderr)  # fmt: skip
                 raise
         finally:
             follower.cancel()

@@ -139,12 +139,16 @@ class Notice(Event):
 class DaemonStopping(Event):
     kind: ClassVar[str] = "daemon.stopping"
     reason: str = ""
+    close_apps: bool = False
+    """The person stopped traylm as a whole (`traylm shutdown`): window apps close too."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvInstallProgress(Event):
     """Progress of `traylm engines install` run by the daemon (phase: create, install, fix,
-    probe, done, failed)."""
+    probe, done, failed, cancelled). While pip runs, ``step`` says what it does (resolving,
+    downloading, installing) and the byte counts how far the downloads are
+    (engines/pip_progress.py); ``line`` is then "" for a progress-only update."""
 
     kind: ClassVar[str] = "env.install"
     engine: str
@@ -152,3 +156,8 @@ class EnvInstallProgress(Event):
     phase: str
     line: str
     elapsed_s: float = 0.0
+    step: str = ""
+    package: str = ""  # the file pip fetches (or the package it resolves) now
+    done_bytes: int = 0  # downloaded so far, every file together
+    file_done_bytes: int = 0
+    file_total_bytes: int = 0  # the current file's size (0: not known)

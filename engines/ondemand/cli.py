@@ -133,7 +133,7 @@ async def _print_progress(c: DaemonClient, engine_id: str) -> None:
     last = ""
     async for event in c.events(kinds=("model.loading",)):
         if isinstance(event, ModelLoading) and event.engine_id == engine_id:
-            line = f"  {event.phase} {event.detail}".rstrip()
+            line = f"  {event.phase}: {event.detail}" if event.detail else f"  {event.phase}"
             if line != last:
                 print(f"{line} ({event.elapsed_s:.0f} s)")
                 last = line
