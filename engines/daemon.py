@@ -44,6 +44,7 @@ from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
 from engines.metrics import MetricsRegistry
+from engines.ondemand.catalog import FolderSource
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
 from engines.ondemand.service import GPUReadings, ModelsOnDemand
 from engines.procs import PidRegistry, port_holder, reap_orphans
@@ -126,6 +127,9 @@ class Daemon:
             activity=lambda upstream: self.ctx.activity(upstream),
             publish=publish,
             attached_file=paths.config_dir / "attached.toml",
+            extra_sources=(
+                FolderSource(lambda: self.hub.folders.list(), lambda: set(self.profiles.names())),
+            ),
         )
         self.ctx = GatewayContext(
             settings=live,

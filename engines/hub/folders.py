@@ -173,13 +173,7 @@ class FolderRegistry:
                 f"{'; '.join(folder.problems)}; put it back, or remove it from the library "
                 f"(`traylm models rm {name}`)"
             )
-        data = {
-            "model": folder.path,
-            "served_name": folder.served_name,
-            "engine": folder.engine,
-            "description": f"the model folder {folder.path}",
-        }
-        return profile_from_mapping(name, data, str(self._dir / f"{name}.toml"))
+        return folder_profile(folder, str(self._dir / f"{name}.toml"))
 
     def _read(self, name: str) -> LocalFolder | None:
         file = self._dir / f"{name}.toml"
@@ -203,6 +197,19 @@ class FolderRegistry:
             added_s=float(data.get("added_s", 0.0)),
             problems=check.problems,
         )
+
+
+def folder_profile(folder: LocalFolder, source: str) -> Profile:
+    """The profile that serves a registered folder by its name: the planner places it when it
+    loads (``gpus = "auto"``), like a downloaded library model."""
+    data = {
+        "model": folder.path,
+        "served_name": folder.served_name,
+        "engine": folder.engine,
+        "gpus": "auto",
+        "description": f"the model folder {folder.path}",
+    }
+    return profile_from_mapping(folder.name, data, source)
 
 
 def _name_for(path: Path) -> str:
