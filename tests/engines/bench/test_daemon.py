@@ -26,6 +26,7 @@ from engines.events import (
     BenchProgress,
     BenchRun,
     BenchState,
+    EngineState,
     Event,
     to_plain,
 )
@@ -338,3 +339,23 @@ async def test_ctrl_c_in_bench_run_cancels_the_run(sim_daemon: RunningDaemon) ->
     assert event.summary.state == BenchState.CANCELLED
     code, text = await traylm("bench", "cancel")
     assert code == 0 and "no benchmark is running" in text
+
+
+async def test_bench_run_loads_a_cold_model_first(sim_daemon: RunningDaemon) -> None:
+    """Models on demand: `traylm bench run --model NAME` of a servable model that is not loaded
+    loads it (saying each step) and measures it once it serves."""
+    d = sim_daemon
+    d.write_profile(
+        "cold", model="org/cold", served_name="cold", device="cpu",
+        env={"FAKE_ENGINE_ARGS": "--startup-delay 1"},
+    )  # fmt: skip
+    assert d.daemon.supervisor.get("cold") is None
+    args = ("--concurrency", "1", "--requests", "3", "--output-len", "4", "--warmup", "0")
+    code, out = await traylm("bench", "run", "--model", "cold", *args)
+    assert code == 0, out
+    assert "cold is not loaded: loading it first" in out
+    assert "  starting: " in out and "cold: ready" in out
+    assert out.index("cold: ready") < out.index("benchmark run #")
+    [run] = await d.client.bench_runs()
+    assert run.state == BenchState.DONE and run.model == "cold"
+    assert d.daemon.engine("cold").state == EngineState.READY
