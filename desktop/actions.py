@@ -65,6 +65,20 @@ class Actions(QObject):
             lambda c: c.restart(engine_id), self._report(f"restarting {engine_id}", then)
         )
 
+    def unload_model(self, name: str, then: Done | None = None) -> None:
+        """Unload a model (models on demand): at once, or when its running requests end."""
+
+        def done(result: CallResult) -> None:
+            if result.ok and isinstance(result.value, dict):
+                deferred = bool(result.value.get("deferred"))  # a popup only when it waits
+                message = str(result.value["message"])
+                self.notifier.notify("info", f"Unloading {name}", message, popup=deferred)
+            if then is not None:
+                then(result)
+
+        report = self._report(f"unloading {name}", done, target=name)
+        self.bridge.call(lambda c: c.unload_model(name), report)
+
     def engine_for_current(self) -> str:
         """The live engine Stop/Restart act on: the current profile's, else the only one."""
         current = self.state.current_profile()

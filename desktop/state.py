@@ -46,7 +46,14 @@ from engines.events import (
     from_plain,
 )
 
-LIVE_STATES = (EngineState.STARTING, EngineState.READY, EngineState.STOPPING)
+LIVE_STATES = (
+    EngineState.STARTING,
+    EngineState.READY,
+    EngineState.SLEEPING,  # loaded, weights in host RAM: a request wakes it
+    EngineState.STOPPING,
+)
+LOADED_STATES = (EngineState.READY, EngineState.SLEEPING)
+"""Serving models: a request is answered (a sleeping engine wakes first)."""
 _GPU_EVENTS = (GPUSampled, GPUGuardAction, GPUHelperChanged, GPUEnergyUpdated, GPUStateChanged)
 
 
@@ -103,12 +110,12 @@ class AppState(QObject):
         return [e for e in self.engines.values() if e.state in LIVE_STATES]
 
     def served_models(self) -> list[str]:
-        return [
-            name
-            for e in self.engines.values()
-            if e.state == EngineState.READY
-            for name in e.served_names
-        ]
+        loaded = self.loaded_engines()
+        return [name for e in loaded for name in e.served_names]
+
+    def loaded_engines(self) -> list[EngineStatus]:
+        """Engines holding a model now (ready or asleep): what the tray offers to unload."""
+        return [e for e in self.engines.values() if e.state in LOADED_STATES]
 
     def profile(self, name: str) -> ProfileEntry | None:
         return next((p for p in self.profiles if p.name == name), None)

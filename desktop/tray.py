@@ -3,8 +3,8 @@ fallback window's menu bar (see app.py), so every action stays reachable.
 
 Menu: status line · Start/Stop/Restart (or "Set up traylm…" while nothing can start here) ·
 Profiles ▸ (those that cannot start here greyed, with why) · Models ▸ (chat with a served one,
-start one from the library) · Open chat · Open dashboard · Copy endpoint URL · LAN sharing state
-· Daemon ▸ (start/restart) · Quit.
+unload a loaded one, start one from the library) · Open chat · Open dashboard · Copy endpoint
+URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from desktop.messages import LinkState
 from desktop.notify import Notification, Notifier
 from desktop.state import LIVE_STATES, AppState
 from desktop.tray_state import remote_text, tooltip_text, tray_state
+from engines.events import EngineState
 
 BALLOON_MS = 8000
 _LEVEL_ICONS = {
@@ -177,6 +178,17 @@ class TrayController(QObject):
             action.triggered.connect(lambda _c=False, m=model: self.windows.open_chat(m))
         if not models:
             self.models_menu.addAction("(no model served)").setEnabled(False)
+        loaded = self.state.loaded_engines()
+        if loaded:
+            self.models_menu.addSection("Loaded")
+        for engine in loaded:
+            names = ", ".join(engine.served_names) or engine.engine_id
+            asleep = " (asleep)" if engine.state == EngineState.SLEEPING else ""
+            action = self.models_menu.addAction(f"Unload {names}{asleep}")
+            action.setObjectName(f"unload:{engine.engine_id}")
+            action.triggered.connect(
+                lambda _c=False, e=engine.engine_id: self.actions.unload_model(e)
+            )
         startable = library_starts(self.state)
         if startable:
             self.models_menu.addSection("Library")

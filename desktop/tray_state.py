@@ -26,7 +26,7 @@ def tray_state(
         return TrayState.ERROR
     if states & {EngineState.STARTING, EngineState.STOPPING}:
         return TrayState.STARTING
-    if EngineState.READY in states:
+    if states & {EngineState.READY, EngineState.SLEEPING}:  # asleep: it wakes on a request
         return TrayState.BUSY if busy else TrayState.READY
     return TrayState.STOPPED
 

@@ -64,7 +64,19 @@ class ChatError:
 @dataclass(frozen=True)
 class ModelsListed:
     names: tuple[str, ...]
+    """Every model the gateway serves, loaded ones first (the others load on a request)."""
     error: ChatError | None
+    loaded: tuple[str, ...] = ()
+    """Those answering now (no load before the reply)."""
+
+
+@dataclass(frozen=True)
+class ChatLoading:
+    """The model of a request is loading (models on demand): the gateway's SSE comment, e.g.
+    "loading fake (starting: loading weights, 12 s)"."""
+
+    request_id: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,9 @@ class _Collector:
     def feed(self, line: bytes) -> bool:
         """One SSE line; False once the stream says [DONE]."""
         text = line.decode(errors="replace").strip()
+        if text.startswith(": loading ") and self.first_token_at is None:
+            self.post(ChatLoading(self.request.request_id, text[2:]))
+            return True
         if not text.startswith("data:"):
             return True
         data = text[5:].strip()
@@ -243,14 +258,14 @@ class GatewayHTTP:
             return ModelsListed((), self._unreachable(exc))
         except ValueError as exc:
             return ModelsListed((), ChatError("http_error", f"bad /v1/models answer: {exc}"))
-        # the gateway lists every servable model with its status (models on demand); the
-        # picker shows the loaded ones until it learns to load on send
-        names = tuple(
-            str(m["id"])
-            for m in data.get("data", ())
-            if isinstance(m, dict) and m.get("status", "loaded") == "loaded"
-        )
-        return ModelsListed(names, None)
+        # the gateway lists every servable model with its status (models on demand): all are
+        # offered, since sending loads one; the loaded ones first, so a new chat starts on one
+        listed = [m for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
+        rank = {"loaded": 0, "loading": 1}
+        listed.sort(key=lambda m: rank.get(str(m.get("status", "loaded")), 2))
+        names = tuple(str(m["id"]) for m in listed)
+        loaded = tuple(str(m["id"]) for m in listed if m.get("status", "loaded") == "loaded")
+        return ModelsListed(names, None, loaded)
 
     async def stream_chat(self, request: ChatRequest) -> ChatStreamEnded:
         collector = _Collector(request, self._post)

@@ -81,6 +81,7 @@ class ChatWindow(QMainWindow):
         c.models_changed.connect(self.on_models_changed)
         c.stream_started.connect(self.on_stream_started)
         c.stream_delta.connect(self.on_stream_delta)
+        c.stream_loading.connect(self.on_stream_loading)
         c.stream_ended.connect(self.on_stream_ended)
         c.error_raised.connect(self.on_error_raised)
         c.error_cleared.connect(lambda: self.transcript.error_card.setVisible(False))
@@ -293,6 +294,10 @@ class ChatWindow(QMainWindow):
         self.model_picker.clear()
         for model in models:
             self.model_picker.addItem(model)
+            if model not in self.controller.loaded:  # models on demand: sending loads it
+                index = self.model_picker.count() - 1
+                tip = "not loaded: sending a message loads it"
+                self.model_picker.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
         if not models:
             self.model_picker.addItem(NO_MODEL)
         if current and current != NO_MODEL:
@@ -305,7 +310,8 @@ class ChatWindow(QMainWindow):
         card = self.transcript.error_card
         model = self.options().model
         waiting = ("model_not_found", "engine_unavailable", "engine_starting")
-        if card.isVisible() and last is not None and last.kind in waiting and model in models:
+        served = model in self.controller.loaded
+        if card.isVisible() and last is not None and last.kind in waiting and served:
             card.show_error(f"{model} is served now.", [("retry", "Retry", self.controller.retry)])
 
     def on_stream_started(self, streaming: Streaming) -> None:
@@ -314,11 +320,21 @@ class ChatWindow(QMainWindow):
         self.status.setText(f"{streaming.model} is answering… (Esc stops)")
         self._update_buttons()
 
+    def on_stream_loading(self, text: str) -> None:
+        """Its model loads before it answers (models on demand): which step, how long."""
+        self.status.setText(f"{text[:1].upper()}{text[1:]}… the reply follows (Esc stops)")
+        view = self.transcript.streaming
+        if view is not None:
+            view.set_stats("loading the model…")
+
     def on_stream_delta(self, text: str) -> None:
         view = self.transcript.streaming
         if view is not None:
             view.set_text(text)
             view.set_stats("streaming…")
+        streaming = self.controller.streaming
+        if streaming is not None and self.status.text().startswith("Loading "):  # it loaded
+            self.status.setText(f"{streaming.model} is answering… (Esc stops)")
 
     def ask(self, model: str, text: str, answered: Callable[[bool], None] | None = None) -> None:
         """Ask ``model`` in a new conversation (the setup's first question); ``answered`` hears

@@ -22,7 +22,7 @@ def _ready_chat(qtbot, app: DesktopApp, d: ThreadedDaemon, args: str = "") -> Ch
     app.actions.start_profile("fake")
     qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
     chat = app.open_chat("")
-    qtbot.waitUntil(lambda: chat.controller.models == ("fake",), timeout=5000)
+    qtbot.waitUntil(lambda: chat.controller.loaded == ("fake",), timeout=5000)
     assert chat.model_picker.currentText() == "fake"
     return chat
 
@@ -172,19 +172,30 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
 
 
 def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_thread):
-    """Models on demand: sending to a servable model that is not loaded starts its engine and
-    the reply follows (the chat used to show a Start button for it)."""
-    daemon_thread.write_fake_profile("fake")
-    app.actions.reload_profiles()
-    qtbot.waitUntil(lambda: app.state.profile("fake") is not None)
+    """Models on demand: the picker lists a servable model that is not loaded (saying that
+    sending loads it); sending starts its engine, the window says how the load goes (the
+    engine's start phases), and the reply follows."""
+    daemon_thread.write_fake_profile("slow", args="--startup-delay 4")
     chat = app.open_chat("")
-    qtbot.waitUntil(lambda: chat.controller.models_error is None and chat.isVisible())
-    chat.select_model("fake")  # a conversation with this model, its engine not running
+    app.actions.reload_profiles()  # a new profile: the picker hears of it
+    qtbot.waitUntil(lambda: "slow" in chat.controller.models, timeout=10000)
+    assert "slow" not in chat.controller.loaded
+    index = chat.model_picker.findText("slow")
+    tip = chat.model_picker.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    assert tip == "not loaded: sending a message loads it"
+    chat.model_picker.setCurrentIndex(index)
+    loading: list[str] = []
+    chat.controller.stream_loading.connect(lambda text: loading.append(chat.status.text()))
     _send(qtbot, chat, "are you there?", 2)
-    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=20000)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=30000)
     assert chat.transcript.messages[1].text == "w0 w1 "
     assert not chat.transcript.error_card.isVisible()
-    assert daemon_thread.engine_state("fake") == EngineState.READY
+    assert daemon_thread.engine_state("slow") == EngineState.READY
+    assert loading and all(t.startswith("Loading slow (") for t in loading), loading
+    assert any(t.startswith("Loading slow (starting: ") for t in loading), loading  # a phase
+    qtbot.waitUntil(lambda: "slow" in chat.controller.loaded, timeout=5000)
+    assert chat.model_picker.findText("slow") == 0  # loaded ones come first, without the tip
+    assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
 
 
 def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daemon_thread):
