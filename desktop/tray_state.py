@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from desktop.engine_text import engine_stage
 from desktop.icons import TrayState
 from desktop.messages import LinkState
 from engines.events import EngineState, EngineStatus, RemoteStatus
@@ -50,7 +49,7 @@ def tooltip_text(
     shown = [e for e in engines if e.state != EngineState.STOPPED]
     for e in shown:
         names = ", ".join(e.served_names) or e.engine_id
-        stage = f" ({engine_stage(e)})" if engine_stage(e) else ""
+        stage = f" ({e.stage})" if e.stage else ""
         lines.append(f"{names}: {e.state}{stage}")
     if not shown:
         lines.append("no engine running")

@@ -148,12 +148,9 @@ class ManagedEngine:
 
     @property
     def stage(self) -> str:
-        """What a starting engine does now, in words: the start phase its log shows ("loading
-        weights"), else the state's detail ("launching", "crashed; restart 1/3 in 2 s")."""
-        phase, label, _elapsed_s = self._phases.current()
-        if self.state == EngineState.STARTING and label and phase != "ready":
-            return label
-        return self.detail
+        """What it does now, in words: while starting its start phase ("loading weights") or
+        why it is starting (EngineStatus.stage), else the state's detail."""
+        return self.status().stage or self.detail
 
     def status(self) -> EngineStatus:
         phase, label, phase_elapsed_s = self._phases.current()

@@ -12,7 +12,6 @@ from PySide6.QtCore import QObject, QTimer
 
 from desktop.chat.controller import ChatController
 from desktop.chat.transcript import ErrorCard
-from desktop.engine_text import engine_stage
 from desktop.fixes import ENGINE_LOG, Fix, fix_for
 from desktop.formatting import fmt_duration
 from desktop.messages import CallResult
@@ -76,7 +75,7 @@ class StartCard(QObject):
             return
         entry = self.state.profile(profile)
         served = entry.served_names[0] if entry else profile
-        stage = engine_stage(engine) if engine is not None else ""
+        stage = engine.stage if engine is not None else ""
         detail = f" ({stage})" if stage else ""
         elapsed = fmt_duration(time.monotonic() - self._pressed_s)
         self.card.message.setText(

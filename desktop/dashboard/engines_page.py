@@ -22,7 +22,6 @@ from desktop.dashboard.logs_view import LogsView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.profile_editor import ProfileEditor
 from desktop.dashboard.trt_view import TRTView
-from desktop.engine_text import engine_stage
 from desktop.fixes import ENGINE_LOG, PROFILES, Fix
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
@@ -149,7 +148,7 @@ class EnginesPage(Page):
                 str(e.port or "–"),
                 str(e.pid or "–"),
                 str(e.restarts),
-                engine_stage(e) or e.detail,
+                e.stage or e.detail,
             )
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)

@@ -17,7 +17,6 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop.actions import Actions
 from desktop.bridge import Bridge
-from desktop.engine_text import engine_stage
 from desktop.fixes import ENGINE_LOG, INSTALL_ENGINE, LOCAL_FOLDER, Fix, fix_for
 from desktop.formatting import fmt_bytes, fmt_duration, fmt_rate
 from desktop.install_text import download_share, install_words
@@ -262,7 +261,7 @@ class SetupFlow(QObject):
             since = ""
             if self.started_s is not None:
                 since = f" · {fmt_duration(time.monotonic() - self.started_s)}"
-            return StepView("working", f"Starting {choice.name}: {engine_stage(engine)}{since}")
+            return StepView("working", f"Starting {choice.name}: {engine.stage}{since}")
         if state == EngineState.FAILED and engine is not None:
             text = engine.detail
             if engine.diagnosis is not None:

@@ -76,6 +76,17 @@ class EngineStatus:
     phases: tuple[PhaseTime, ...] = ()
     """Every phase of the last launch so far, in order."""
 
+    @property
+    def stage(self) -> str:
+        """What a starting engine does now, in words: its start phase ("loading weights"),
+        else why it is starting ("launching", "crashed; restart 1/3 in 2 s"); "" in other
+        states. The one wording of the tray, the dashboard, the chat and `traylm load`."""
+        if self.state != EngineState.STARTING:
+            return ""
+        if self.phase_label and self.phase != "ready":  # (ready: the last launch's)
+            return self.phase_label
+        return self.detail
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineStateChanged(Event):

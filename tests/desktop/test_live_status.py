@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from desktop.app import DesktopApp
+from desktop.chat.window import ChatWindow
 from desktop.dashboard.engines_page import EnginesPage
 from desktop.dashboard.models_page import ModelsPage
 from engines.config import Paths
@@ -77,12 +78,9 @@ def test_the_environments_tab_follows_an_install(
         d.stop()
 
 
-def test_a_chat_whose_model_fails_to_load_says_why_with_the_engines_log(
-    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
-) -> None:
-    """Models on demand: sending loads the model; a load that fails answers with the engine's
-    diagnosis, and the card offers its log (and Retry)."""
-    daemon_thread.write_fake_profile(
+def _ask_a_fake_that_fails(qtbot, app: DesktopApp, d: ThreadedDaemon) -> ChatWindow:
+    """A chat with the profile "fake", whose engine fails its start (the KV cache diagnosis)."""
+    d.write_fake_profile(
         "fake", args=f"--startup-delay 0.5 --print {shlex.quote(KV_LINE)} --exit-after-print 1"
     )
     app.actions.reload_profiles()
@@ -91,6 +89,15 @@ def test_a_chat_whose_model_fails_to_load_says_why_with_the_engines_log(
     chat.select_model("fake")
     chat.composer.setPlainText("are you there?")
     chat.on_send_clicked()
+    return chat
+
+
+def test_a_chat_whose_model_fails_to_load_says_why_with_the_engines_log(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+) -> None:
+    """Models on demand: sending loads the model; a load that fails answers with the engine's
+    diagnosis, and the card offers its log (and Retry)."""
+    chat = _ask_a_fake_that_fails(qtbot, app, daemon_thread)
     card = chat.transcript.error_card
     qtbot.waitUntil(card.isVisible, timeout=20000)
     assert card.message.text().startswith("fake failed to load")
@@ -114,15 +121,7 @@ def test_with_jit_off_the_chats_starting_card_says_when_the_start_failed_with_it
     d = ThreadedDaemon(paths, jit_off).start()
     try:
         app = app_factory()
-        d.write_fake_profile(
-            "fake", args=f"--startup-delay 0.5 --print {shlex.quote(KV_LINE)} --exit-after-print 1"
-        )
-        app.actions.reload_profiles()
-        qtbot.waitUntil(lambda: app.state.profile("fake") is not None)
-        chat = app.open_chat("")
-        chat.select_model("fake")
-        chat.composer.setPlainText("are you there?")
-        chat.on_send_clicked()
+        chat = _ask_a_fake_that_fails(qtbot, app, d)
         card = chat.transcript.error_card
         qtbot.waitUntil(card.isVisible, timeout=5000)
         assert "'fake' is not loaded (engines.jit is off)" in card.message.text()
