@@ -128,7 +128,10 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread)
     _send(qtbot, chat, "first question", 2)
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
-    assert chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+    # the reply's view exists from the stream's start; its buttons come once it is stored
+    qtbot.waitUntil(
+        lambda: chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat), timeout=10000
+    )
     chat.max_tokens.setValue(4)
     chat.controller.options = chat.options()
     chat.transcript.messages[1].buttons["regenerate"].click()
