@@ -177,7 +177,31 @@ class Catalog:
                 broken.append(f"{source.kind}: {exc}")
         run_by_profile = {e.repo_id for e in found if e.kind == "profile" and e.repo_id}
         kept = [e for e in found if not (e.kind == "library" and e.repo_id in run_by_profile)]
-        return kept, broken
+        return _one_entry_per_engine(kept, broken), broken
+
+
+def _one_entry_per_engine(entries: list[Entry], broken: list[str]) -> list[Entry]:
+    """An engine id runs one model: a later source's entry with a taken id (a model folder
+    registered as "tiny-llama" beside the library's org/tiny-llama) is left out, said in
+    ``broken`` with the fix."""
+    holders: dict[str, Entry] = {}
+    kept = []
+    for e in entries:
+        holder = holders.setdefault(e.engine_id, e)
+        if holder is e:
+            kept.append(e)
+            continue
+        fix = (
+            f"register the folder under another name (`traylm models rm {e.engine_id}`, then "
+            "`traylm models add PATH --name NEW`)"
+            if e.kind == "folder"
+            else "give one of them another name"
+        )
+        broken.append(
+            f"{e.kind} {e.name} is left out: its name {e.engine_id!r} is taken by "
+            f"{holder.kind} {holder.name}; {fix}"
+        )
+    return kept
 
 
 # --------------------------------------------------------------------------- sources

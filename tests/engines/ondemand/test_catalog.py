@@ -83,6 +83,25 @@ async def test_sources_plug_in_and_a_broken_one_does_not_hide_the_rest(tmp_path:
     assert catalog.index.broken == ["broken: disk gone"]
 
 
+async def test_two_sources_with_one_engine_id_keep_the_first_and_say_why() -> None:
+    """A model folder registered under a library model's short name would share its engine."""
+
+    class Source:
+        def __init__(self, kind: str, name: str) -> None:
+            self.kind, self._name = kind, name
+
+        def entries(self) -> list[Entry]:
+            return [Entry(self._name, self.kind, "tiny-llama", ((self._name, 1),))]
+
+    catalog = Catalog([Source("library", "org/tiny-llama"), Source("folder", "tiny-llama")])
+    await catalog.refresh()
+    assert [e.kind for e in catalog.index.entries] == ["library"]
+    assert catalog.find("tiny-llama") is None
+    [why] = catalog.index.broken
+    assert why.startswith("folder tiny-llama is left out: its name 'tiny-llama' is taken by ")
+    assert "`traylm models add PATH --name NEW`" in why
+
+
 async def test_an_ambiguous_request_gets_409_naming_both(od: RunningDaemon) -> None:
     fake_profile(od, "x1", aliases=["shared"])
     fake_profile(od, "x2", aliases=["shared"])
