@@ -12,6 +12,8 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QGuiApplication
 
 from desktop.bridge import Bridge
+from desktop.fixes import fix_for
+from desktop.library import LibraryStart
 from desktop.messages import CallResult
 from desktop.notify import Notifier
 from desktop.state import LIVE_STATES, AppState
@@ -29,10 +31,11 @@ class Actions(QObject):
         self.state = state
         self.notifier = notifier
 
-    def _report(self, what: str, then: Done | None = None) -> Done:
+    def _report(self, what: str, then: Done | None = None, *, target: str = "") -> Done:
         def done(result: CallResult) -> None:
             if not result.ok and not result.cancelled:
-                self.notifier.notify("error", f"{what} failed", result.error)
+                fix = fix_for(result.error_code, result.error, target=target)
+                self.notifier.notify("error", f"{what} failed", result.error, fix=fix)
             if then is not None:
                 then(result)
 
@@ -42,7 +45,17 @@ class Actions(QObject):
 
     def start_profile(self, name: str, then: Done | None = None) -> None:
         self.remember_profile(name)
-        self.bridge.call(lambda c: c.start(name), self._report(f"starting {name}", then))
+        self.bridge.call(
+            lambda c: c.start(name), self._report(f"starting {name}", then, target=name)
+        )
+
+    def start_library(self, start: LibraryStart, then: Done | None = None) -> None:
+        """A library model: a registered folder by its name, a cached model as a quick engine."""
+        report = self._report(f"starting {start.name}", then, target=start.name)
+        if start.kind == "folder":
+            self.bridge.call(lambda c: c.start(start.name), report)
+        else:
+            self.bridge.call(lambda c: c.start(model=start.name), report)
 
     def stop_engine(self, engine_id: str, then: Done | None = None) -> None:
         self.bridge.call(lambda c: c.stop(engine_id), self._report(f"stopping {engine_id}", then))
@@ -51,6 +64,20 @@ class Actions(QObject):
         self.bridge.call(
             lambda c: c.restart(engine_id), self._report(f"restarting {engine_id}", then)
         )
+
+    def unload_model(self, name: str, then: Done | None = None) -> None:
+        """Unload a model (models on demand): at once, or when its running requests end."""
+
+        def done(result: CallResult) -> None:
+            if result.ok and isinstance(result.value, dict):
+                deferred = bool(result.value.get("deferred"))  # a popup only when it waits
+                message = str(result.value["message"])
+                self.notifier.notify("info", f"Unloading {name}", message, popup=deferred)
+            if then is not None:
+                then(result)
+
+        report = self._report(f"unloading {name}", done, target=name)
+        self.bridge.call(lambda c: c.unload_model(name), report)
 
     def engine_for_current(self) -> str:
         """The live engine Stop/Restart act on: the current profile's, else the only one."""

@@ -22,17 +22,21 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from desktop.actions import Actions
 from desktop.bridge import Bridge
+from desktop.fixes import FIX_PAGES, INSTALL_ENGINE, SETUP, START_DAEMON, Fix
 from desktop.icons import app_icon
 from desktop.instance import InstanceServer, PrimaryLock, send_command
 from desktop.notify import Notifier
 from desktop.quit_dialog import QuitDialog
 from desktop.state import AppState
+from desktop.theme import ThemeFollower
 from desktop.tray import TrayController, Windows
 from engines.config import Paths
+from engines.events import DaemonStopping
 
 if TYPE_CHECKING:
     from desktop.chat.window import ChatWindow
     from desktop.dashboard.window import DashboardWindow
+    from desktop.setup.dialog import SetupDialog
 
 log = logging.getLogger(__name__)
 STOP_DEADLINE_MS = 15000
@@ -43,24 +47,44 @@ class DesktopApp(QObject):
 
     finished = Signal()
 
-    def __init__(self, paths: Paths, *, spawn_daemon: bool = True, use_tray: bool = True) -> None:
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        spawn_daemon: bool = True,
+        use_tray: bool = True,
+        offer_setup: bool = True,
+    ) -> None:
         super().__init__()
         self.paths = paths
         self.use_tray = use_tray
+        self.offer_setup = offer_setup  # open the setup by itself on a first run
         self.bridge = Bridge(paths, spawn_daemon=spawn_daemon, parent=self)
         self.state = AppState(self)
         self.bridge.message_received.connect(self.state.on_message_received)
         self.notifier = Notifier(self.state, self)
         self.actions = Actions(self.bridge, self.state, self.notifier, self)
-        windows = Windows(self.open_chat, self.open_dashboard, self.request_quit)
+        windows = Windows(
+            self.open_chat, self.open_dashboard, self.request_quit, self.open_setup, self.run_fix
+        )
         self.tray = TrayController(self.state, self.actions, self.notifier, windows, self)
+        qapp = QApplication.instance()
+        assert isinstance(qapp, QApplication)
+        self.theme = ThemeFollower(qapp, self.state, self)
         self.chat_window: ChatWindow | None = None
         self.dashboard: DashboardWindow | None = None
+        self.setup: SetupDialog | None = None
+        self._setup_offered = False
+        for signal in (self.state.envs_changed, self.state.settings_changed,
+                       self.state.profiles_changed, self.state.gpu.overview_changed):  # fmt: skip
+            signal.connect(self.offer_setup_once)
+        self.state.event_received.connect(self.on_event_received)
         self.quit_dialog: QuitDialog | None = None
         self.fallback = False
         self._finished = False
 
     def start(self) -> None:
+        self.theme.apply()
         self.bridge.start()
         if not (self.use_tray and self.tray.show()):
             self.fallback = True
@@ -73,7 +97,13 @@ class DesktopApp(QObject):
         if self.chat_window is None:
             from desktop.chat.window import ChatWindow
 
-            self.chat_window = ChatWindow(self.bridge, self.state, self.actions)
+            self.chat_window = ChatWindow(
+                self.bridge,
+                self.state,
+                self.actions,
+                run_fix=self.run_fix,
+                open_setup=self.open_setup,
+            )
             self.chat_window.setWindowIcon(app_icon())
         if model:
             self.chat_window.select_model(model)
@@ -85,7 +115,13 @@ class DesktopApp(QObject):
             from desktop.dashboard.window import DashboardWindow
 
             self.dashboard = DashboardWindow(
-                self.bridge, self.state, self.actions, self.notifier, open_chat=self.open_chat
+                self.bridge,
+                self.state,
+                self.actions,
+                self.notifier,
+                open_chat=self.open_chat,
+                open_setup=self.open_setup,
+                run_fix=self.run_fix,
             )
             self.dashboard.setWindowIcon(app_icon())
             if self.fallback:
@@ -94,6 +130,53 @@ class DesktopApp(QObject):
             self.dashboard.show_page(page)
         _raise(self.dashboard)
         return self.dashboard
+
+    def open_setup(self) -> SetupDialog:
+        if self.setup is None:
+            from desktop.setup.dialog import SetupDialog
+
+            self.setup = SetupDialog(
+                self.bridge, self.state, self.actions, open_chat=self.open_chat,
+                run_fix=self.run_fix,
+            )  # fmt: skip
+            self.setup.setWindowIcon(app_icon())
+        self.setup.begin()
+        _raise(self.setup)
+        return self.setup
+
+    def offer_setup_once(self) -> None:
+        """A first run (nothing can start here yet, the setup never finished): open the setup
+        by itself, once, as soon as the daemon has said enough to know."""
+        s = self.state
+        settings = s.settings
+        known = s.envs is not None and (s.gpu.overview is not None or bool(s.gpu.error))
+        if (
+            not self.offer_setup
+            or self._setup_offered
+            or not s.connected
+            or settings is None
+            or not known
+        ):
+            return
+        self._setup_offered = True
+        if not settings.ui.setup_done and not s.current_profile() and not s.live_engines():
+            self.open_setup()
+
+    def on_event_received(self, event: object) -> None:
+        """`traylm shutdown` stops traylm as a whole: this app closes with its daemon."""
+        if isinstance(event, DaemonStopping) and event.close_apps:
+            log.info("the daemon is shutting down and asked the apps to close")
+            QTimer.singleShot(0, self, lambda: self.quit_with("leave"))
+
+    def run_fix(self, fix: Fix) -> None:
+        """What a fix button (a notification's, an error card's) does."""
+        if fix.action in (SETUP, INSTALL_ENGINE):
+            self.open_setup()
+        elif fix.action == START_DAEMON:
+            self.actions.start_daemon()
+        elif fix.action in FIX_PAGES:
+            key = FIX_PAGES[fix.action]
+            self.open_dashboard(key).page(key).show_fix(fix)
 
     # ----------------------------------------------------------------- quitting
 
@@ -145,7 +228,10 @@ class DesktopApp(QObject):
             if window is not None:
                 window.prepare_close()
                 window.close()
+        if self.setup is not None:
+            self.setup.close()
         self.tray.hide()
+        self.theme.stop()
         self.bridge.stop()
 
     # ----------------------------------------------------------------- instance commands

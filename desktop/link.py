@@ -22,7 +22,10 @@ from desktop.messages import (
     CallResult,
     ConnectionChanged,
     EnginesLoaded,
+    EnvEntry,
+    EnvsLoaded,
     GPUsLoaded,
+    LibraryLoaded,
     LinkState,
     ProfileEntry,
     ProfilesLoaded,
@@ -39,7 +42,9 @@ from engines.events import (
     DaemonStopping,
     EngineState,
     EngineStateChanged,
+    EnvInstallProgress,
     Event,
+    LibraryChanged,
     RemoteRouted,
     from_plain,
 )
@@ -72,6 +77,8 @@ class DaemonLink:
         self._wake_metrics: asyncio.Event | None = None
         self._wake_retry: asyncio.Event | None = None
         self._status_task: asyncio.Task[None] | None = None
+        self._known: set[str] = set()  # engine ids whose full status the app has
+        self._refreshes: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- supervision
 
@@ -198,6 +205,7 @@ class DaemonLink:
         async for event in client.events():
             self._track(event)
             self._post(event)
+            self._refresh_after(client, event)
             if isinstance(event, RemoteRouted):
                 self._refresh_status_soon(client)
             if isinstance(event, DaemonStopping):
@@ -226,6 +234,32 @@ class DaemonLink:
 
         self._status_task = asyncio.create_task(later(), name="status after remote")
 
+    def _refresh_after(self, client: DaemonClient, event: Event) -> None:
+        """Snapshots an event changes but does not carry: an engine the app has not seen (its
+        version and device), the engine envs after an install, the library after a change."""
+        load: Callable[[DaemonClient], Awaitable[None]] | None = None
+        if isinstance(event, EngineStateChanged) and event.engine_id not in self._known:
+            self._known.add(event.engine_id)
+            load = self.load_engines
+        elif isinstance(event, EnvInstallProgress) and event.phase in (
+            "done",
+            "failed",
+            "cancelled",
+        ):
+            load = self.load_envs
+        elif isinstance(event, LibraryChanged):
+            load = self.load_library
+        if load is not None:
+            task = asyncio.create_task(self._quietly(load, client), name="refresh")
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
+
+    async def _quietly(
+        self, load: Callable[[DaemonClient], Awaitable[None]], client: DaemonClient
+    ) -> None:
+        with contextlib.suppress(TraylmError):
+            await load(client)
+
     def _track(self, event: Event) -> None:
         if isinstance(event, EngineStateChanged):
             if event.state == EngineState.READY:
@@ -241,6 +275,29 @@ class DaemonLink:
         await self.load_profiles(client)
         await self.load_settings(client)
         await self.load_gpus(client)
+        await self.load_envs(client)
+        await self.load_library(client)
+
+    async def load_envs(self, client: DaemonClient) -> None:
+        entries = tuple(
+            EnvEntry(
+                name=str(e["name"]),
+                engine=str(e["engine"]),
+                version=str(e["version"]),
+                device=str(e["device"]),
+                complete=bool(e["complete"]),
+            )
+            for e in await client.envs()
+        )
+        self._post(EnvsLoaded(entries))
+
+    async def load_library(self, client: DaemonClient) -> None:
+        try:
+            cached = tuple(await client.local_models())
+            folders = tuple(await client.local_folders())
+        except ControlAPIError:  # a daemon without the hub feature: an empty library
+            cached, folders = (), ()
+        self._post(LibraryLoaded(cached, folders))
 
     async def load_gpus(self, client: DaemonClient) -> None:
         try:
@@ -252,6 +309,7 @@ class DaemonLink:
 
     async def load_engines(self, client: DaemonClient) -> None:
         engines = tuple(await client.engines())
+        self._known = {e.engine_id for e in engines}
         self._ready = {e.engine_id for e in engines if e.state == EngineState.READY}
         self._wake()
         self._post(EnginesLoaded(engines))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from engines.config import Settings
-from engines.events import EngineStatus, GPUOverview
+from engines.events import EngineStatus, GPUOverview, LocalFolder, LocalModel
 
 
 class LinkState(enum.StrEnum):
@@ -87,6 +87,30 @@ class StatusLoaded:
     """GET /api/status: bind host, LAN sharing, whether API keys are required, paused."""
 
     status: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """An engine environment as GET /api/envs lists it."""
+
+    name: str
+    engine: str
+    version: str
+    device: str
+    complete: bool
+
+
+@dataclass(frozen=True)
+class EnvsLoaded:
+    envs: tuple[EnvEntry, ...]
+
+
+@dataclass(frozen=True)
+class LibraryLoaded:
+    """The local library: models in the Hugging Face cache and registered model folders."""
+
+    cached: tuple[LocalModel, ...]
+    folders: tuple[LocalFolder, ...]
 
 
 @dataclass(frozen=True)

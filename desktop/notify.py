@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop.fixes import Fix, fix_for
 from desktop.formatting import fmt_bytes
 from desktop.state import AppState
 from engines.events import (
@@ -24,6 +25,8 @@ from engines.events import (
     Notice,
 )
 
+REPEAT_WINDOW_S = 10.0  # the same message again within this time is not shown twice
+
 
 @dataclass(frozen=True)
 class Notification:
@@ -31,6 +34,7 @@ class Notification:
     title: str
     message: str
     popup: bool = True  # False: only kept in the history (e.g. "endpoint copied")
+    fix: Fix | None = None  # the button that fixes it, and the CLI command
     ts_s: float = field(default_factory=time.time)
 
 
@@ -48,8 +52,18 @@ class Notifier(QObject):
         settings = self.state.settings
         return settings.ui.notifications if settings is not None else True
 
-    def notify(self, level: str, title: str, message: str, *, popup: bool = True) -> None:
-        note = Notification(level, title, message, popup and self.popups_enabled)
+    def notify(
+        self, level: str, title: str, message: str, *, popup: bool = True, fix: Fix | None = None
+    ) -> None:
+        """Tell the user. A failed call and the daemon's own notice often say the same thing
+        at once (a refused start): the second one is not shown again."""
+        now = time.time()
+        for old in reversed(self.history):
+            if now - old.ts_s > REPEAT_WINDOW_S:
+                break
+            if old.level == level and old.message == message:
+                return
+        note = Notification(level, title, message, popup and self.popups_enabled, fix, now)
         self.history.append(note)
         self.notified.emit(note)
 
@@ -57,7 +71,8 @@ class Notifier(QObject):
         if isinstance(event, EngineStateChanged):
             self._on_engine(event)
         elif isinstance(event, Notice):
-            self.notify(event.level, event.title, event.message)
+            fix = fix_for(event.source, event.message, target=_subject(event.title))
+            self.notify(event.level, event.title, event.message, fix=fix)
         elif isinstance(event, DownloadStateChanged):
             self._on_download(event)
 
@@ -69,7 +84,8 @@ class Notifier(QObject):
             size = fmt_bytes(d.total_bytes) if d.total_bytes else "nothing new"
             self.notify("info", "Download finished", f"{d.repo_id} is ready ({size}, verified)")
         elif d.state == DownloadState.FAILED:
-            self.notify("error", f"Download of {d.repo_id} failed", d.message)
+            fix = fix_for(d.error_code, d.message, target=d.repo_id)
+            self.notify("error", f"Download of {d.repo_id} failed", d.message, fix=fix)
 
     def _on_engine(self, ev: EngineStateChanged) -> None:
         names = ", ".join(ev.served_names) or ev.engine_id
@@ -82,4 +98,10 @@ class Notifier(QObject):
                 text = f"{ev.diagnosis.summary}. {ev.diagnosis.advice}"
             else:
                 text = ev.detail or "see the engine log in the dashboard"
-            self.notify("error", f"{ev.engine_id} failed", text)
+            fix = fix_for("engine_failed", text, target=ev.engine_id)
+            self.notify("error", f"{ev.engine_id} failed", text, fix=fix)
+
+
+def _subject(title: str) -> str:
+    """The engine or profile a daemon notice is about ("cannot start NAME" → NAME)."""
+    return title.removeprefix("cannot start ").strip() if title.startswith("cannot start ") else ""

@@ -14,7 +14,10 @@ from desktop.gpu_state import GPUWatch
 from desktop.messages import (
     ConnectionChanged,
     EnginesLoaded,
+    EnvEntry,
+    EnvsLoaded,
     GPUsLoaded,
+    LibraryLoaded,
     LinkState,
     ProfileEntry,
     ProfilesLoaded,
@@ -22,22 +25,35 @@ from desktop.messages import (
     StatusLoaded,
     ThroughputSampled,
 )
+from desktop.readiness import profile_blocker
 from engines.config import Settings
 from engines.events import (
+    EngineStartPhase,
     EngineState,
     EngineStateChanged,
     EngineStatus,
+    EnvInstallProgress,
     Event,
     GPUEnergyUpdated,
     GPUGuardAction,
     GPUHelperChanged,
     GPUSampled,
     GPUStateChanged,
+    LocalFolder,
+    LocalModel,
+    PhaseTime,
     RemoteStatus,
     from_plain,
 )
 
-LIVE_STATES = (EngineState.STARTING, EngineState.READY, EngineState.STOPPING)
+LIVE_STATES = (
+    EngineState.STARTING,
+    EngineState.READY,
+    EngineState.SLEEPING,  # loaded, weights in host RAM: a request wakes it
+    EngineState.STOPPING,
+)
+LOADED_STATES = (EngineState.READY, EngineState.SLEEPING)
+"""Serving models: a request is answered (a sleeping engine wakes first)."""
 _GPU_EVENTS = (GPUSampled, GPUGuardAction, GPUHelperChanged, GPUEnergyUpdated, GPUStateChanged)
 
 
@@ -48,6 +64,8 @@ class AppState(QObject):
     settings_changed = Signal()
     status_changed = Signal()
     throughput_sampled = Signal(object)  # ThroughputSampled
+    envs_changed = Signal()
+    library_changed = Signal()
     event_received = Signal(object)  # every engines.events.Event, after state was updated
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -62,6 +80,10 @@ class AppState(QObject):
         self.throughput: ThroughputSampled | None = None
         self.local_streams = 0  # chat replies streaming from this app right now
         self.gpu = GPUWatch(self)
+        self.envs: tuple[EnvEntry, ...] | None = None  # None until the daemon listed them
+        self.install: EnvInstallProgress | None = None  # the engine install running now
+        self.cached_models: tuple[LocalModel, ...] = ()
+        self.folders: tuple[LocalFolder, ...] = ()
         self._remote: RemoteStatus | None = None
 
     # ----------------------------------------------------------------- derived facts
@@ -88,12 +110,12 @@ class AppState(QObject):
         return [e for e in self.engines.values() if e.state in LIVE_STATES]
 
     def served_models(self) -> list[str]:
-        return [
-            name
-            for e in self.engines.values()
-            if e.state == EngineState.READY
-            for name in e.served_names
-        ]
+        loaded = self.loaded_engines()
+        return [name for e in loaded for name in e.served_names]
+
+    def loaded_engines(self) -> list[EngineStatus]:
+        """Engines holding a model now (ready or asleep): what the tray offers to unload."""
+        return [e for e in self.engines.values() if e.state in LOADED_STATES]
 
     def profile(self, name: str) -> ProfileEntry | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -101,16 +123,29 @@ class AppState(QObject):
     def profile_serving(self, model: str) -> ProfileEntry | None:
         return next((p for p in self.profiles if model in p.served_names), None)
 
+    @property
+    def real_gpus(self) -> int:
+        """NVIDIA GPUs engines can use here (simulated ones show telemetry, run nothing)."""
+        overview = self.gpu.overview
+        if overview is None or overview.simulated:
+            return 0
+        return len(overview.gpus)
+
+    def blocker(self, entry: ProfileEntry) -> str:
+        """Why this profile cannot start here ("" when it can): see desktop/readiness.py."""
+        return profile_blocker(entry, self.envs, self.real_gpus)
+
     def current_profile(self) -> str:
         """The profile the tray's Start acts on: the setting, else a live engine, else the
-        first profile."""
+        first profile that can start here; "" when none can (the tray offers the setup)."""
         wanted = self.settings.ui.last_profile if self.settings else ""
-        if wanted and self.profile(wanted) is not None:
+        entry = self.profile(wanted) if wanted else None
+        if entry is not None and not self.blocker(entry):
             return wanted
         live = self.live_engines()
         if live:
             return live[0].engine_id
-        return self.profiles[0].name if self.profiles else ""
+        return next((p.name for p in self.profiles if not self.blocker(p)), "")
 
     # ----------------------------------------------------------------- updates
 
@@ -136,12 +171,28 @@ class AppState(QObject):
             self.throughput_sampled.emit(message)
         elif isinstance(message, GPUsLoaded):
             self.gpu.apply(message)
+        elif isinstance(message, EnvsLoaded):
+            self.envs = message.envs
+            self.envs_changed.emit()
+        elif isinstance(message, LibraryLoaded):
+            self.cached_models, self.folders = message.cached, message.folders
+            self.library_changed.emit()
         elif isinstance(message, Event):
+            install_changed = False
             if isinstance(message, EngineStateChanged):
                 self._apply_engine_event(message)
+            elif isinstance(message, EngineStartPhase):
+                self._apply_phase_event(message)
             elif isinstance(message, _GPU_EVENTS):
                 self.gpu.apply(message)
+            elif isinstance(message, EnvInstallProgress):
+                was_running = self.install is not None
+                ended = message.phase in ("done", "failed", "cancelled")
+                self.install = None if ended else message
+                install_changed = was_running != (self.install is not None)
             self.event_received.emit(message)
+            if install_changed:  # an install began or ended (not every line); after the event,
+                self.envs_changed.emit()  # so that listeners know how it ended
 
     def _on_connection(self, message: ConnectionChanged) -> None:
         self.connection = message
@@ -170,6 +221,26 @@ class AppState(QObject):
             restarts=ev.restarts,
             detail=ev.detail,
             diagnosis=ev.diagnosis if ev.state == EngineState.FAILED else old.diagnosis,
+        )
+        self.engines_changed.emit()
+
+    def _apply_phase_event(self, ev: EngineStartPhase) -> None:
+        """A start moved to its next phase: the status's phase fields, as the daemon's own
+        snapshot has them (the first phase begins a new launch's list)."""
+        old = self.engines.get(ev.engine_id)
+        if old is None:  # its state event comes next and reads the engine in (link.py)
+            return
+        done = old.phases if ev.previous else ()
+        if done and done[-1].phase == ev.previous:
+            last = done[-1]
+            done = (*done[:-1], dataclasses.replace(last, duration_s=ev.previous_s))
+        began = PhaseTime(phase=ev.phase, label=ev.label, started_s=ev.elapsed_s)
+        self.engines[ev.engine_id] = dataclasses.replace(
+            old,
+            phase=ev.phase,
+            phase_label=ev.label,
+            phase_elapsed_s=ev.elapsed_s if ev.phase == "ready" else 0.0,
+            phases=(*done, began),
         )
         self.engines_changed.emit()
 

@@ -1,4 +1,5 @@
-"""The windows' style sheet. Colours are translucent so they read on light and dark themes."""
+"""The windows' own style rules (desktop/theme.py puts them after the shared components).
+Colours are translucent so they read on light and dark themes."""
 
 STYLE = """
 QFrame#message-user {
@@ -57,12 +58,6 @@ QLabel#unavailableBadge {
 QLabel#placeholder {
     color: palette(placeholder-text);
     padding: 40px;
-}
-QListWidget#pageNav {
-    font-size: 11pt;
-}
-QListWidget#pageNav::item {
-    padding: 7px 6px;
 }
 QFrame#gpuCard {
     border: 1px solid rgba(127, 127, 127, 0.45);

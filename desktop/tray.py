@@ -1,8 +1,10 @@
 """The tray icon, its tooltip and its menu. Without a system tray the same menu lives in the
 fallback window's menu bar (see app.py), so every action stays reachable.
 
-Menu: status line · Start/Stop/Restart · Profiles ▸ · Models ▸ · Open chat · Open dashboard ·
-Copy endpoint URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
+Menu: status line · Start/Stop/Restart (or "Set up traylm…" while nothing can start here) ·
+Profiles ▸ (those that cannot start here greyed, with why) · Models ▸ (chat with a served one,
+unload a loaded one, start one from the library) · Open chat · Open dashboard · Copy endpoint
+URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from desktop.actions import Actions
+from desktop.fixes import Fix
 from desktop.icons import TrayState, state_icon
+from desktop.library import library_starts
 from desktop.messages import LinkState
 from desktop.notify import Notification, Notifier
 from desktop.state import LIVE_STATES, AppState
 from desktop.tray_state import remote_text, tooltip_text, tray_state
+from engines.events import EngineState
 
 BALLOON_MS = 8000
 _LEVEL_ICONS = {
@@ -36,6 +41,8 @@ class Windows:
     open_chat: Callable[[str], object]  # model name or ""
     open_dashboard: Callable[[str], object]  # page key or ""
     request_quit: Callable[[], None]
+    open_setup: Callable[[], object] = lambda: None  # the first-run setup
+    run_fix: Callable[[Fix], None] = lambda _fix: None  # what a notification's fix does
 
 
 class TrayController(QObject):
@@ -60,6 +67,8 @@ class TrayController(QObject):
         self._build_menu()
         self.icon.setContextMenu(self.menu)
         self.icon.activated.connect(self.on_icon_activated)
+        self.icon.messageClicked.connect(self.on_message_clicked)
+        self.last_popup: Notification | None = None
         for signal in (
             state.connection_changed,
             state.engines_changed,
@@ -69,7 +78,15 @@ class TrayController(QObject):
             state.throughput_sampled,
         ):
             signal.connect(self.refresh)
-        for signal in (state.engines_changed, state.profiles_changed, state.settings_changed):
+        for signal in (state.envs_changed, state.library_changed, state.gpu.overview_changed):
+            signal.connect(self.refresh)
+        for signal in (
+            state.engines_changed,
+            state.profiles_changed,
+            state.settings_changed,
+            state.envs_changed,
+            state.library_changed,
+        ):
             signal.connect(self.refresh_menus)
         state.gpu.hot_changed.connect(self.refresh)
         state.gpu.overview_changed.connect(self.refresh)
@@ -132,10 +149,13 @@ class TrayController(QObject):
         current = self.state.current_profile()
         for entry in self.state.profiles:
             engine = self.state.engines.get(entry.name)
-            running = f"  [{engine.state}]" if engine and engine.state in LIVE_STATES else ""
-            text = f"{entry.name}{running}"
+            live = engine is not None and engine.state in LIVE_STATES
+            blocker = "" if live else self.state.blocker(entry)
+            running = f"  [{engine.state}]" if live and engine else ""
+            text = f"{entry.name}{running}" + (f"  ({blocker})" if blocker else "")
             action = QAction(text, self.profiles_menu, checkable=True)
             action.setChecked(entry.name == current)
+            action.setEnabled(not blocker)
             action.setToolTip(entry.description)
             action.setObjectName(f"profile:{entry.name}")
             group.addAction(action)
@@ -148,6 +168,8 @@ class TrayController(QObject):
             empty.setEnabled(False)
 
     def _fill_models(self) -> None:
+        """Served models to chat with, then the library's models (folders registered with
+        `traylm models add`, models in the Hugging Face cache) to start."""
         self.models_menu.clear()
         models = self.state.served_models()
         for model in models:
@@ -156,6 +178,26 @@ class TrayController(QObject):
             action.triggered.connect(lambda _c=False, m=model: self.windows.open_chat(m))
         if not models:
             self.models_menu.addAction("(no model served)").setEnabled(False)
+        loaded = self.state.loaded_engines()
+        if loaded:
+            self.models_menu.addSection("Loaded")
+        for engine in loaded:
+            names = ", ".join(engine.served_names) or engine.engine_id
+            asleep = " (asleep)" if engine.state == EngineState.SLEEPING else ""
+            action = self.models_menu.addAction(f"Unload {names}{asleep}")
+            action.setObjectName(f"unload:{engine.engine_id}")
+            action.triggered.connect(
+                lambda _c=False, e=engine.engine_id: self.actions.unload_model(e)
+            )
+        startable = library_starts(self.state)
+        if startable:
+            self.models_menu.addSection("Library")
+        for start in startable:
+            action = self.models_menu.addAction(start.label)
+            action.setObjectName(f"library:{start.name}")
+            action.setEnabled(not start.blocker)
+            action.setToolTip(start.blocker or start.path)
+            action.triggered.connect(lambda _c=False, x=start: self.actions.start_library(x))
 
     # ----------------------------------------------------------------- refresh
 
@@ -217,8 +259,12 @@ class TrayController(QObject):
                 status += f"  ·  {s.endpoint_url}"
         self.status_action.setText(status)
         current_live = current in s.engines and s.engines[current].state in LIVE_STATES
-        self.start_action.setText(f"Start {current}" if current else "Start (no profile)")
-        self.start_action.setEnabled(usable and bool(current) and not current_live)
+        if usable and not current:  # nothing can start here yet: the setup leads the way
+            self.start_action.setText("Set up traylm…")
+            self.start_action.setEnabled(True)
+        else:
+            self.start_action.setText(f"Start {current}" if current else "Start")
+            self.start_action.setEnabled(usable and bool(current) and not current_live)
         self.stop_action.setText(f"Stop {engine_id}" if engine_id else "Stop")
         self.stop_action.setEnabled(usable and bool(engine_id))
         self.restart_action.setText(f"Restart {engine_id}" if engine_id else "Restart")
@@ -242,6 +288,8 @@ class TrayController(QObject):
         current = self.state.current_profile()
         if current:
             self.actions.start_profile(current)
+        elif self.state.connected:
+            self.windows.open_setup()
 
     def on_stop_triggered(self) -> None:
         engine_id = self.actions.engine_for_current()
@@ -268,12 +316,24 @@ class TrayController(QObject):
 
     def on_notified(self, note: Notification) -> None:
         if note.popup and self.icon.isVisible() and QSystemTrayIcon.supportsMessages():
+            self.last_popup = note
+            message = note.message
+            if note.fix is not None and note.fix.action:
+                message += f"\n\nClick: {note.fix.label.rstrip('…')}"
             self.icon.showMessage(
                 note.title,
-                note.message,
+                message,
                 _LEVEL_ICONS.get(note.level, _LEVEL_ICONS["info"]),
                 BALLOON_MS,
             )
+
+    def on_message_clicked(self) -> None:
+        """A click on the balloon does its fix (or shows the dashboard)."""
+        note, self.last_popup = self.last_popup, None
+        if note is not None and note.fix is not None and note.fix.action:
+            self.windows.run_fix(note.fix)
+        else:
+            self.windows.open_dashboard("")
 
     # ----------------------------------------------------------------- visibility
 

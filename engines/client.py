@@ -36,7 +36,14 @@ from engines.events.gpu import (
     GuardStatus,
     PowerLimitStatus,
 )
-from engines.events.hub import DownloadStatus, FitResult, LocalModel, ModelDetails, ModelSummary
+from engines.events.hub import (
+    DownloadStatus,
+    FitResult,
+    LocalFolder,
+    LocalModel,
+    ModelDetails,
+    ModelSummary,
+)
 from engines.events.models import AttachedServer, LoadedModel, Placement, ServableModel
 from engines.events.registry import from_wire
 from engines.events.remote import RemoteStatus
@@ -192,8 +199,9 @@ class DaemonClient:
         data = await self._call("GET", f"/api/engines/{engine_id}/logs", params={"tail": str(tail)})
         return [str(line) for line in data["lines"]]
 
-    async def shutdown(self) -> None:
-        await self._call("POST", "/api/shutdown")
+    async def shutdown(self, *, close_apps: bool = False) -> None:
+        """Stop the daemon (it stops its engines first); ``close_apps``: and the tray app."""
+        await self._call("POST", "/api/shutdown", json_body={"close_apps": close_apps})
 
     # ----------------------------------------------------------------- profiles and settings
 
@@ -236,15 +244,22 @@ class DaemonClient:
         )
         return data
 
+    async def cancel_install(self) -> None:
+        """Stop the daemon's running install (its half-made environment is removed)."""
+        await self._call("POST", "/api/envs/install/cancel")
+
     async def env_doctor(self, name: str) -> JSON:
         data: JSON = await self._call("GET", f"/api/envs/{name}/doctor")
         return data
 
     # ----------------------------------------------------------------- events
 
-    async def events(self, kinds: Iterable[str] | None = None) -> AsyncIterator[Event]:
+    async def events(
+        self, kinds: Iterable[str] | None = None, *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[Event]:
         """Yield events until the daemon closes the stream. Unknown kinds (a newer daemon) are
-        skipped."""
+        skipped. ``opened`` is called once the daemon has subscribed this stream: nothing
+        published after that is missed."""
         params = {"kinds": ",".join(kinds)} if kinds else None
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=3, sock_read=60)
         try:
@@ -255,6 +270,8 @@ class DaemonClient:
                         code="events",
                         http_status=resp.status,
                     )
+                if opened is not None:
+                    opened()
                 async for raw in resp.content:
                     line = raw.decode(errors="replace").strip()
                     if not line.startswith("data:"):
@@ -487,14 +504,17 @@ class DaemonClient:
         context: int | None = None,
         concurrency: int = 1,
         kv_cache_dtype: str = "auto",
+        device: str | None = None,
     ) -> list[FitResult]:
-        """Without engine/gpus: every engine on 1 and 2 GPUs (the Models page badges)."""
+        """Without engine/gpus: every engine on 1 and 2 GPUs (the Models page badges);
+        ``device="cpu"``: the CPU build in this computer's memory."""
         params = {"concurrency": str(concurrency), "kv_cache_dtype": kv_cache_dtype}
         for key, value in (
             ("revision", revision),
             ("engine", engine),
             ("gpus", gpus),
             ("context", context),
+            ("device", device),
         ):
             if value is not None:
                 params[key] = str(value)
@@ -503,6 +523,19 @@ class DaemonClient:
 
     async def local_models(self) -> list[LocalModel]:
         return [from_plain(LocalModel, m) for m in await self._call("GET", "/api/models")]
+
+    async def local_folders(self) -> list[LocalFolder]:
+        """Model folders registered in the library (``traylm models add``)."""
+        return [from_plain(LocalFolder, m) for m in await self._call("GET", "/api/models/local")]
+
+    async def add_local_folder(self, path: str, name: str | None = None) -> LocalFolder:
+        body: JSON = {"path": path, **({"name": name} if name else {})}
+        return from_plain(
+            LocalFolder, await self._call("POST", "/api/models/local", json_body=body)
+        )
+
+    async def remove_local_folder(self, name: str) -> LocalFolder:
+        return from_plain(LocalFolder, await self._call("DELETE", f"/api/models/local/{name}"))
 
     async def verify_model(
         self, repo_id: str, revision: str | None = None, *, timeout_s: float = 3600

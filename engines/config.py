@@ -68,6 +68,11 @@ class Paths:
         return self.config_dir / "profiles"
 
     @property
+    def local_models_dir(self) -> Path:
+        """Model folders registered in the library (``traylm models add``), one TOML each."""
+        return self.config_dir / "models"
+
+    @property
     def envs_dir(self) -> Path:
         return self.envs_override or self.data_dir / "envs"
 
@@ -369,6 +374,15 @@ class UISettings:
     notifications: bool = setting(True, "Show desktop notifications.")
     last_profile: str = setting(
         "", "Profile the tray's Start acts on (the last one started or picked in the menu)."
+    )
+    theme: str = setting(
+        "system",
+        "The app's colours: system (follow the desktop's light or dark setting), light or dark.",
+        choices=("system", "light", "dark"),
+    )
+    setup_done: bool = setting(
+        False,
+        "The first-run setup was finished or skipped (Settings → Run the setup again reopens it).",
     )
 
 

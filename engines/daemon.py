@@ -44,6 +44,7 @@ from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
 from engines.metrics import MetricsRegistry
+from engines.ondemand.catalog import FolderSource
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
 from engines.ondemand.service import GPUReadings, ModelsOnDemand
 from engines.procs import PidRegistry, port_holder, reap_orphans
@@ -98,6 +99,7 @@ class Daemon:
         self.token = secrets.token_urlsafe(32)
         self.reaped: list[str] = []
         self._stop = asyncio.Event()
+        self._close_apps = False
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
         self._build()
@@ -114,6 +116,7 @@ class Daemon:
             settings=live,
             engines=self.supervisor,
             start_engine=lambda p: self.control.start_engine(p, placed=True),
+            check_start=lambda p: self.control.check_start(p),
             profiles=self.profiles,
             library=lambda: self.hub.library.models(),
             gpus=GPUReadings(
@@ -124,6 +127,9 @@ class Daemon:
             activity=lambda upstream: self.ctx.activity(upstream),
             publish=publish,
             attached_file=paths.config_dir / "attached.toml",
+            extra_sources=(
+                FolderSource(lambda: self.hub.folders.list(), lambda: set(self.profiles.names())),
+            ),
         )
         self.ctx = GatewayContext(
             settings=live,
@@ -153,6 +159,7 @@ class Daemon:
             engines=self.supervisor,
             inventory=inventory,
             placement=self.ondemand.placer.place_fit,
+            local_models_dir=paths.local_models_dir,
         )
         self.trt = TRTFeature(
             cache_dir=paths.trt_engines_dir,
@@ -182,6 +189,7 @@ class Daemon:
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
+            check_available=self.hub.require_available,
             place=self.ondemand.placer.place_started,
         )
         self.status = DaemonStatus(
@@ -219,6 +227,8 @@ class Daemon:
             bus=self.bus,
             metrics_text=self.registry.render,
             request_stop=self.request_stop,
+            folder_profile=self.hub.folders.profile_for,
+            remember_folder=self.hub.remember_folder,
         )
         mount(app, CONTROL, control, control_routes())
         mount(app, GPU, self.gpu, gpu_routes())
@@ -245,8 +255,10 @@ class Daemon:
         host = "127.0.0.1" if not self.settings.gateway.lan_sharing else "0.0.0.0"  # noqa: S104
         return f"http://{host}:{self.settings.gateway.port}"
 
-    def request_stop(self, reason: str = "") -> None:
+    def request_stop(self, reason: str = "", *, close_apps: bool = False) -> None:
+        """Stop; ``close_apps``: the tray app closes too (`traylm shutdown`)."""
         log.info("stop requested%s", f": {reason}" if reason else "")
+        self._close_apps = self._close_apps or close_apps
         self._stop.set()
 
     async def run(
@@ -302,7 +314,7 @@ class Daemon:
         write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
 
     async def _shutdown(self) -> None:
-        self.bus.publish(DaemonStopping(reason="daemon stopping"))
+        self.bus.publish(DaemonStopping(reason="daemon stopping", close_apps=self._close_apps))
         await self.control.stop()  # a running env install removes its half-made venv
         for feature in reversed(self.features):
             try:

@@ -19,13 +19,15 @@ import builtins
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
 from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
@@ -33,6 +35,7 @@ from engines.adapters.routeset import RouteSet
 from engines.config import resources_dir, write_bytes_atomic
 from engines.dist_alias import DistAlias
 from engines.envsteps import (
+    INSTALLING_FILE,
     META_FILE,
     Check,
     EnvExtras,
@@ -42,6 +45,8 @@ from engines.envsteps import (
     run_streamed,
 )
 from engines.errors import EngineEnvError
+from engines.pip_progress import PipProgress, PipStatus, supports_raw
+from engines.reach import reachable
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +149,8 @@ class EnvInfo:
     complete: bool
     installed_at_s: float = 0.0
     packages: dict[str, str] = field(default_factory=dict)
+    installing_pid: int | None = None
+    """An install runs in this folder now (that process): neither usable nor broken yet."""
 
     @property
     def name(self) -> str:
@@ -203,6 +210,12 @@ class EnvManager:
             return found
         flag = " --cpu" if device == "cpu" else ""
         ver = f" --version {version}" if version else ""
+        installing = next((e for e in candidates if e.installing_pid), None)
+        if installing is not None:
+            raise EngineEnvError(
+                f"the {engine} environment at {installing.path} is still being installed (pid "
+                f"{installing.installing_pid}); wait until the install finishes"
+            )
         if candidates:
             raise EngineEnvError(
                 f"the {engine} environment at {candidates[0].path} is broken (its install did not "
@@ -219,6 +232,11 @@ class EnvManager:
         removed = []
         for env in self.list():
             if env.engine == engine and env.device == device and version in (None, env.version):
+                if env.installing_pid:
+                    raise EngineEnvError(
+                        f"{env.name} is being installed by pid {env.installing_pid}; cancel that "
+                        "install first (Ctrl-C, or Cancel in the app)"
+                    )
                 shutil.rmtree(env.path)
                 removed.append(env.path)
         if not removed:
@@ -233,7 +251,10 @@ class EnvManager:
         version: str | None = None,
         progress: ProgressFn | None = None,
         extra_index_urls: Sequence[str] | None = None,
+        on_pip: PipCallback | None = None,
     ) -> EnvInfo:
+        """Install into a fresh venv; ``progress`` gets (phase, line), ``on_pip`` how far pip
+        is (downloads in bytes). Cancelled or failed, the half-made folder is removed."""
         recipe = RECIPES.get((engine, device))
         if recipe is None:
             known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
@@ -244,12 +265,22 @@ class EnvManager:
         if existing is not None and existing.complete:
             await report(progress, "done", f"{existing.name} is already installed at {target}")
             return existing
+        if existing is not None and existing.installing_pid:
+            raise EngineEnvError(
+                f"{existing.name} is being installed by pid {existing.installing_pid} now; wait "
+                "for it to finish"
+            )
         if target.exists():
             await report(progress, "create", f"removing the unfinished install at {target}")
             shutil.rmtree(target)
         started = time.time()
+        target.mkdir(parents=True)
+        marker = target / INSTALLING_FILE
+        write_bytes_atomic(marker, json.dumps({"pid": os.getpid()}).encode())
         try:
-            return await self._install_into(target, recipe, version, progress, extra_index_urls)
+            info = await self._install_into(
+                target, recipe, version, progress, extra_index_urls, on_pip
+            )
         except BaseException:
             # Nothing half-made stays behind looking usable: no metadata means "broken", but a
             # cancelled or failed install is removed outright.
@@ -257,6 +288,9 @@ class EnvManager:
             raise
         finally:
             log.info("install of %s took %.0f s", target.name, time.time() - started)
+        marker.unlink(missing_ok=True)
+        await report(progress, "done", f"installed {info.name} at {target}")
+        return info
 
     async def _install_into(
         self,
@@ -265,8 +299,8 @@ class EnvManager:
         version: str,
         progress: ProgressFn | None,
         extra_index_urls: Sequence[str] | None,
+        on_pip: PipCallback | None,
     ) -> EnvInfo:
-        target.parent.mkdir(parents=True, exist_ok=True)
         python = _python_for(recipe)
         await report(progress, "create", f"creating a venv at {target}")
         await run_streamed([python, "-m", "venv", str(target)], progress, "create")
@@ -275,18 +309,9 @@ class EnvManager:
             [*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False
         )
         indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
-        cmd = [*pip, "install", "--progress-bar", "off", recipe.requirement.format(version=version)]
-        for url in indexes:
-            if await _reachable(url):
-                cmd += ["--extra-index-url", url]
-            else:
-                await report(
-                    progress,
-                    "install",
-                    f"{url} is unreachable; using PyPI and pip's "
-                    "own configuration for every package",
-                )
-        await run_streamed(cmd, progress, "install")
+        cmd = await _pip_install_cmd(pip, recipe.requirement.format(version=version), indexes,
+                                     progress)  # fmt: skip
+        await run_streamed(cmd, _pip_lines(progress, on_pip), "install")
         if recipe.remove_after:
             await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
@@ -317,7 +342,6 @@ class EnvManager:
         write_bytes_atomic(target / META_FILE, json.dumps(meta, indent=1).encode())
         info = self._read(target)
         assert info is not None
-        await report(progress, "done", f"installed {info.name} at {target}")
         return info
 
     async def _packages(self, target: Path) -> dict[str, str]:
@@ -428,9 +452,10 @@ class EnvManager:
             except (OSError, ValueError, KeyError):
                 pass
         parts = path.name.split("-")
-        if len(parts) >= 2 and (path / "bin").exists():
+        installing = _installing_pid(path)
+        if len(parts) >= 2 and ((path / "bin").exists() or installing):
             device = "cpu" if parts[-1] == "cpu" else "cuda"
-            return EnvInfo(parts[0], parts[1], device, path, False)
+            return EnvInfo(parts[0], parts[1], device, path, False, installing_pid=installing)
         return None
 
 
@@ -551,21 +576,58 @@ def _version_key(v: str) -> Version:
         return Version("0")
 
 
-async def _reachable(url: str, timeout_s: float = 3.0) -> bool:
-    """Whether an index host resolves and accepts a TCP connection (pip would otherwise retry
-    every package against it for seconds each)."""
-    from urllib.parse import urlsplit
+PipCallback = Callable[[PipStatus], Awaitable[None] | None]
+"""Called with how far pip is while it installs the engine (engines/pip_progress.py)."""
 
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+
+def _installing_pid(path: Path) -> int | None:
+    """The live process installing into ``path`` (its marker file names it), or None."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout_s)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
+        pid = int(json.loads((path / INSTALLING_FILE).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if psutil.pid_exists(pid) else None
+
+
+async def _pip_install_cmd(
+    pip: Sequence[str], requirement: str, indexes: Sequence[str], progress: ProgressFn | None
+) -> list[str]:
+    """pip install with byte progress when this pip prints it (raw: pip 24.1+) and the extra
+    indexes that answer (pip would otherwise retry every package against a dead one)."""
+    bar = "raw" if supports_raw(await _pip_help(pip)) else "off"
+    cmd = [*pip, "install", "--progress-bar", bar, requirement]
+    for url in indexes:
+        if await reachable(url):
+            cmd += ["--extra-index-url", url]
+        else:
+            await report(progress, "install",
+                         f"{url} is unreachable; using PyPI and pip's own configuration for "
+                         "every package")  # fmt: skip
+    return cmd
+
+
+async def _pip_help(pip: Sequence[str]) -> str:
+    try:
+        return await capture([*pip, "install", "--help"])
+    except EngineEnvError:
+        return ""
+
+
+def _pip_lines(progress: ProgressFn | None, on_pip: PipCallback | None) -> ProgressFn:
+    """pip's lines: each to ``progress`` (but the many "Progress N of M" ones), and what they
+    say about its progress to ``on_pip``."""
+    tracker = PipProgress()
+
+    async def line(phase: str, text: str) -> None:
+        status = tracker.feed(text)
+        if status is not None and on_pip is not None:
+            result = on_pip(status)
+            if result is not None:
+                await result
+        if not text.startswith("Progress "):
+            await report(progress, phase, text)
+
+    return line
 
 
 def env_summary(env: EnvInfo) -> dict[str, object]:

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 META_FILE = "traylm-env.json"
 """Written last, atomically, into an environment: its presence means "install finished"."""
+INSTALLING_FILE = "traylm-installing.json"
+"""{"pid": N} while an install runs in that folder (removed when it ends either way)."""
 
 ProgressFn = Callable[[str, str], Awaitable[None] | None]
 """Called with (phase, line) while installing: phases are create, install, fix, probe, done."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engines.events.core import EngineState, EngineStatus
+from engines.events.core import EngineStartPhase, EngineState, EngineStatus
 
 REPEAT_S = 10.0
 """A long phase (a first compile) gets a fresh line this often, so a wait is never silent."""
@@ -27,8 +27,8 @@ def breakdown(status: EngineStatus) -> str:
 
 
 class PhasePrinter:
-    """Feeds on status snapshots (as `start --wait` polls them) and prints a line when the phase
-    changes, and again every REPEAT_S seconds while it lasts."""
+    """Feeds on status snapshots (as `start --wait` polls them) and on ``engine.phase`` events,
+    and prints a line when the phase changes, and again every REPEAT_S seconds while it lasts."""
 
     def __init__(self, write: Callable[[str], None] = print) -> None:
         self._write = write
@@ -42,3 +42,10 @@ class PhasePrinter:
         if key != self._shown:
             self._shown = key
             self._write(f"  {text}")
+
+    def began(self, event: EngineStartPhase) -> None:
+        """A phase began (the event comes at once; a poll may not see a short phase at all)."""
+        if event.phase in ("ready", self._shown[0]):  # (a poll may have shown it already)
+            return
+        self._shown = (event.phase, 0)
+        self._write(f"  {event.label} (0 s)…")

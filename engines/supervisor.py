@@ -11,6 +11,11 @@ State machine (published as ``EngineStateChanged``)::
 While starting, readiness is probed every 50 ms (a refused connection costs little), so a request
 waiting for a cold model is relayed within a probe period of the engine listening.
 
+While it starts, the port and pid are published as soon as the process exists (starting →
+starting), and each phase the engine's log begins (the adapter's phase rules: importing, loading
+weights, compiling, KV cache, CUDA graphs, ...) is an ``EngineStartPhase`` event and the status's
+``phase`` fields (engines/phase_tracker.py); ``detail`` keeps saying why it is in its state.
+
 Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
 A crash is noticed within 2 s: the leader's exit code is polled every 50 ms, and ``/health``
 failing twice in a row (vLLM answers 503 when its engine core died) also counts.
@@ -126,7 +131,7 @@ class ManagedEngine:
         self._task: asyncio.Task[None] | None = None
         self._want_running = False
         self._ready_event = asyncio.Event()
-        self._state_changed = asyncio.Event()
+        self._changed = asyncio.Event()
         self._spec: LaunchSpec | None = None
         self._log_fh: TextIO | None = None
         self._phases = PhaseTracker(engine_id)
@@ -140,6 +145,12 @@ class ManagedEngine:
     @property
     def base_url(self) -> str | None:
         return f"http://127.0.0.1:{self.port}" if self.port else None
+
+    @property
+    def stage(self) -> str:
+        """What it does now, in words: while starting its start phase ("loading weights") or
+        why it is starting (EngineStatus.stage), else the state's detail."""
+        return self.status().stage or self.detail
 
     def status(self) -> EngineStatus:
         phase, label, phase_elapsed_s = self._phases.current()
@@ -184,8 +195,13 @@ class ManagedEngine:
         """Return the state as soon as it is one of ``states`` (woken by the transition itself,
         no polling); the caller bounds the wait."""
         while self.state not in states:
-            await self._state_changed.wait()
+            await self._changed.wait()
         return self.state
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return at the next change of state or start phase, or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
 
     @property
     def can_sleep(self) -> bool:
@@ -245,7 +261,7 @@ class ManagedEngine:
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
             await self._terminate()
-        if self.state not in (EngineState.FAILED, EngineState.STOPPED):
+        if self.state != EngineState.STOPPED:  # a stop also clears a failure
             self._set_state(EngineState.STOPPED, reason)
 
     async def restart(self) -> None:
@@ -317,6 +333,8 @@ class ManagedEngine:
             self.detail = f"starting on 127.0.0.1:{self.port}"
         await self._spawn(spec)
         assert self._proc is not None
+        # the port and pid exist now: say so (every view shows them while it starts)
+        self._set_state(EngineState.STARTING, self.detail)
         reader = asyncio.create_task(self._read_logs(self._proc), name=f"logs:{self.engine_id}")
         try:
             ready = await self._wait_until_ready(spec)
@@ -572,7 +590,12 @@ class ManagedEngine:
     def _publish_phase(self, event: EngineStartPhase | None) -> None:
         if event is not None:
             log.info("engine %s: %s at %.1f s", self.engine_id, event.phase, event.elapsed_s)
+            self._notify_change()
             self._publish(event)
+
+    def _notify_change(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _failure_text(self, what: str) -> str:
         if self.diagnosis is not None:
@@ -587,8 +610,7 @@ class ManagedEngine:
         previous = self.state
         self.state = state
         self.detail = detail
-        changed, self._state_changed = self._state_changed, asyncio.Event()
-        changed.set()
+        self._notify_change()
         log.info("engine %s: %s → %s (%s)", self.engine_id, previous, state, detail)
         self._publish(
             EngineStateChanged(
@@ -684,6 +706,12 @@ class Supervisor:
 
     def get(self, engine_id: str) -> ManagedEngine | None:
         return self.engines.get(engine_id)
+
+    def remove(self, engine_id: str) -> None:
+        """Forget a stopped engine (a failed start the user stopped: nothing left to show)."""
+        engine = self.engines.get(engine_id)
+        if engine is not None and engine.state == EngineState.STOPPED:
+            del self.engines[engine_id]
 
     def route(self, model: str) -> ManagedEngine | None:
         """The engine serving ``model`` (a served name or alias): a ready one first, else one

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from engines.client import DaemonClient
@@ -23,6 +25,69 @@ from engines.config import (
 from engines.daemon import Daemon
 from engines.procs import free_loopback_port
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
+from tests.fakes.hub_endpoint import ReachableEndpoint
+
+LEAK_GRACE_S = 10.0  # a process a test started may take this long to go after its teardown
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test must not leave a process of its own running into the next tests (a leaked
+    engine or CLI once failed an unrelated test under load): after its teardown, what it
+    started is given a few seconds to exit, then killed, and the test errors with its name.
+    The real-engine tests share session daemons on purpose and are not checked."""
+    if "integration" in request.node.path.parts:
+        yield
+        return
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = kill_leftovers(before, LEAK_GRACE_S)
+    if left:
+        pytest.fail(f"the test left processes running (now killed): {'; '.join(left)}")
+
+
+def kill_leftovers(before: set[int], grace_s: float) -> list[str]:
+    """Children of this process not in ``before`` still running after ``grace_s``: killed,
+    and described."""
+    me = psutil.Process()
+    alive = [p for p in me.children(recursive=True) if p.pid not in before and _running(p)]
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:  # polled, never reaped: their owners reap
+        time.sleep(0.1)
+        alive = [p for p in alive if _running(p)]
+    names = [_describe(p) for p in alive]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return names
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"pid {p.pid} ({' '.join(p.cmdline()[:5])[:120]})"
+    except psutil.Error:
+        return f"pid {p.pid}"
+
+
+@pytest.fixture(scope="session")
+def hub_stand_in() -> Iterator[str]:
+    endpoint = ReachableEndpoint().start()
+    yield endpoint.url
+    endpoint.stop()
+
+
+@pytest.fixture(autouse=True)
+def reachable_hub(hub_stand_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starts of made-up repo ids ("org/fake") go on as with network (tests/fakes/
+    hub_endpoint.py); tests that need the Hub set HF_ENDPOINT to the FAKE Hub themselves."""
+    monkeypatch.setenv("HF_ENDPOINT", hub_stand_in)
 
 
 @pytest.fixture

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop.bridge import Bridge
-from desktop.chat.stream import ChatDelta, ChatError, ChatRequest, ChatStreamEnded, ModelsListed
+from desktop.chat.stream import (
+    ChatDelta,
+    ChatError,
+    ChatLoading,
+    ChatRequest,
+    ChatStreamEnded,
+    ModelsListed,
+)
 from desktop.messages import CallResult
 from desktop.state import AppState
 from engines.events import ChatChanged, ChatSummary, ChatTranscript, EngineState, EngineStateChanged
@@ -51,6 +58,7 @@ class ChatController(QObject):
     models_changed = Signal()
     stream_started = Signal(object)  # Streaming
     stream_delta = Signal(str)  # the reply so far
+    stream_loading = Signal(str)  # its model is loading: "loading NAME (starting: ..., 12 s)"
     stream_ended = Signal(object)  # ChatStreamEnded, or None when the call never ran
     error_raised = Signal(object)  # ChatError
     error_cleared = Signal()
@@ -61,7 +69,8 @@ class ChatController(QObject):
         self.state = state
         self.summaries: tuple[ChatSummary, ...] = ()
         self.transcript: ChatTranscript | None = None
-        self.models: tuple[str, ...] = ()
+        self.models: tuple[str, ...] = ()  # every servable model (sending loads one)
+        self.loaded: tuple[str, ...] = ()  # those answering now
         self.models_error: ChatError | None = None
         self.streaming: Streaming | None = None
         self.reply = ""
@@ -74,6 +83,9 @@ class ChatController(QObject):
         self._reload_models = _debounced(self, self.load_models)
         bridge.message_received.connect(self.on_message_received)
         state.connection_changed.connect(self.on_connection_changed)
+        # a new profile or library model is servable at once: the picker offers it
+        state.profiles_changed.connect(self._reload_models.start)
+        state.library_changed.connect(self._reload_models.start)
 
     # ----------------------------------------------------------------- loading
 
@@ -105,8 +117,9 @@ class ChatController(QObject):
         if not result.ok or not isinstance(result.value, ModelsListed):
             return
         self.models, self.models_error = result.value.names, result.value.error
+        self.loaded = result.value.loaded
         self.models_changed.emit()
-        if self.retry_when_served and self.retry_when_served in self.models:
+        if self.retry_when_served and self.retry_when_served in self.loaded:
             self.retry_when_served = ""
             self.retry()
 
@@ -263,6 +276,9 @@ class ChatController(QObject):
             if self.streaming is not None and message.request_id == self.streaming.request_id:
                 self.reply += message.text
                 self.stream_delta.emit(self.reply)
+        elif isinstance(message, ChatLoading):
+            if self.streaming is not None and message.request_id == self.streaming.request_id:
+                self.stream_loading.emit(message.text)
         elif isinstance(message, ChatChanged):
             self._reload_chats.start()
         elif isinstance(message, EngineStateChanged) and message.state in (

@@ -51,18 +51,32 @@ class ChatDelta:
 
 @dataclass(frozen=True)
 class ChatError:
-    """kind: model_not_found | engine_starting | engine_unavailable | unauthorized |
-    gateway_unreachable | connection_lost | engine_error | http_error"""
+    """kind: model_not_found | engine_starting | engine_unavailable | model_load_failed |
+    unauthorized | gateway_unreachable | connection_lost | engine_error | http_error.
+    ``code``: the gateway's own error type (traylm's error code, for the fix button)."""
 
     kind: str
     message: str
     http_status: int = 0
+    code: str = ""
 
 
 @dataclass(frozen=True)
 class ModelsListed:
     names: tuple[str, ...]
+    """Every model the gateway serves, loaded ones first (the others load on a request)."""
     error: ChatError | None
+    loaded: tuple[str, ...] = ()
+    """Those answering now (no load before the reply)."""
+
+
+@dataclass(frozen=True)
+class ChatLoading:
+    """The model of a request is loading (models on demand): the gateway's SSE comment, e.g.
+    "loading fake (starting: loading weights, 12 s)"."""
+
+    request_id: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,9 @@ _ERROR_KINDS = {
     "unauthorized": "unauthorized",
     "paused": "engine_unavailable",
     "rate_limit_exceeded": "engine_unavailable",
+    "model_not_loaded": "model_not_found",  # engines.jit is off: load it first
+    "model_load_failed": "model_load_failed",  # models on demand: the load failed
+    "hub_unavailable": "model_load_failed",  # (its model cannot be fetched offline)
 }
 
 
@@ -107,7 +124,7 @@ def error_from_body(status: int, body: bytes) -> ChatError:
     if status == 401:
         type_ = "unauthorized"
     kind = _ERROR_KINDS.get(type_, "model_not_found" if status == 404 else "http_error")
-    return ChatError(kind, message or f"HTTP {status}", status)
+    return ChatError(kind, message or f"HTTP {status}", status, type_)
 
 
 class _Collector:
@@ -129,6 +146,9 @@ class _Collector:
     def feed(self, line: bytes) -> bool:
         """One SSE line; False once the stream says [DONE]."""
         text = line.decode(errors="replace").strip()
+        if text.startswith(": loading ") and self.first_token_at is None:
+            self.post(ChatLoading(self.request.request_id, text[2:]))
+            return True
         if not text.startswith("data:"):
             return True
         data = text[5:].strip()
@@ -140,7 +160,9 @@ class _Collector:
             return True
         if "error" in chunk:
             err = chunk["error"] or {}
-            self.error = ChatError("engine_error", str(err.get("message", "engine error")), 502)
+            type_ = str(err.get("type", ""))  # a cold model's failed load ends the stream so
+            kind = _ERROR_KINDS.get(type_, "engine_error")
+            self.error = ChatError(kind, str(err.get("message", "engine error")), 502, type_)
             return True
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -236,14 +258,14 @@ class GatewayHTTP:
             return ModelsListed((), self._unreachable(exc))
         except ValueError as exc:
             return ModelsListed((), ChatError("http_error", f"bad /v1/models answer: {exc}"))
-        # the gateway lists every servable model with its status (models on demand); the
-        # picker shows the loaded ones until it learns to load on send
-        names = tuple(
-            str(m["id"])
-            for m in data.get("data", ())
-            if isinstance(m, dict) and m.get("status", "loaded") == "loaded"
-        )
-        return ModelsListed(names, None)
+        # the gateway lists every servable model with its status (models on demand): all are
+        # offered, since sending loads one; the loaded ones first, so a new chat starts on one
+        listed = [m for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
+        rank = {"loaded": 0, "loading": 1}
+        listed.sort(key=lambda m: rank.get(str(m.get("status", "loaded")), 2))
+        names = tuple(str(m["id"]) for m in listed)
+        loaded = tuple(str(m["id"]) for m in listed if m.get("status", "loaded") == "loaded")
+        return ModelsListed(names, None, loaded)
 
     async def stream_chat(self, request: ChatRequest) -> ChatStreamEnded:
         collector = _Collector(request, self._post)

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.chat.markdown import Block, split_blocks
+from desktop.theme import text_label
 from engines.events import ChatMessage
 
 CODE_MAX_LINES = 30
@@ -211,11 +212,22 @@ class ErrorCard(QFrame):
         layout.addWidget(self.message)
         self.row = QHBoxLayout()
         layout.addLayout(self.row)
+        self.hint = text_label("errorHint", "hint")
+        layout.addWidget(self.hint)
         self.buttons: list[QPushButton] = []
 
-    def show_error(self, text: str, fixes: Sequence[tuple[str, str, Callable[[], None]]]) -> None:
-        """``fixes``: (object name, label, slot) for each button."""
+    def show_error(
+        self,
+        text: str,
+        fixes: Sequence[tuple[str, str, Callable[[], None]]],
+        *,
+        cli: str = "",
+    ) -> None:
+        """``fixes``: (object name, label, slot) for each button; ``cli``: the same fix as a
+        command, shown under them as a hint."""
         self.message.setText(text)
+        self.hint.setText(f"or in a terminal: {cli}" if cli else "")
+        self.hint.setVisible(bool(cli))
         for button in self.buttons:
             button.deleteLater()
         self.buttons = []
@@ -251,7 +263,7 @@ class TranscriptView(QScrollArea):
         self.column.setContentsMargins(12, 12, 12, 12)
         self.column.setSpacing(10)
         self.placeholder = QLabel(
-            "Ask something. Ctrl+Enter sends, Esc stops a reply.\n"
+            "Ask something. Enter sends, Shift+Enter starts a new line, Esc stops a reply.\n"
             "The conversation is kept by the traylm daemon."
         )
         self.placeholder.setObjectName("placeholder")

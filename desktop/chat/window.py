@@ -1,5 +1,5 @@
 """The chat window: conversations on the left; model, parameters, the transcript and the
-composer on the right. Ctrl+Enter sends, Esc stops a streaming reply."""
+composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a streaming reply."""
 
 from __future__ import annotations
 
@@ -32,12 +32,15 @@ from desktop.actions import Actions
 from desktop.bridge import Bridge
 from desktop.chat.controller import ChatController, ChatOptions, Streaming
 from desktop.chat.keyfile import read_key, write_key
+from desktop.chat.start_card import StartCard
 from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
+from desktop.fixes import Fix, fix_for
 from desktop.state import AppState
-from desktop.style import STYLE
+from desktop.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
+from desktop.widgets.sizing import resize_within_screen
 
 NO_MODEL = "(no model served)"
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
@@ -45,26 +48,40 @@ CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
 
 class ChatWindow(QMainWindow):
     def __init__(
-        self, bridge: Bridge, state: AppState, actions: Actions, parent: QWidget | None = None
+        self,
+        bridge: Bridge,
+        state: AppState,
+        actions: Actions,
+        *,
+        run_fix: Callable[[Fix], None] = lambda _fix: None,
+        open_setup: Callable[[], object] = lambda: None,
+        parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.setObjectName("chatWindow")
-        self.setStyleSheet(STYLE)
         self.setWindowTitle("traylm — Chat")
-        self.resize(1000, 720)
+        resize_within_screen(self, 1000, 720)
         self.state = state
         self.app_actions = actions
         self.bridge = bridge
         self.controller = ChatController(bridge, state, self)
         self.editing: int | None = None
         self._shown_chat: int | None = None
+        self.run_fix = run_fix
+        self.open_setup = open_setup
+        self._answered: Callable[[bool], None] | None = None
         self._build()
+        self.start_card = StartCard(
+            self.transcript.error_card, state, self.controller,
+            start_again=self.on_start_fix, run_fix=run_fix, parent=self,
+        )  # fmt: skip
         c = self.controller
         c.chats_changed.connect(self.on_chats_changed)
         c.transcript_changed.connect(self.on_transcript_changed)
         c.models_changed.connect(self.on_models_changed)
         c.stream_started.connect(self.on_stream_started)
         c.stream_delta.connect(self.on_stream_delta)
+        c.stream_loading.connect(self.on_stream_loading)
         c.stream_ended.connect(self.on_stream_ended)
         c.error_raised.connect(self.on_error_raised)
         c.error_cleared.connect(lambda: self.transcript.error_card.setVisible(False))
@@ -155,14 +172,14 @@ class ChatWindow(QMainWindow):
         row = QHBoxLayout()
         self.composer = QPlainTextEdit()
         self.composer.setObjectName("composer")
-        self.composer.setPlaceholderText("Message (Ctrl+Enter sends, Esc stops)")
+        self.composer.setPlaceholderText("Message (Enter sends, Shift+Enter new line, Esc stops)")
         self.composer.setMaximumHeight(110)
         self.composer.installEventFilter(self)
         row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
-        self.send_button = QPushButton("Send")
+        self.send_button = primary(QPushButton("Send"))
         self.send_button.setObjectName("send")
-        self.send_button.setToolTip("Ctrl+Enter")
+        self.send_button.setToolTip("Enter (Shift+Enter starts a new line)")
         self.send_button.clicked.connect(self.on_send_clicked)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stop")
@@ -277,6 +294,10 @@ class ChatWindow(QMainWindow):
         self.model_picker.clear()
         for model in models:
             self.model_picker.addItem(model)
+            if model not in self.controller.loaded:  # models on demand: sending loads it
+                index = self.model_picker.count() - 1
+                tip = "not loaded: sending a message loads it"
+                self.model_picker.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
         if not models:
             self.model_picker.addItem(NO_MODEL)
         if current and current != NO_MODEL:
@@ -289,7 +310,8 @@ class ChatWindow(QMainWindow):
         card = self.transcript.error_card
         model = self.options().model
         waiting = ("model_not_found", "engine_unavailable", "engine_starting")
-        if card.isVisible() and last is not None and last.kind in waiting and model in models:
+        served = model in self.controller.loaded
+        if card.isVisible() and last is not None and last.kind in waiting and served:
             card.show_error(f"{model} is served now.", [("retry", "Retry", self.controller.retry)])
 
     def on_stream_started(self, streaming: Streaming) -> None:
@@ -298,11 +320,38 @@ class ChatWindow(QMainWindow):
         self.status.setText(f"{streaming.model} is answering… (Esc stops)")
         self._update_buttons()
 
+    def on_stream_loading(self, text: str) -> None:
+        """Its model loads before it answers (models on demand): which step, how long."""
+        self.status.setText(f"{text[:1].upper()}{text[1:]}… the reply follows (Esc stops)")
+        view = self.transcript.streaming
+        if view is not None:
+            view.set_stats("loading the model…")
+
     def on_stream_delta(self, text: str) -> None:
         view = self.transcript.streaming
         if view is not None:
             view.set_text(text)
             view.set_stats("streaming…")
+        streaming = self.controller.streaming
+        if streaming is not None and self.status.text().startswith("Loading "):  # it loaded
+            self.status.setText(f"{streaming.model} is answering… (Esc stops)")
+
+    def ask(self, model: str, text: str, answered: Callable[[bool], None] | None = None) -> None:
+        """Ask ``model`` in a new conversation (the setup's first question); ``answered`` hears
+        whether a reply came."""
+        if self.controller.streaming is not None:
+            return
+        self.on_new_clicked()
+        self.select_model(model)
+        self.controller.options = None
+        self._answered = answered
+        self.composer.setPlainText(text)
+        self.on_send_clicked()
+
+    def _tell_answered(self, answered: bool) -> None:
+        callback, self._answered = self._answered, None
+        if callback is not None:
+            callback(answered)
 
     def on_stream_ended(self, ended: ChatStreamEnded | None) -> None:
         view = self.transcript.streaming
@@ -314,11 +363,26 @@ class ChatWindow(QMainWindow):
         if ended is not None:
             summary = stats_text(ended.stats(), ended.finish_reason)
             self.status.setText(f"{ended.model}: {summary}" if summary else "")
+            self._tell_answered(bool(ended.content) and ended.error is None)
         self._update_buttons()
 
     def on_error_raised(self, error: ChatError) -> None:
         self.status.setText("")
-        self.transcript.error_card.show_error(error.message, self._fixes(error))
+        fix = self._load_fix(error)
+        fixes = self._fixes(error)
+        if fix is not None and fix.action:
+            fixes.insert(0, ("loadFix", fix.label, lambda: self.run_fix(fix)))
+        cli = fix.cli if fix is not None else ""
+        self.transcript.error_card.show_error(error.message, fixes, cli=cli)
+
+    def _load_fix(self, error: ChatError) -> Fix | None:
+        """A failed load (models on demand) says why; its fix: the engine's log, or what the
+        daemon's error code points at (a model folder when the Hub cannot be reached)."""
+        if error.kind != "model_load_failed":
+            return None
+        model = self.options().model
+        entry = self.state.profile_serving(model) if model else None
+        return fix_for(error.code, error.message, target=entry.name if entry else model)
 
     def _fixes(self, error: ChatError) -> list[tuple[str, str, Callable[[], None]]]:
         c = self.controller
@@ -327,10 +391,14 @@ class ChatWindow(QMainWindow):
         if error.kind in ("model_not_found", "engine_unavailable"):
             entry = self.state.profile_serving(model) if model else None
             profile = entry.name if entry else self.state.current_profile()
+            if entry is not None and self.state.blocker(entry):
+                profile = ""  # it cannot start here: the setup says what is missing
             if profile:
                 fixes.append(
                     ("startEngine", f"Start {profile}", lambda: self.on_start_fix(profile))
                 )
+            else:
+                fixes.append(("openSetup", "Set up traylm…", self.on_setup_fix))
         if error.kind == "engine_starting":
             c.retry_when_served = model
         if error.kind == "unauthorized":
@@ -345,10 +413,11 @@ class ChatWindow(QMainWindow):
         if self.model_picker.currentText() in ("", NO_MODEL):
             self.select_model(served)
             self.controller.options = None
-        self.app_actions.start_profile(profile)
-        self.transcript.error_card.message.setText(
-            f"Starting {profile}… the reply follows as soon as it serves {served}."
-        )
+        self.start_card.follow(profile)
+        self.app_actions.start_profile(profile, then=self.start_card.on_start_answered)
+
+    def on_setup_fix(self) -> None:
+        self.open_setup()
 
     def on_enter_key(self) -> None:
         dialog = QInputDialog(self)
@@ -411,12 +480,13 @@ class ChatWindow(QMainWindow):
         self.new_button.setEnabled(not streaming)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Ctrl+Enter and Esc in the composer, also when the window-wide shortcuts cannot fire
-        (the window is not the active one)."""
+        """Enter sends and Shift+Enter starts a new line in the composer (as in LM Studio and
+        Jan); Esc stops. Also when the window-wide shortcuts cannot fire (the window is not the
+        active one)."""
         if watched is self.composer and event.type() == QEvent.Type.KeyPress:
             assert isinstance(event, QKeyEvent)
             enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-            if enter and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
                 self.on_send_clicked()
                 return True
             if event.key() == Qt.Key.Key_Escape:

@@ -29,6 +29,7 @@ from desktop.dashboard.bench_results import BenchResults
 from desktop.dashboard.page import Page, PageContext
 from desktop.formatting import fmt_when
 from desktop.messages import CallResult
+from desktop.theme import primary
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import SelectionMode, read_only_table
 from engines.client import DaemonClient
@@ -122,7 +123,7 @@ class BenchPage(Page):
         self.name.setPlaceholderText("optional, e.g. 350 W tp2")
         form.addRow("Name", self.name)
         buttons = QHBoxLayout()
-        self.start_button = QPushButton("Start benchmark")
+        self.start_button = primary(QPushButton("Start benchmark"))
         self.start_button.setObjectName("startBench")
         self.start_button.clicked.connect(self.on_start_clicked)
         self.cancel_button = QPushButton("Cancel run")
@@ -156,10 +157,12 @@ class BenchPage(Page):
         row = QHBoxLayout()
         refresh = QPushButton("Refresh")
         refresh.clicked.connect(self.reload)
-        self.compare_button = QPushButton("Compare the two selected")
+        self.compare_button = QPushButton("Compare")
+        self.compare_button.setToolTip("Compare the two selected runs")
         self.compare_button.setObjectName("compareBench")
         self.compare_button.clicked.connect(self.on_compare_clicked)
-        self.report_button = QPushButton("Open HTML report")
+        self.report_button = QPushButton("HTML report")
+        self.report_button.setToolTip("Open the selected run's HTML report")
         self.report_button.setObjectName("benchReport")
         self.report_button.clicked.connect(self.on_report_clicked)
         self.delete_button = QPushButton("Delete")

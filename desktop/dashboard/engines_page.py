@@ -22,8 +22,10 @@ from desktop.dashboard.logs_view import LogsView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.profile_editor import ProfileEditor
 from desktop.dashboard.trt_view import TRTView
+from desktop.fixes import ENGINE_LOG, PROFILES, Fix
 from desktop.messages import ThroughputSampled
 from desktop.state import LIVE_STATES
+from desktop.theme import primary
 from desktop.widgets.chart import LiveChart
 from desktop.widgets.table import read_only_table
 from engines.events import EngineState
@@ -105,7 +107,7 @@ class EnginesPage(Page):
         self.profile_picker.setObjectName("startProfilePicker")
         self.profile_picker.setMinimumWidth(220)
         row.addWidget(self.profile_picker)
-        self.start_button = QPushButton("Start")
+        self.start_button = primary(QPushButton("Start"))
         self.start_button.setObjectName("startEngine")
         self.start_button.clicked.connect(self.on_start_clicked)
         row.addWidget(self.start_button)
@@ -146,7 +148,7 @@ class EnginesPage(Page):
                 str(e.port or "–"),
                 str(e.pid or "–"),
                 str(e.restarts),
-                e.detail,
+                e.stage or e.detail,
             )
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)
@@ -236,6 +238,15 @@ class EnginesPage(Page):
     def on_suggestion(self, profile: str, suggested: object) -> None:
         self.tabs.setCurrentWidget(self.profiles)
         self.profiles.apply_suggestion(profile, suggested)  # type: ignore[arg-type]
+
+    def show_fix(self, fix: Fix) -> None:
+        if fix.action == ENGINE_LOG:
+            self.tabs.setCurrentWidget(self.logs)
+            self.logs.picker.setCurrentText(fix.target)
+        elif fix.action == PROFILES:
+            self.tabs.setCurrentWidget(self.profiles)
+            if fix.target:
+                self.profiles.load_profile(fix.target)
 
     def on_tab_changed(self, index: int) -> None:
         if self.tabs.widget(index) is self.envs:

@@ -13,7 +13,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QTableWidgetItem,
@@ -22,21 +21,16 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.dashboard.page import PageContext
+from desktop.install_text import PHASE_WORDS, install_words
 from desktop.messages import CallResult
+from desktop.theme import primary
+from desktop.widgets.log_view import log_view
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import EnvInstallProgress, Event
 
 COLUMNS = ("name", "engine", "version", "device", "complete", "path")
 PHASES = ("create", "install", "fix", "probe", "done")
-PHASE_WORDS = {
-    "create": "creating the virtual environment",
-    "install": "installing packages (this is the long part)",
-    "fix": "applying post-install fixes",
-    "probe": "checking that the engine imports and reading its flags",
-    "done": "installed",
-    "failed": "failed",
-}
 LOG_LINES = 500
 
 
@@ -67,6 +61,7 @@ class EnvsView(QWidget):
         layout.addWidget(self.report)
         layout.addWidget(self._install_group())
         ctx.state.event_received.connect(self.on_event_received)
+        ctx.state.envs_changed.connect(self.on_envs_changed)
 
     def _install_group(self) -> QGroupBox:
         box = QGroupBox("Install an engine")
@@ -86,11 +81,17 @@ class EnvsView(QWidget):
         self.version.setObjectName("installVersion")
         self.version.setPlaceholderText("default version")
         self.version.setMaximumWidth(140)
-        self.install_button = QPushButton("Install")
+        self.install_button = primary(QPushButton("Install"))
         self.install_button.setObjectName("installEnv")
         self.install_button.clicked.connect(self.on_install_clicked)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancelInstall")
+        self.cancel_button.setToolTip("Stop the install; its unfinished environment is removed")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.on_cancel_clicked)
         for w in (QLabel("Engine"), self.engine, QLabel("Device"), self.device,
-                  QLabel("Version"), self.version, self.install_button):  # fmt: skip
+                  QLabel("Version"), self.version, self.install_button,
+                  self.cancel_button):  # fmt: skip
             row.addWidget(w)
         row.addStretch(1)
         layout.addLayout(row)
@@ -103,10 +104,7 @@ class EnvsView(QWidget):
         layout.addWidget(self.install_bar)
         self.install_status = ResultLabel("installStatus")
         layout.addWidget(self.install_status)
-        self.install_log = QPlainTextEdit()
-        self.install_log.setObjectName("installLog")
-        self.install_log.setReadOnly(True)
-        self.install_log.setMaximumBlockCount(LOG_LINES)
+        self.install_log = log_view("installLog", LOG_LINES)
         self.install_log.setMaximumHeight(140)
         self.install_log.setPlaceholderText("The installer's output appears here.")
         layout.addWidget(self.install_log)
@@ -130,12 +128,24 @@ class EnvsView(QWidget):
         self.install_bar.setValue(0)
         self.ctx.bridge.call(lambda c: c.install_env(engine, device=device, version=version), done)
 
+    def on_cancel_clicked(self) -> None:
+        self.cancel_button.setEnabled(False)
+
+        def done(result: CallResult) -> None:
+            if not result.ok:
+                self.install_status.error(result.error)
+
+        self.ctx.bridge.call(lambda c: c.cancel_install(), done)
+
     def on_event_received(self, event: Event) -> None:
         if not isinstance(event, EnvInstallProgress):
             return
         self.install_bar.setVisible(True)
-        self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
-        self.install_button.setEnabled(event.phase in ("done", "failed"))
+        if event.line:  # progress-only updates carry bytes, not a line
+            self.install_log.appendPlainText(f"[{event.phase}] {event.line}")
+        ended = event.phase in ("done", "failed", "cancelled")
+        self.install_button.setEnabled(ended)
+        self.cancel_button.setEnabled(not ended)
         if event.phase in PHASES:
             self.install_bar.setValue(PHASES.index(event.phase) + 1)
         words = PHASE_WORDS.get(event.phase, event.phase)
@@ -145,8 +155,15 @@ class EnvsView(QWidget):
             self.reload()
         elif event.phase == "failed":
             self.install_status.error(event.line)
+        elif event.phase == "cancelled":
+            self.install_status.warning(f"Cancelled: {event.line}.")
+            self.reload()
         else:
-            self.install_status.neutral(f"{words} · {event.elapsed_s:.0f} s")
+            self.install_status.neutral(install_words(event))
+
+    def on_envs_changed(self) -> None:
+        if self.isVisible():
+            self.reload()
 
     def reload(self) -> None:
         self.ctx.bridge.call(lambda c: c.envs(), self._on_envs)
@@ -160,16 +177,18 @@ class EnvsView(QWidget):
         for r, env in enumerate(self.envs):
             for c, key in enumerate(COLUMNS):
                 value = env.get(key, "")
-                text = (
-                    ("yes" if value else "NO (install did not finish)")
-                    if key == "complete"
-                    else str(value)
-                )
+                text = str(value)
+                if key == "complete":
+                    pid = env.get("installing_pid")
+                    text = "yes" if value else "NO (install did not finish)"
+                    text = f"installing now (pid {pid})" if pid else text
                 self.table.setItem(r, c, QTableWidgetItem(text))
         if self.envs and self.table.currentRow() < 0:
             self.table.selectRow(0)
         if not self.envs:
             self.report.setText("No engine installed yet: install one below.")
+        elif self.report.text().startswith("No engine installed yet"):
+            self.report.setText("")  # said before the install finished: no longer true
 
     def on_doctor_clicked(self) -> None:
         row = self.table.currentRow()

@@ -1,7 +1,7 @@
-"""Fans & power: per GPU, the fan-curve editor, the power-limit slider and the thermal guard,
-with traylm-gpud's status on top. Without the helper everything stays readable and every edit is
-still checked by the daemon (dry runs); Apply needs the helper, and the page shows how to
-install it (the daemon's own hint)."""
+"""Fans & power: per GPU, the fan-curve editor, the power-limit slider and the thermal guard
+(a tab each), with traylm-gpud's status on top. Without the helper everything stays readable
+and every edit is still checked by the daemon (dry runs); Apply needs the helper, and the page
+shows how to install it (the daemon's own hint)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
+    QGroupBox,
     QHBoxLayout,
     QLabel,
-    QScrollArea,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -51,20 +52,16 @@ class FansPage(Page):
         self.helper.setTextFormat(Qt.TextFormat.RichText)
         self.helper.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.helper)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        inner = QWidget()
-        column = QVBoxLayout(inner)
-        column.setContentsMargins(0, 0, 0, 0)
+        # one tab each, so that every part fits a 1366×768 screen without scrolling
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("fansTabs")
         self.fans = FanCurveView(ctx)
         self.power = PowerView(ctx)
         self.guard = GuardView(ctx)
-        for view in (self.fans, self.power, self.guard):
-            column.addWidget(view)
-        column.addStretch(1)
-        scroll.setWidget(inner)
-        layout.addWidget(scroll, 1)
+        for view, title in ((self.fans, "Fan curve"), (self.power, "Power limit"),
+                            (self.guard, "Thermal guard")):  # fmt: skip
+            self.tabs.addTab(_top_aligned(view), title)
+        layout.addWidget(self.tabs, 1)
         gpu = ctx.state.gpu
         gpu.overview_changed.connect(self.on_overview_changed)
         gpu.sampled.connect(self.on_gpu_sampled)
@@ -150,3 +147,14 @@ class FansPage(Page):
         self._presets_loaded = True
         self.fans.set_presets(dict(result.value.fans))
         self.power.set_presets(dict(result.value.power))
+
+
+def _top_aligned(view: QGroupBox) -> QWidget:
+    view.setTitle("")  # the tab says what it is
+    view.setFlat(True)
+    holder = QWidget()
+    column = QVBoxLayout(holder)
+    column.setContentsMargins(0, 0, 0, 0)
+    column.addWidget(view)
+    column.addStretch(1)
+    return holder

@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
-    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -24,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from desktop.dashboard.page import PageContext
 from desktop.messages import CallResult
+from desktop.widgets.log_view import log_view
 from engines.events import Diagnosis, EngineDiagnosed, EngineLogLine, Event
 
 LOG_LINES = 5000
@@ -64,14 +64,7 @@ class LogsView(QWidget):
         top.addStretch(1)
         layout.addLayout(top)
         splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.log = QPlainTextEdit()
-        self.log.setObjectName("engineLog")
-        self.log.setReadOnly(True)
-        self.log.setMaximumBlockCount(LOG_LINES)
-        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        font = self.log.font()
-        font.setFamily("monospace")
-        self.log.setFont(font)
+        self.log = log_view("engineLog", LOG_LINES)
         self.highlighter = DiagnosisHighlighter(self.log.document())
         splitter.addWidget(self.log)
         splitter.addWidget(self._side_panel())

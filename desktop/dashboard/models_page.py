@@ -1,16 +1,20 @@
-"""Models: Hub search with details and fit badges, the download queue, and the local library.
+"""Models: Hub search with details and fit badges, the download queue, and the local library
+(the Hugging Face cache, and model folders on this computer).
 
 The consent to run a model's own code (trust_remote_code) is kept per model by the daemon
 (``PUT /api/models/{repo}/trust``); the search details and the library both change it."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from desktop.dashboard.downloads_view import DownloadsView
+from desktop.dashboard.folders_view import FoldersView
 from desktop.dashboard.library_view import LibraryView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.search_view import SearchView
+from desktop.fixes import LIBRARY, LOCAL_FOLDER, Fix
 from desktop.messages import CallResult
 
 
@@ -26,9 +30,15 @@ class ModelsPage(Page):
         self.library = LibraryView(ctx, self.set_trust)
         self.search = SearchView(ctx, self.trusted, self.set_trust)
         self.downloads = DownloadsView(ctx)
+        self.folders = FoldersView(ctx)
         self.tabs.addTab(self.search, "Search the Hub")
         self.tabs.addTab(self.downloads, "Downloads")
-        self.tabs.addTab(self.library, "Library")
+        self.shelf = QSplitter(Qt.Orientation.Vertical)
+        self.shelf.setObjectName("libraryShelf")
+        self.shelf.addWidget(self.library)
+        self.shelf.addWidget(self.folders)
+        self.shelf.setSizes([400, 250])
+        self.tabs.addTab(self.shelf, "Library")
         layout.addWidget(self.tabs)
         ctx.state.connection_changed.connect(lambda _c: self._reload_if_shown())
 
@@ -50,6 +60,15 @@ class ModelsPage(Page):
             self.library.reload()
 
         self.ctx.bridge.call(lambda c: c.trust_model(repo_id, trust), done)
+
+    def show_library(self) -> None:
+        self.tabs.setCurrentWidget(self.shelf)
+
+    def show_fix(self, fix: Fix) -> None:
+        if fix.action in (LOCAL_FOLDER, LIBRARY):
+            self.show_library()
+        if fix.action == LOCAL_FOLDER:
+            self.folders.on_add_clicked()
 
     def page_shown(self) -> None:
         if not self._loaded:

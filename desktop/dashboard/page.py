@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QWidget
 
 from desktop.actions import Actions
 from desktop.bridge import Bridge
+from desktop.fixes import Fix
 from desktop.notify import Notifier
 from desktop.state import AppState
 
@@ -21,6 +22,8 @@ class PageContext:
     notifier: Notifier
     open_chat: Callable[[str], object]
     show_page: Callable[[str], None]
+    open_setup: Callable[[], object] = lambda: None
+    run_fix: Callable[[Fix], None] = lambda _fix: None
 
 
 class Page(QWidget):
@@ -37,4 +40,8 @@ class Page(QWidget):
         return None
 
     def page_hidden(self) -> None:
+        return None
+
+    def show_fix(self, fix: Fix) -> None:
+        """Bring up what ``fix`` needs on this page (a tab, a field, a dialog)."""
         return None

@@ -16,11 +16,14 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFormLayout,
+    QHBoxLayout,
     QLineEdit,
     QPlainTextEdit,
+    QPushButton,
     QWidget,
 )
 
+from desktop.widgets.folder import ChooseFolder, ask_for_folder
 from engines.config import Profile, doc
 
 SKIPPED = frozenset({"name"})
@@ -39,6 +42,7 @@ class ProfileForm(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.choose_folder: ChooseFolder = ask_for_folder  # tests answer for the user
         self.layout_ = QFormLayout(self)
         self.widgets: dict[str, FieldWidget] = {}
         self.types: dict[str, tuple[Any, bool]] = {}
@@ -52,8 +56,28 @@ class ProfileForm(QWidget):
             widget.setObjectName(f"field-{f.name}")
             widget.setToolTip(doc(Profile, f.name))
             self.widgets[f.name] = widget
-            self.layout_.addRow(f.metadata.get("label") or f.name.replace("_", " "), widget)
+            label = f.metadata.get("label") or f.name.replace("_", " ")
+            if f.name == "model" and isinstance(widget, QLineEdit):
+                self.layout_.addRow(label, self._with_browse(widget))
+            else:
+                self.layout_.addRow(label, widget)
         self.load({})
+
+    def _with_browse(self, line: QLineEdit) -> QHBoxLayout:
+        """The model field takes a repo id or a folder: Browse… fills in a folder."""
+        row = QHBoxLayout()
+        row.addWidget(line, 1)
+        browse = QPushButton("Browse…")
+        browse.setObjectName("browseModel")
+        browse.setToolTip("A model folder on this computer (config.json, weights, tokenizer)")
+        browse.clicked.connect(lambda: self.on_browse_clicked(line))
+        row.addWidget(browse)
+        return row
+
+    def on_browse_clicked(self, line: QLineEdit) -> None:
+        folder = self.choose_folder(self)
+        if folder:
+            line.setText(folder)
 
     def _widget(self, f: dataclasses.Field[Any], tp: Any) -> FieldWidget:
         choices = f.metadata.get("choices")

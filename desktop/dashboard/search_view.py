@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from desktop.dashboard.fit_badges import FitBadges
 from desktop.dashboard.page import PageContext
+from desktop.fixes import Fix, fix_for
 from desktop.formatting import fmt_bytes, fmt_count
 from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
@@ -52,14 +53,21 @@ class SearchView(QWidget):
         self.details: ModelDetails | None = None
         layout = QVBoxLayout(self)
         layout.addLayout(self._bar())
-        status = QHBoxLayout()
         self.access = QLabel("")
         self.access.setObjectName("hubAccess")
+        self.access.setProperty("role", "hint")
         self.access.setWordWrap(True)
-        status.addWidget(self.access, 1)
+        layout.addWidget(self.access)
+        status = QHBoxLayout()  # the whole width: an error says what happened and what to do
         self.status = ResultLabel("searchStatus")
-        status.addWidget(self.status)
+        status.addWidget(self.status, 1)
+        self.fix_button = QPushButton()
+        self.fix_button.setObjectName("searchFix")
+        self.fix_button.setVisible(False)
+        self.fix_button.clicked.connect(self.on_fix_clicked)
+        status.addWidget(self.fix_button)
         layout.addLayout(status)
+        self.fix: Fix | None = None
         split = QSplitter(Qt.Orientation.Vertical)
         self.table = read_only_table(
             COLUMNS,
@@ -168,8 +176,14 @@ class SearchView(QWidget):
 
     def _on_results(self, result: CallResult) -> None:
         self.search_button.setEnabled(True)
+        self.fix = None
+        self.fix_button.setVisible(False)
         if not result.ok or not isinstance(result.value, tuple):
             self.status.error(result.error)
+            self.fix = fix_for(result.error_code, result.error)
+            if self.fix is not None and self.fix.action:
+                self.fix_button.setText(self.fix.label)
+                self.fix_button.setVisible(True)
             return
         self.results = tuple(m for m in result.value if isinstance(m, ModelSummary))
         self.status.neutral(f"{len(self.results)} models")
@@ -191,6 +205,10 @@ class SearchView(QWidget):
                 self.table.setItem(r, c, QTableWidgetItem(value))
         if self.results:
             self.table.selectRow(0)
+
+    def on_fix_clicked(self) -> None:
+        if self.fix is not None:
+            self.ctx.run_fix(self.fix)
 
     # ----------------------------------------------------------------- details
 

@@ -1,7 +1,7 @@
-"""Settings: endpoint (port, LAN sharing, API keys), desktop (autostart, quit, notifications),
-Hugging Face, energy and the GPU simulator. Each change is sent to the daemon at once
-(``PATCH /api/settings``), which validates and saves it; its tooltip is the setting's doc line
-from the daemon."""
+"""Settings: endpoint (port, LAN sharing, API keys), desktop (autostart, quit, notifications,
+colours, the first-run setup again), Hugging Face, energy and the GPU simulator. Each change is
+sent to the daemon at once (``PATCH /api/settings``), which validates and saves it; its tooltip
+is the setting's doc line from the daemon."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ from PySide6.QtWidgets import (
 from desktop import autostart
 from desktop.chat.keyfile import write_key
 from desktop.dashboard.page import Page, PageContext
+from desktop.fixes import HUB_LOGIN, Fix
 from desktop.hf_token import token_source, write_token
 from desktop.messages import CallResult
+from desktop.theme import THEMES
 
 RESTART_NOTE = "takes effect when the daemon restarts"
 
@@ -138,6 +140,20 @@ class SettingsPage(Page):
         self.notifications.toggled.connect(lambda on: self._apply("ui.notifications", on))
         form.addRow("Notifications", self.notifications)
         self._tooltips["ui.notifications"] = self.notifications
+        self.theme = QComboBox()
+        self.theme.setMaximumWidth(280)
+        self.theme.setObjectName("ui.theme")
+        self.theme.addItems(list(THEMES))
+        self.theme.currentTextChanged.connect(lambda v: self._apply("ui.theme", v))
+        form.addRow("Colours", self.theme)
+        self._tooltips["ui.theme"] = self.theme
+        self.setup_button = QPushButton("Run the setup again…")
+        self.setup_button.setObjectName("runSetup")
+        self.setup_button.setToolTip(
+            "The first-run setup: this computer, the engine, a model that fits, a first answer"
+        )
+        self.setup_button.clicked.connect(lambda: self.ctx.open_setup())
+        form.addRow("First-run setup", self.setup_button)
         return box
 
     def _hub(self) -> QWidget:
@@ -237,6 +253,7 @@ class SettingsPage(Page):
             self.autostart.setChecked(autostart.is_enabled())
             self.quit_action.setCurrentText(s.ui.quit_action)
             self.notifications.setChecked(s.ui.notifications)
+            self.theme.setCurrentText(s.ui.theme)
             self.hf_endpoint.setText(s.hub.endpoint)
             self.price.setValue(s.energy.electricity_price_per_kwh)
             self.currency.setText(s.energy.currency)
@@ -251,6 +268,10 @@ class SettingsPage(Page):
             f"{host}:{s.gateway.port}"
             + (" (API key required)" if status.get("api_key_required") else " (no API key)")
         )
+
+    def show_fix(self, fix: Fix) -> None:
+        field = self.hf_token if fix.action == HUB_LOGIN else self.port
+        field.setFocus()
 
     # ----------------------------------------------------------------- widgets → daemon
 

@@ -29,13 +29,16 @@ from desktop.bridge import Bridge
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.unavailable import UnavailablePage
+from desktop.fixes import Fix
 from desktop.link import IDLE_METRICS_S
 from desktop.notify import Notification, Notifier
 from desktop.state import AppState
-from desktop.style import STYLE
 from desktop.widgets.banner import ConnectionBanner
+from desktop.widgets.notice_bar import NoticeBar
+from desktop.widgets.sizing import resize_within_screen
 
 LIVE_METRICS_S = 1.0
+NAV_WIDTH = 184
 KEY_ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -48,15 +51,18 @@ class DashboardWindow(QMainWindow):
         notifier: Notifier,
         *,
         open_chat: Callable[[str], object],
+        open_setup: Callable[[], object] = lambda: None,
+        run_fix: Callable[[Fix], None] = lambda _fix: None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.setObjectName("dashboardWindow")
-        self.setStyleSheet(STYLE)
         self.setWindowTitle("traylm — Dashboard")
-        self.resize(1100, 760)
+        resize_within_screen(self, 1100, 760)
         self.bridge = bridge
-        self.ctx = PageContext(bridge, state, actions, notifier, open_chat, self.show_page)
+        self.ctx = PageContext(
+            bridge, state, actions, notifier, open_chat, self.show_page, open_setup, run_fix
+        )
         self.pages: dict[str, Page] = {}
         self._quit: Callable[[], None] | None = None
         self._closing = False
@@ -73,23 +79,29 @@ class DashboardWindow(QMainWindow):
         self.fallback_note.setVisible(False)
         outer.addWidget(self.fallback_note)
         outer.addWidget(ConnectionBanner(state, actions))
+        self.notice = NoticeBar(run_fix)
+        outer.addWidget(self.notice)
+        outer.addLayout(self._body(), 1)
+        self.setCentralWidget(central)
+        notifier.notified.connect(self.on_notified)
+        first = next(i for i, spec in enumerate(PAGES) if spec.available)
+        self.nav.setCurrentRow(first)
+
+    def _body(self) -> QHBoxLayout:
+        """The page list on the left, the pages on the right."""
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         self.nav = QListWidget()
         self.nav.setObjectName("pageNav")
-        self.nav.setFixedWidth(215)
+        self.nav.setFixedWidth(NAV_WIDTH)
         self.nav.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.stack = QStackedWidget()
         body.addWidget(self.nav)
         body.addWidget(self.stack, 1)
-        outer.addLayout(body, 1)
-        self.setCentralWidget(central)
         for spec in PAGES:
             self.nav.addItem(self._nav_item(spec))
         self.nav.currentRowChanged.connect(self.on_nav_changed)
-        notifier.notified.connect(self.on_notified)
-        first = next(i for i, spec in enumerate(PAGES) if spec.available)
-        self.nav.setCurrentRow(first)
+        return body
 
     def _nav_item(self, spec: PageSpec) -> QListWidgetItem:
         item = QListWidgetItem(spec.title if spec.available else f"{spec.title}  (not yet)")
@@ -168,8 +180,12 @@ class DashboardWindow(QMainWindow):
     # ----------------------------------------------------------------- notifications
 
     def on_notified(self, note: Notification) -> None:
-        prefix = {"error": "⚠ ", "warning": "⚠ "}.get(note.level, "")
-        self.statusBar().showMessage(f"{prefix}{note.title}: {note.message}", 15000)
+        """Errors and warnings stay in the notice bar (wrapped, with their fix) until dismissed
+        or replaced; the rest passes through the status bar."""
+        if note.level in ("error", "warning"):
+            self.notice.show_notice(note)
+        else:
+            self.statusBar().showMessage(f"{note.title}: {note.message}", 15000)
 
     # ----------------------------------------------------------------- fallback main window
 

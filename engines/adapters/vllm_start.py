@@ -104,8 +104,13 @@ PHASES: tuple[PhaseRule, ...] = (
     PhaseRule("import", "importing vLLM", None),
     # APIServer, once its imports are done and the arguments parsed
     PhaseRule("config", "reading the model config", _p(r"non-default args: ")),
-    # then the engine core (and its worker) processes start and import vLLM again
-    PhaseRule("engine", "starting the engine processes", _p(r"Resolved architecture: ")),
+    # then the engine core (and its worker) processes start and import vLLM again; the core's
+    # own first line marks it too, should the API server's line be missing
+    PhaseRule(
+        "engine",
+        "starting the engine processes",
+        _p(r"Resolved architecture: |Initializing a V1 LLM engine"),
+    ),
     PhaseRule("weights", "loading weights", _p(r"Starting to load model ")),
     PhaseRule(
         "compile",

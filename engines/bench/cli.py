@@ -35,10 +35,13 @@ from engines.events.bench import (
     BenchState,
 )
 from engines.events.codec import to_plain
+from engines.model_wait import load_and_wait
 
 API_KEY_ENV = "TRAYLM_API_KEY"
 FINISH_POLL_S = 2.0
+CANCEL_ANSWER_S = 20.0  # the daemon's stop grace for its worker (8 s, then SIGKILL) and a margin
 PLAIN_PROGRESS_EVERY_S = 5.0
+LOAD_TIMEOUT_S = 900.0  # a cold model first: its start (a first compile) may take minutes
 
 
 def add_parsers(sub: Any) -> None:
@@ -131,6 +134,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         name=args.name,
     )
     async with await _client() as c:
+        if not config.url:
+            await _load_if_cold(c, config.model)
         queue: asyncio.Queue[BenchProgress | BenchFinished] = asyncio.Queue()
         follower = asyncio.create_task(_follow(c, queue))
         try:
@@ -139,9 +144,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
             try:
                 await _wait(c, run.id, queue)
             except asyncio.CancelledError:  # Ctrl-C: stop the run, keep what finished
-                print("\nstopping the benchmark...", file=sys.stderr)
-                with contextlib.suppress(TraylmError):
-                    await c.bench_cancel(run.id)
+                print("\nstopping the benchmark...", file=sys.stderr, flush=True)
+                try:  # the daemon stops its worker within its grace (then kills it)
+                    await asyncio.wait_for(c.bench_cancel(run.id), CANCEL_ANSWER_S)
+                except (TraylmError, TimeoutError):
+                    print("the daemon did not confirm in time; `traylm bench cancel` stops "
+                          "the run if it still goes on", file=sys.stderr)  # fmt: skip
                 raise
         finally:
             follower.cancel()
@@ -152,6 +160,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
         if args.html:
             await _write_html(c, [final.id], args.html)
     return 0 if final.state == BenchState.DONE else 1
+
+
+async def _load_if_cold(c: DaemonClient, model: str) -> None:
+    """A servable model that is not loaded (models on demand) is loaded first, its progress
+    said on stderr, so the measurement starts on a ready engine and never includes its start."""
+    servable = await c.servable_models()
+    entry = next((m for m in servable if model == m.name or model in m.names), None)
+    if entry is None or entry.status == "loaded" or entry.external:
+        return  # unknown names get the daemon's "not served" answer, which lists them
+    print(f"{model} is not loaded: loading it first", file=sys.stderr, flush=True)
+    await load_and_wait(
+        c, model, timeout_s=LOAD_TIMEOUT_S, say=lambda line: print(line, file=sys.stderr)
+    )
 
 
 async def _follow(c: DaemonClient, queue: asyncio.Queue[BenchProgress | BenchFinished]) -> None:

@@ -17,7 +17,7 @@ from aiohttp import web
 from engines.config import SECTIONS, Profile, doc, profile_from_mapping, profile_to_mapping
 from engines.control.service import ControlAPI, adhoc_profile
 from engines.envs import env_summary
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError, EngineEnvError, TraylmError
 from engines.events.codec import to_plain
 from engines.http import error_response, json_body, ok, traylm_errors
 
@@ -49,8 +49,11 @@ async def status(request: web.Request) -> web.Response:
 @routes.post("/api/shutdown")
 @traylm_errors
 async def shutdown(request: web.Request) -> web.Response:
-    _api(request).request_stop("asked through the control API")
-    return ok({"stopping": True}, status=202)
+    """Body (optional): {"close_apps": true} closes the tray app too (`traylm shutdown`)."""
+    body = await json_body(request) if request.can_read_body else {}
+    close_apps = body.get("close_apps") is True
+    _api(request).request_stop("asked through the control API", close_apps=close_apps)
+    return ok({"stopping": True, "close_apps": close_apps}, status=202)
 
 
 # --------------------------------------------------------------------------- engines
@@ -71,11 +74,15 @@ async def start_engine(request: web.Request) -> web.Response:
         body = await json_body(request)
         if "profile" in body:
             title = f"cannot start {body['profile']}"
-            profile = await asyncio.to_thread(api.profiles.load, str(body["profile"]))
+            profile = await api.load_profile(str(body["profile"]))
         else:
             profile = await asyncio.to_thread(adhoc_profile, dict(body))
             title = f"cannot start {profile.name}"
-        return ok(await api.engines.start_engine(profile), status=202)
+        status = await api.engines.start_engine(profile)
+        if "profile" not in body and profile.model.startswith(("/", "~")):
+            # a folder served with --model joins the library, to be started again by name
+            await asyncio.to_thread(api.remember_folder, profile.model, profile.name)
+        return ok(status, status=202)
     except TraylmError as exc:
         api.engines.notify_error(title, exc)
         return error_response(exc)
@@ -84,9 +91,7 @@ async def start_engine(request: web.Request) -> web.Response:
 @routes.post("/api/engines/{engine_id}/stop")
 @traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:
-    engine = _api(request).engines.engine(request.match_info["engine_id"])
-    await engine.stop()
-    return ok(engine.status())
+    return ok(await _api(request).engines.stop_engine(request.match_info["engine_id"]))
 
 
 @routes.post("/api/engines/{engine_id}/restart")
@@ -217,6 +222,16 @@ async def install_env(request: web.Request) -> web.Response:
     version = body.get("version")
     job = d.engines.install_env(engine, device=device, version=str(version) if version else None)
     return ok(job, status=202)
+
+
+@routes.post("/api/envs/install/cancel")
+@traylm_errors
+async def cancel_install(request: web.Request) -> web.Response:
+    """Stop the running install; its half-made environment is removed (``env.install`` event
+    with phase ``cancelled``). 409 when none runs."""
+    if not await _api(request).engines.cancel_install():
+        raise EngineEnvError("no engine install is running", code="not_installing")
+    return ok({"cancelled": True})
 
 
 # --------------------------------------------------------------------------- metrics, events

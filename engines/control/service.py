@@ -24,10 +24,17 @@ from engines.adapters.vllm_models import family_parsers
 from engines.bus import EventBus
 from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.envs import RECIPES, EnvManager, has_nvidia_gpu
-from engines.errors import ConfigError, EngineEnvError, EngineNotFound, TraylmError
+from engines.errors import (
+    ConfigError,
+    EngineEnvError,
+    EngineNotFound,
+    ProfileNotFound,
+    TraylmError,
+)
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
 from engines.modelinfo import read_model_info
+from engines.pip_progress import PipStatus
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
@@ -35,6 +42,7 @@ from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
+PIP_EVENT_EVERY_S = 0.5  # download progress events, at most (a new file or step: at once)
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
@@ -55,6 +63,10 @@ TrustCheck = Callable[[str, str], Awaitable[None]]
 trust (engines/hub/service.py HubFeature.require_trust)."""
 
 
+async def _always(_profile: str, _model: str) -> None:
+    return None
+
+
 class EngineControl:
     """Starts engines after checking everything that can be checked before launch, finds them,
     and installs engine environments in the background."""
@@ -70,6 +82,7 @@ class EngineControl:
         publish: Callable[[Event], None],
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
+        check_available: TrustCheck = _always,
         cache_dir: Path | None = None,
         warm: WarmPool | None = None,
         place: Place | None = None,
@@ -89,7 +102,11 @@ class EngineControl:
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
         self._place = place
+        self._check_available = check_available
+        """(profile name, model) → None, or an error when the engine could not get the model
+        (a Hub model, not downloaded, without network: HubFeature.require_available)."""
         self._install_task: asyncio.Task[None] | None = None
+        self._pip_published_s = 0.0
 
     async def stop(self) -> None:
         """Cancel a running install (the installer removes its half-made venv)."""
@@ -98,27 +115,18 @@ class EngineControl:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._install_task
 
+    async def check_start(self, profile: Profile) -> None:
+        """Everything ``start_engine`` checks before it places and launches (models on demand
+        asks first, so that a load that cannot start unloads nothing to make room). Raises
+        TraylmError subclasses with the fix in the message."""
+        await self._checked(profile)
+
     async def start_engine(self, profile: Profile, *, placed: bool = False) -> EngineStatus:
         """Validate everything that can be checked before launch, place it on GPUs (unless
         ``placed``), then start (returns at once with state ``starting``). Raises TraylmError
         subclasses with the fix in the message."""
-        adapter = adapter_for(profile.engine)
-        device = resolve_device(profile)
-        env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
-        runtime = await asyncio.to_thread(env.runtime)
-        if self._cache_dir is not None:
-            runtime = dataclasses.replace(runtime, cache_dir=self._cache_dir / env.name)
-        model = resolve_model(profile)
+        profile, runtime, model = await self._checked(profile)
         settings = self._settings.current.engines
-        if profile.trust_remote_code:  # the user must have trusted this model's code
-            await self._check_trust(profile.name, model)
-        if profile.cpu_kv_cache_gib is None and device == "cpu":
-            profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
-        self._check_names_free(profile)
-        check = profile
-        if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
-            check = dataclasses.replace(profile, gpus=tuple(range(profile.world_size)))
-        adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
         if self._warm is not None:
             self._warm.limit = settings.warm_starts  # the setting applies live
         if self._place is not None and not placed:
@@ -128,7 +136,7 @@ class EngineControl:
         engine = ManagedEngine(
             profile.name,
             profile=profile,
-            adapter=adapter,
+            adapter=adapter_for(profile.engine),
             runtime=runtime,
             model=model,
             settings=settings,
@@ -141,6 +149,29 @@ class EngineControl:
         self._supervisor.add(engine)
         await engine.start()
         return engine.status()
+
+    async def _checked(self, profile: Profile) -> tuple[Profile, EngineRuntime, str]:
+        """The profile as it will launch (its CPU KV cache filled in), its engine runtime and
+        model, once every check before a launch passed."""
+        adapter = adapter_for(profile.engine)
+        device = resolve_device(profile)
+        env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
+        runtime = await asyncio.to_thread(env.runtime)
+        if self._cache_dir is not None:
+            runtime = dataclasses.replace(runtime, cache_dir=self._cache_dir / env.name)
+        model = resolve_model(profile)
+        settings = self._settings.current.engines
+        if profile.trust_remote_code:  # the user must have trusted this model's code
+            await self._check_trust(profile.name, model)
+        await self._check_available(profile.name, model)  # offline and not downloaded: say so
+        if profile.cpu_kv_cache_gib is None and device == "cpu":
+            profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
+        self._check_names_free(profile)
+        check = profile
+        if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
+            check = dataclasses.replace(profile, gpus=tuple(range(profile.world_size)))
+        adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
+        return profile, runtime, model
 
     def _check_names_free(self, profile: Profile) -> None:
         for other in self._supervisor.engines.values():
@@ -155,6 +186,16 @@ class EngineControl:
                     f"{', '.join(sorted(clash))} is already served by engine "
                     f"{other.engine_id!r}; stop it first or give this profile another served_name"
                 )
+
+    async def stop_engine(self, engine_id: str) -> EngineStatus:
+        """Stop an engine; one whose start had failed is then forgotten (``traylm status`` no
+        longer lists it; its stopped state was published)."""
+        engine = self.engine(engine_id)
+        failed = engine.state == EngineState.FAILED
+        await engine.stop()
+        if failed:
+            self._supervisor.remove(engine_id)
+        return engine.status()
 
     def statuses(self) -> list[EngineStatus]:
         return [e.status() for e in self._supervisor.engines.values()]
@@ -177,30 +218,58 @@ class EngineControl:
         if self._install_task is not None and not self._install_task.done():
             raise EngineEnvError("an engine install is already running; wait for it to finish")
         started = time.monotonic()
+        last: list[PipStatus] = []  # the last pip status published (a few a second at most)
 
-        def progress(phase: str, line: str) -> None:
-            self._publish(
-                EnvInstallProgress(
-                    engine=engine,
-                    device=device,
-                    phase=phase,
-                    line=line,
-                    elapsed_s=time.monotonic() - started,
-                )
-            )
+        def progress(phase: str, line: str, pip: PipStatus | None = None) -> None:
+            pip = pip or (last[-1] if last and phase == "install" else None)
+            event = EnvInstallProgress(
+                engine=engine, device=device, phase=phase, line=line,
+                elapsed_s=time.monotonic() - started,
+            )  # fmt: skip
+            self._publish(event if pip is None else _with_pip(event, pip))
+
+        def on_pip(status: PipStatus) -> None:
+            changed = not last or (last[-1].step, last[-1].package) != (status.step, status.package)
+            if changed or time.monotonic() - self._pip_published_s >= PIP_EVENT_EVERY_S:
+                self._pip_published_s = time.monotonic()
+                last[:] = [status]
+                progress("install", "", status)
 
         async def run() -> None:
             try:
-                await self._envs.install(engine, device=device, version=version, progress=progress)
+                await self._envs.install(
+                    engine, device=device, version=version, progress=progress, on_pip=on_pip
+                )
             except TraylmError as exc:
                 progress("failed", exc.message)
                 self.notify_error(f"installing {engine} failed", exc)
+            except asyncio.CancelledError:
+                progress("cancelled", "the install was cancelled; its unfinished folder is gone")
+                raise
 
         self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
         return {"engine": engine, "device": device, "version": version or "default"}
 
+    async def cancel_install(self) -> bool:
+        """Cancel the running install (the installer removes its half-made venv and says
+        ``cancelled``); False when none runs."""
+        task = self._install_task
+        if task is None or task.done():
+            return False
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return True
+
     def notify_error(self, title: str, exc: TraylmError) -> None:
         self._publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
+
+
+def _with_pip(event: EnvInstallProgress, pip: PipStatus) -> EnvInstallProgress:
+    return dataclasses.replace(
+        event, step=pip.step, package=pip.package, done_bytes=pip.done_bytes,
+        file_done_bytes=pip.file_done_bytes, file_total_bytes=pip.file_total_bytes,
+    )  # fmt: skip
 
 
 class DaemonStatus:
@@ -240,6 +309,10 @@ class DaemonStatus:
         }
 
 
+class StopRequest(Protocol):
+    def __call__(self, reason: str = "", *, close_apps: bool = False) -> None: ...
+
+
 @dataclass(frozen=True)
 class ControlAPI:
     """Everything the core control routes act on, given by the daemon."""
@@ -253,7 +326,23 @@ class ControlAPI:
     metrics_text: Callable[[], str]
     """The gateway's Prometheus text (/api/metrics: readable with the control token even when
     API keys guard /metrics)."""
-    request_stop: Callable[[str], None]
+    request_stop: StopRequest
+    remember_folder: Callable[[str, str], object] = lambda _path, _name: None
+    """(folder, name): register a model folder started with --model in the library, unless
+    it is there already (blocking: called through a thread)."""
+    folder_profile: Callable[[str], Profile | None] = lambda _name: None
+    """A model folder registered in the library, as the profile that serves it by its name
+    (``traylm models add``; blocking: called through a thread). None: no such folder."""
+
+    async def load_profile(self, name: str) -> Profile:
+        """The profile ``name``, else the model folder registered under that name."""
+        try:
+            return await asyncio.to_thread(self.profiles.load, name)
+        except ProfileNotFound:
+            folder = await asyncio.to_thread(self.folder_profile, name)
+            if folder is None:
+                raise
+            return folder
 
 
 def resolve_device(profile: Profile) -> str:

@@ -76,6 +76,17 @@ class EngineStatus:
     phases: tuple[PhaseTime, ...] = ()
     """Every phase of the last launch so far, in order."""
 
+    @property
+    def stage(self) -> str:
+        """What a starting engine does now, in words: its start phase ("loading weights"),
+        else why it is starting ("launching", "crashed; restart 1/3 in 2 s"); "" in other
+        states. The one wording of the tray, the dashboard, the chat and `traylm load`."""
+        if self.state != EngineState.STARTING:
+            return ""
+        if self.phase_label and self.phase != "ready":  # (ready: the last launch's)
+            return self.phase_label
+        return self.detail
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineStateChanged(Event):
@@ -139,12 +150,16 @@ class Notice(Event):
 class DaemonStopping(Event):
     kind: ClassVar[str] = "daemon.stopping"
     reason: str = ""
+    close_apps: bool = False
+    """The person stopped traylm as a whole (`traylm shutdown`): window apps close too."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvInstallProgress(Event):
     """Progress of `traylm engines install` run by the daemon (phase: create, install, fix,
-    probe, done, failed)."""
+    probe, done, failed, cancelled). While pip runs, ``step`` says what it does (resolving,
+    downloading, installing) and the byte counts how far the downloads are
+    (engines/pip_progress.py); ``line`` is then "" for a progress-only update."""
 
     kind: ClassVar[str] = "env.install"
     engine: str
@@ -152,3 +167,8 @@ class EnvInstallProgress(Event):
     phase: str
     line: str
     elapsed_s: float = 0.0
+    step: str = ""
+    package: str = ""  # the file pip fetches (or the package it resolves) now
+    done_bytes: int = 0  # downloaded so far, every file together
+    file_done_bytes: int = 0
+    file_total_bytes: int = 0  # the current file's size (0: not known)

@@ -200,6 +200,22 @@ class DownloadProgress(Event):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LibraryChanged(Event):
     kind: ClassVar[str] = "library.changed"
-    repo_id: str
+    repo_id: str  # the repo, or the name of a model folder
     commit_sha: str
-    reason: str  # downloaded | deleted | verified | corrupt | trust
+    reason: str  # downloaded | deleted | verified | corrupt | trust | added | removed
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalFolder:
+    """A model folder on this computer registered in the library: servable by ``name``."""
+
+    name: str
+    path: str
+    served_name: str
+    engine: str  # the engine a start uses
+    engines: tuple[str, ...]  # engines that can serve its architecture
+    family: str  # config.json's model_type (llama, qwen2, ...)
+    architecture: str
+    size_bytes: int  # weights
+    added_s: float
+    problems: tuple[str, ...]  # why it cannot be served now (deleted, shards missing); () = ok

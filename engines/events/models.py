@@ -23,7 +23,8 @@ class ModelStatus(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class ServableModel:
-    """One model a request may name at :8000 (a profile, a library model, an attached server)."""
+    """One model a request may name at :8000 (a profile, a library model, a registered model
+    folder, an attached server)."""
 
     name: str
     """The name clients send (listed in /v1/models)."""
@@ -31,7 +32,7 @@ class ServableModel:
     """More names listed in /v1/models for it (a profile's aliases, a server's model ids)."""
     names: tuple[str, ...]
     """Every name that routes here: ``name``, the aliases, the repo id, the profile name."""
-    kind: str  # profile | library | attached
+    kind: str  # profile | library | folder | attached
     engine_id: str
     engine: str  # vllm | trtllm | sglang | external
     model: str  # repo id, local folder, or the attached server's URL

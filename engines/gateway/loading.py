@@ -20,12 +20,19 @@ from engines.gateway.proxy import end_with_error, error_text
 @dataclass(frozen=True)
 class LoadProgress:
     """Where a load stands: ``phase`` is a short word (queued, placing, evicting, waking,
-    starting, or a start phase the engine reports) and ``detail`` a line for people."""
+    starting) and ``detail`` a line for people (while starting: the engine's start phase,
+    "loading weights")."""
 
     model: str
     phase: str
     elapsed_s: float
     detail: str = ""
+
+    @property
+    def words(self) -> str:
+        """ "starting: loading weights", on one line (an SSE comment must not break)."""
+        text = f"{self.phase}: {self.detail}" if self.detail else self.phase
+        return " ".join(text.split())[:200]
 
 
 Progress = Callable[[LoadProgress], Awaitable[None]]
@@ -59,8 +66,7 @@ class ColdStream:
                 },
             )
             await resp.prepare(self.request)
-        phase = " ".join(f"{progress.phase} {progress.detail}".split())[:200]
-        line = f": loading {progress.model} ({phase}, {progress.elapsed_s:.0f} s)\n\n"
+        line = f": loading {progress.model} ({progress.words}, {progress.elapsed_s:.0f} s)\n\n"
         await resp.write(line.encode())
 
     async def fail(self, error: web.Response) -> web.StreamResponse:

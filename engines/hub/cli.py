@@ -1,4 +1,4 @@
-"""``traylm models search|info|fit|pull|ls|rm|verify|downloads|pause|resume|cancel|trust``.
+"""``traylm models search|info|fit|pull|add|ls|rm|verify|downloads|pause|resume|cancel|trust``.
 
 Every command talks to the daemon (engines.client). ``pull`` shows a progress bar fed by the
 daemon's download events; Ctrl-C pauses the download (``traylm models resume ID`` continues).
@@ -24,6 +24,7 @@ from engines.events.hub import (
     DownloadStatus,
     FitResult,
 )
+from engines.hub import folders_cli
 
 TERMINAL = (DownloadState.READY, DownloadState.FAILED, DownloadState.CANCELLED)
 BAR_WIDTH = 28
@@ -68,8 +69,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_ls)
 
-    s = msub.add_parser("rm", help="delete a model from the cache")
-    s.add_argument("repo_id")
+    s = msub.add_parser("rm", help="delete a model from the cache, or forget a model folder")
+    s.add_argument("repo_id", help="org/name (deleted from the cache) or a folder's name")
     s.add_argument("--revision", help="one revision only (default: all)")
     s.set_defaults(func=cmd_rm)
 
@@ -86,6 +87,8 @@ def add_parsers(sub: Any) -> None:
         s = msub.add_parser(action, help=f"{action} a download")
         s.add_argument("download_id")
         s.set_defaults(func=cmd_download_action, action=action)
+
+    folders_cli.add_parsers(msub)
 
     s = msub.add_parser("trust", help="allow a model's own Python code (trust_remote_code)")
     s.add_argument("repo_id")
@@ -311,9 +314,11 @@ class ProgressBar:
 async def cmd_ls(args: argparse.Namespace) -> int:
     async with await _client() as c:
         models = await c.local_models()
+        folders = await c.local_folders()
     if args.json:
-        print(json.dumps(to_plain(models), indent=1))
+        print(json.dumps(to_plain({"cache": models, "folders": folders}), indent=1))
         return 0
+    folders_cli.print_folders(folders)
     if not models:
         print("no models in the Hugging Face cache; `traylm models pull org/name` downloads one")
     for m in models:
@@ -336,6 +341,9 @@ async def cmd_ls(args: argparse.Namespace) -> int:
 
 async def cmd_rm(args: argparse.Namespace) -> int:
     async with await _client() as c:
+        if "/" not in args.repo_id:  # a registered folder's name (repo ids are org/name)
+            await folders_cli.remove(c, args.repo_id)
+            return 0
         data = await c.delete_model(args.repo_id, args.revision)
     print(f"deleted {data['repo_id']}: {human_bytes(int(data['freed_bytes']))} freed")
     return 0

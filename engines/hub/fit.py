@@ -332,3 +332,34 @@ def fit_matrix(
         for engine in FIT_ENGINES
         for gpu_set in sets
     ]
+
+
+CPU_RUNTIME_BYTES = 2 * GIB  # the CPU build's own memory next to weights and KV (torch, vLLM)
+
+
+def cpu_estimate(
+    model: ModelDetails, *, kv_cache_bytes: int, ram_bytes: int, context_len: int | None = None
+) -> FitResult:
+    """The CPU build: its KV cache is exactly ``kv_cache_bytes``; weights, that cache and the
+    runtime live in ``ram_bytes`` of system memory (tight above 80 %)."""
+    result = estimate(
+        model,
+        FitRequest(device="cpu", cpu_kv_cache_bytes=kv_cache_bytes, context_len=context_len),
+    )
+    weights = _weights(model)
+    need = weights + kv_cache_bytes + CPU_RUNTIME_BYTES
+    verdict, reason = result.verdict, result.reason
+    if need > ram_bytes:
+        verdict = "wont_fit"
+        reason = (
+            f"weights {_gib(weights)} + KV cache {_gib(kv_cache_bytes)} + about "
+            f"{_gib(CPU_RUNTIME_BYTES)} for the engine need more than this computer's "
+            f"{_gib(ram_bytes)} of memory"
+        )
+    elif verdict == "fits" and need > 0.8 * ram_bytes:
+        verdict = "tight"
+        reason = f"needs about {_gib(need)} of the {_gib(ram_bytes)} of memory"
+    return dataclasses.replace(
+        result, verdict=verdict, reason=reason, weights_bytes_per_gpu=weights,
+        budget_bytes_per_gpu=ram_bytes,
+    )  # fmt: skip

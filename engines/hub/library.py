@@ -67,6 +67,11 @@ class Library:
             )
         return sorted(out, key=lambda m: (m.repo_id, -m.last_modified_s))
 
+    def cached_revisions(self, repo_id: str) -> list[CachedRevision]:
+        """The revisions of ``repo_id`` in the local cache ([] when it was never downloaded)."""
+        validate_repo_id(repo_id)
+        return [rev for rid, rev in self._revisions() if rid == repo_id]
+
     def find(self, repo_id: str, revision: str | None = None) -> list[CachedRevision]:
         """The cached revisions of a repo (all, or the one ``revision`` names)."""
         validate_repo_id(repo_id)

@@ -7,10 +7,13 @@ Routes (all behind the control token; errors in the OpenAI error shape with tray
     GET    /api/models/search?q=&sort=&quant=&limit=       → [ModelSummary]
     GET    /api/models/{org}/{name}?revision=   details from metadata → ModelDetails
     GET    /api/models/{org}/{name}/fit?revision=&engine=&gpus=&context=&concurrency=
-           &kv_cache_dtype=                     → [FitResult] (every engine × 1 and 2 GPUs
+           &kv_cache_dtype=&device=             → [FitResult] (every engine × 1 and 2 GPUs
                                                   unless engine/gpus are given; each with
                                                   its placement now, from the same planner
-                                                  as a load)
+                                                  as a load; device=cpu: the CPU build in
+                                                  this computer's memory)
+    GET|POST /api/models/local, DELETE /api/models/local/{name}: model folders
+                                                  (engines/hub/folders_api.py)
     POST   /api/models/{org}/{name}/verify?revision=       → [LocalModel]
     PUT    /api/models/{org}/{name}/trust       {"trust_remote_code": bool}
     DELETE /api/models/{org}/{name}?revision=   → {"repo_id", "freed_bytes"} (409 if served)
@@ -31,16 +34,19 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psutil
 from aiohttp import web
 
-from engines.errors import ConfigError, HubError, ModelInUse
+from engines.errors import ConfigError, HubError, HubUnavailable, ModelInUse
 from engines.events.hub import FitResult, LibraryChanged
 from engines.gpu.inventory import RTX_4090
 from engines.http import ok, traylm_errors
 from engines.hub import fit
+from engines.hub.folders_api import folder_routes
 from engines.hub.names import validate_repo_id
 from engines.hub.search import search_models
 from engines.hub.service import HubFeature
+from engines.reach import reachable
 
 HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
 """``request.app[HUB]``: the hub feature these routes act on (mounted by the daemon)."""
@@ -49,6 +55,7 @@ HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
 def hub_routes() -> list[web.RouteDef]:
     m = "/api/models/{org}/{name}"
     return [
+        *folder_routes(HUB),  # before m, which would take /api/models/local/NAME
         web.get("/api/models", traylm_errors(models_library)),
         web.get("/api/models/hub", traylm_errors(hub_info)),
         web.get("/api/models/search", traylm_errors(search)),
@@ -99,9 +106,15 @@ async def hub_info(request: web.Request) -> web.Response:
 async def search(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     q = request.query
+    access = hub.access()
+    if not await reachable(access.endpoint):  # at once, not after the client's retries
+        raise HubUnavailable(
+            f"cannot reach {access.endpoint}; check your network connection (or hub.endpoint "
+            "/ HF_ENDPOINT), or serve a model folder on this computer (`traylm models add PATH`)"
+        )
     found = await asyncio.to_thread(
         search_models,
-        hub.access(),
+        access,
         query=q.get("q", ""),
         sort=q.get("sort", "downloads"),
         quantization=q.get("quant") or None,
@@ -128,6 +141,11 @@ async def model_fit(request: web.Request) -> web.Response:
     kv = q.get("kv_cache_dtype", "auto")
     if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
         raise ConfigError("kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
+    if q.get("device") == "cpu":  # the CPU build: this computer's memory instead of GPUs
+        ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
+        kv_bytes = hub.settings.current.engines.cpu_kv_cache_gib * fit.GIB
+        return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
+                                    context_len=context)])  # fmt: skip
     pool = await hub.inventory.gpus()
     engine = q.get("engine")
     n_gpus = _int_param(request, "gpus", None)

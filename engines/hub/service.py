@@ -16,18 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from engines.config import ProfileStore
-from engines.errors import ConfigError, HubError
+from engines.errors import ConfigError, HubError, HubUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
-from engines.events.hub import FitResult, ModelDetails
+from engines.events.hub import FitResult, LibraryChanged, ModelDetails
 from engines.events.models import Placement
 from engines.gpu.inventory import Inventory
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
+from engines.hub.folders import FolderRegistry
 from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details
+from engines.reach import reachable
 from engines.settings import SettingsView
 from engines.store import Store
 from engines.supervisor import EngineView
@@ -53,9 +55,10 @@ class HubFeature:
         profiles: ProfileStore,
         engines: EngineView,
         inventory: Inventory,
+        local_models_dir: Path,
         placement: FitPlacement | None = None,
     ) -> None:
-        self._settings = settings
+        self.settings = settings
         self.placement = placement
         """Adds each fit row's placement now (None: the fit alone)."""
         self.publish = publish
@@ -72,11 +75,13 @@ class HubFeature:
             logs_dir=logs_dir / "downloads",
         )
         self.library = Library(access=self.access, records=self.records)
+        self.folders = FolderRegistry(local_models_dir)
+        """Model folders on this computer in the library (``traylm models add``)."""
         # (repo, revision, code included) → when asked, and the one lookup every caller shares
         self._details: dict[tuple[str, str, bool], tuple[float, asyncio.Future[ModelDetails]]] = {}
 
     def access(self) -> HubAccess:
-        return resolve_access(self._settings.current.hub)
+        return resolve_access(self.settings.current.hub)
 
     async def start(self) -> None:
         await asyncio.to_thread(_bound_hub_timeouts)
@@ -112,6 +117,26 @@ class HubFeature:
 
     # ----------------------------------------------------------------- launch guard
 
+    async def require_available(self, profile_name: str, model: str) -> None:
+        """A Hub model that is not in the local cache is fetched by the engine at its start:
+        refuse at once, in words, when the Hub cannot be reached (else the engine fails a
+        minute later with a raw transformers error). Local folders and cached models pass."""
+        repo_id = _repo_of(model)
+        if repo_id is None or model.startswith("/"):
+            return
+        cached = await asyncio.to_thread(self.library.cached_revisions, repo_id)
+        if cached:
+            return
+        endpoint = self.access().endpoint
+        if await reachable(endpoint):
+            return
+        raise HubUnavailable(
+            f"{repo_id} (profile {profile_name!r}) is not downloaded and the Hugging Face Hub "
+            f"({endpoint}) cannot be reached, so the engine could not fetch it: download it "
+            f"while online (`traylm models pull {repo_id}`), or serve a model folder on this "
+            "computer (`traylm models add PATH`)"
+        )
+
     async def require_trust(self, profile_name: str, model: str) -> None:
         """A profile with trust_remote_code runs the model repo's own Python code: refuse unless
         the user trusted that repo (``traylm models trust``). A plain local folder that is not
@@ -137,6 +162,16 @@ class HubFeature:
             repo = _repo_of(engine.model) or engine.profile.model
             out.setdefault(repo, []).append(engine.engine_id)
         return out
+
+    def remember_folder(self, path: str, name: str) -> None:
+        """A model folder served with --model joins the library (once; a name another entry
+        has, or a folder that is not a model, is left alone)."""
+        folder = self.folders.ensure(Path(path), name=name)
+        if folder is not None:
+            self.publish(LibraryChanged(repo_id=folder.name, commit_sha="", reason="added"))
+
+    def profile_names(self) -> list[str]:
+        return self._profiles.names()
 
     def profiles_by_repo(self) -> dict[str, list[str]]:
         """model → the profiles that run it (blocking: reads the profile files)."""

@@ -1,14 +1,14 @@
 """The servable catalog: every model a request may name at :8000 without it being loaded.
 
-Sources plug in (``Source``): the profiles, the verified models of the hub library, the attached
-servers, and whatever comes next (registered local folders) with the same two members. Each
-source is read in a worker thread; the catalog keeps a name index that the gateway reads with
-one dict lookup.
+Sources plug in (``Source``, two members): the profiles, the verified models of the hub library,
+the model folders registered in the library (``traylm models add PATH``) and the attached
+servers. Each source is read in a worker thread; the catalog keeps a name index that the gateway
+reads with one dict lookup.
 
 Names and precedence. Each entry claims names at one of three levels:
 
 1. explicit names: a profile's ``served_name`` and ``aliases``, an attached server's name;
-2. profile names (the engine id: ``traylm load PROFILE``);
+2. profile names (the engine id: ``traylm load PROFILE``; a registered folder's library name);
 3. implicit names: repo ids (a profile's model, a library model), a library model's short
    name, the model ids an attached server reports.
 
@@ -32,7 +32,8 @@ from typing import Any, Protocol
 
 from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.errors import ConfigError
-from engines.events.hub import LocalModel, ModelDetails
+from engines.events.hub import LocalFolder, LocalModel, ModelDetails
+from engines.hub.folders import folder_profile
 from engines.hub.names import repo_id_from_cache_folder
 from engines.hub.search import Listing, details_from
 from engines.hub.selection import RepoEntry
@@ -50,7 +51,7 @@ class Entry:
 
     name: str
     """The name /v1/models lists first (a profile's served name, a library repo id)."""
-    kind: str  # profile | library | attached | (a new source's kind)
+    kind: str  # profile | library | folder | attached
     engine_id: str
     claims: tuple[tuple[str, int], ...]
     """(name, level) for every name it answers to (see the module docstring)."""
@@ -176,7 +177,31 @@ class Catalog:
                 broken.append(f"{source.kind}: {exc}")
         run_by_profile = {e.repo_id for e in found if e.kind == "profile" and e.repo_id}
         kept = [e for e in found if not (e.kind == "library" and e.repo_id in run_by_profile)]
-        return kept, broken
+        return _one_entry_per_engine(kept, broken), broken
+
+
+def _one_entry_per_engine(entries: list[Entry], broken: list[str]) -> list[Entry]:
+    """An engine id runs one model: a later source's entry with a taken id (a model folder
+    registered as "tiny-llama" beside the library's org/tiny-llama) is left out, said in
+    ``broken`` with the fix."""
+    holders: dict[str, Entry] = {}
+    kept = []
+    for e in entries:
+        holder = holders.setdefault(e.engine_id, e)
+        if holder is e:
+            kept.append(e)
+            continue
+        fix = (
+            f"register the folder under another name (`traylm models rm {e.engine_id}`, then "
+            "`traylm models add PATH --name NEW`)"
+            if e.kind == "folder"
+            else "give one of them another name"
+        )
+        broken.append(
+            f"{e.kind} {e.name} is left out: its name {e.engine_id!r} is taken by "
+            f"{holder.kind} {holder.name}; {fix}"
+        )
+    return kept
 
 
 # --------------------------------------------------------------------------- sources
@@ -254,7 +279,7 @@ class LibrarySource:
             "trust_remote_code": m.needs_remote_code and m.trust_remote_code,
         }
         profile = profile_from_mapping(engine_id, fields, f"library model {m.repo_id}")
-        details = details_from_snapshot(m)
+        details = details_from_folder(Path(m.snapshot_path), m.repo_id, m.commit_sha)
         return Entry(
             name=m.repo_id,
             kind=self.kind,
@@ -263,6 +288,46 @@ class LibrarySource:
             profile=profile,
             repo_id=m.repo_id,
             weights_bytes=details.weights_bytes if details else m.size_bytes,
+            details=details,
+        )
+
+
+class FolderSource:
+    """The model folders registered in the library, each servable by its served name and its
+    library name from the folder itself (``gpus = "auto"``). A folder whose files are gone is
+    left out (``traylm models ls`` says what is missing); so is one whose name a profile has
+    (the profile is what ``traylm start NAME`` runs, too)."""
+
+    kind = "folder"
+
+    def __init__(
+        self, folders: Callable[[], list[LocalFolder]], taken: Callable[[], set[str]]
+    ) -> None:
+        """``folders``: the registered folders (blocking); ``taken``: the profiles' names."""
+        self._folders = folders
+        self._taken = taken
+
+    def entries(self) -> list[Entry]:
+        taken = self._taken()
+        out = []
+        for folder in self._folders():
+            if folder.problems or folder.name in taken:
+                why = "; ".join(folder.problems) or "a profile has its name"
+                log.info("model folder %s not servable: %s", folder.name, why)
+                continue
+            out.append(self._entry(folder))
+        return out
+
+    def _entry(self, folder: LocalFolder) -> Entry:
+        served = folder.served_name
+        details = details_from_folder(Path(folder.path), folder.name)
+        return Entry(
+            name=served,
+            kind=self.kind,
+            engine_id=folder.name,
+            claims=((served, EXPLICIT), (folder.name, PROFILE_NAME)),
+            profile=folder_profile(folder, f"model folder {folder.name}"),
+            weights_bytes=details.weights_bytes if details else folder.size_bytes,
             details=details,
         )
 
@@ -285,10 +350,9 @@ def repo_of(model: str) -> str | None:
     return model
 
 
-def details_from_snapshot(m: LocalModel) -> ModelDetails | None:
-    """The model's shape from its snapshot's config.json and its files' sizes (what the hub's
+def details_from_folder(folder: Path, name: str, sha: str = "") -> ModelDetails | None:
+    """The model's shape from a folder's config.json and its files' sizes (what the hub's
     details give from the Hub's metadata; here nothing leaves the machine)."""
-    folder = Path(m.snapshot_path)
     try:
         config = json.loads((folder / "config.json").read_text())
         files = tuple(
@@ -300,5 +364,5 @@ def details_from_snapshot(m: LocalModel) -> ModelDetails | None:
         return None
     if not isinstance(config, dict):
         return None
-    listing = Listing(m.repo_id, m.commit_sha, m.commit_sha, files, "", False, "", {})
+    listing = Listing(name, sha, sha, files, "", False, "", {})
     return details_from(listing, parse_config(config))

@@ -4,8 +4,6 @@ detach NAME`: models on demand from the command line (through the daemon's contr
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
 from typing import Any
@@ -13,8 +11,9 @@ from typing import Any
 from engines.client import DaemonClient
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
-from engines.events.models import LoadedModel, ModelLoading, ServableModel
+from engines.events.models import LoadedModel, ServableModel
 from engines.hub.cli import human_bytes
+from engines.model_wait import load_and_wait
 
 LOAD_TIMEOUT_S = 900.0
 
@@ -113,30 +112,16 @@ async def cmd_load(args: argparse.Namespace) -> int:
                 f"--gpus {args.gpus!r}: give GPU indices such as 0, 1 or 0,1"
             ) from None
     async with await DaemonClient.connect() as c:
-        row = await c.load_model(args.name, gpus=gpus, ttl=args.ttl, pin=args.pin)
-        where = f" on GPU {','.join(str(g) for g in row.gpus)}" if row.gpus else ""
-        print(f"{row.name}: {row.state}{where}")
-        if args.no_wait or row.state == "ready":
-            return 0
-        printer = asyncio.create_task(_print_progress(c, row.engine_id))
-        try:
-            ready = await c.wait_for_model(row.engine_id, args.timeout)
-        finally:
-            printer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await printer
-    print(f"{ready.name}: ready")
+        await load_and_wait(
+            c,
+            args.name,
+            timeout_s=args.timeout,
+            gpus=gpus,
+            ttl=args.ttl,
+            pin=args.pin,
+            wait=not args.no_wait,
+        )
     return 0
-
-
-async def _print_progress(c: DaemonClient, engine_id: str) -> None:
-    last = ""
-    async for event in c.events(kinds=("model.loading",)):
-        if isinstance(event, ModelLoading) and event.engine_id == engine_id:
-            line = f"  {event.phase} {event.detail}".rstrip()
-            if line != last:
-                print(f"{line} ({event.elapsed_s:.0f} s)")
-                last = line
 
 
 async def cmd_unload(args: argparse.Namespace) -> int:

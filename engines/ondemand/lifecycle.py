@@ -40,10 +40,14 @@ from engines.supervisor import ManagedEngine
 log = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 0.5
+PROGRESS_CHECK_S = 1.0  # a load's phase follows the engine's changes; this bounds a missed one
 SETTLED = frozenset({EngineState.READY, EngineState.FAILED, EngineState.STOPPED})
 
 StartEngine = Callable[[Profile], Awaitable[EngineStatus]]
 """Start a placed profile (EngineControl.start_engine with ``placed=True``)."""
+CheckStart = Callable[[Profile], Awaitable[None]]
+"""Every check of a start that needs no placement (EngineControl.check_start): the engine env,
+trust, a Hub model that cannot be fetched offline, the flags. Raises TraylmError."""
 
 
 class Engines(Protocol):
@@ -116,9 +120,11 @@ class Lifecycle:
         settings: SettingsView,
         publish: Callable[[Event], None],
         activity: Activity,
+        check_start: CheckStart | None = None,
     ) -> None:
         self._engines = engines
         self._start = start_engine
+        self._check_start = check_start
         self._place = place
         self._settings = settings
         self._publish = publish
@@ -168,6 +174,9 @@ class Lifecycle:
         return await self._until_ready(f, engine)
 
     async def _begin(self, f: Flight, gpus: tuple[int, ...] | None) -> ManagedEngine:
+        running = self._engines.get(f.entry.engine_id)
+        if running is None or running.state in (EngineState.STOPPED, EngineState.FAILED):
+            await self._check(f)  # before the lock and the placement: a doomed start evicts none
         self._phase(f, "queued", "waiting for another load or unload")
         async with self.lock:
             engine_id = f.entry.engine_id
@@ -195,14 +204,20 @@ class Lifecycle:
             assert started is not None
             return started
 
-    async def _until_ready(self, f: Flight, engine: ManagedEngine) -> ManagedEngine:
-        waiter = asyncio.ensure_future(engine.wait_state(SETTLED))
+    async def _check(self, f: Flight) -> None:
+        if self._check_start is None or f.entry.profile is None:
+            return
         try:
-            while not waiter.done():
-                self._phase(f, "starting", engine.detail)
-                await asyncio.wait({waiter}, timeout=1.0)
-        finally:
-            waiter.cancel()
+            await self._check_start(f.entry.profile)
+        except TraylmError as exc:
+            raise ModelUnavailable(
+                f"{f.entry.name} cannot load: {exc.message}", code=exc.code
+            ) from exc
+
+    async def _until_ready(self, f: Flight, engine: ManagedEngine) -> ManagedEngine:
+        while engine.state not in SETTLED:
+            self._phase(f, "starting", engine.stage)  # at each start phase: "loading weights"
+            await engine.wait_change(PROGRESS_CHECK_S)
         if engine.state == EngineState.READY:
             self._publish(
                 ModelStateChanged(

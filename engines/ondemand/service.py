@@ -30,7 +30,7 @@ from engines.gateway.proxy import Upstream
 from engines.ondemand import views
 from engines.ondemand.attach import AttachedServers
 from engines.ondemand.catalog import Catalog, Entry, LibrarySource, ProfileSource, Source
-from engines.ondemand.lifecycle import Engines, Flight, Lifecycle, StartEngine
+from engines.ondemand.lifecycle import CheckStart, Engines, Flight, Lifecycle, StartEngine
 from engines.ondemand.occupancy import Activity
 from engines.ondemand.placing import Placer
 from engines.settings import SettingsView
@@ -73,9 +73,11 @@ class ModelsOnDemand:
         publish: Callable[[Event], None],
         attached_file: Path,
         extra_sources: tuple[Source, ...] = (),
+        check_start: CheckStart | None = None,
     ) -> None:
         """No I/O. ``library``: the hub library's models (blocking); ``extra_sources``: more
-        kinds of servable models (registered local folders)."""
+        kinds of servable models (registered local folders); ``check_start``: a start's checks
+        before placement (EngineControl.check_start)."""
         self._settings = settings
         self._engines = engines
         self._gpus = gpus
@@ -95,6 +97,7 @@ class ModelsOnDemand:
             settings=settings,
             publish=publish,
             activity=activity,
+            check_start=check_start,
         )
         self.placer = Placer(
             settings=settings,

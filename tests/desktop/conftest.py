@@ -18,13 +18,13 @@ import pytest
 
 from desktop.app import DesktopApp
 from desktop.messages import LinkState
-from engines.config import Paths
+from engines.config import HubSettings, Paths
 from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.desktop.threaded_daemon import ThreadedDaemon, sim_settings
 from tests.fakes.hub_server import FakeHub, tiny_llama_repo
 
-__all__ = ["AppFactory", "ThreadedDaemon", "sim_settings"]
+__all__ = ["AppFactory", "ThreadedDaemon", "fast_hub", "sim_settings"]
 
 
 @pytest.fixture(autouse=True)
@@ -62,17 +62,19 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     hub.stop()
 
 
+def fast_hub() -> HubSettings:
+    """Hub settings for tests: fast retries, no free-space floor."""
+    return HubSettings(
+        retry_max=3, retry_backoff_s=0.05, retry_backoff_max_s=0.2, stall_timeout_s=30,
+        read_timeout_s=5, min_free_gib=0.0, parallel_files=1,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def hub_daemon_thread(paths: Paths, fake_env: Path, fake_hub: FakeHub) -> Iterator[ThreadedDaemon]:
     """A real daemon using the FAKE Hub (fast retries, no free-space floor), on two SIMULATED
     GPUs so that fit badges cover one and two GPUs."""
-    from engines.config import HubSettings
-
-    hub = HubSettings(
-        retry_max=3, retry_backoff_s=0.05, retry_backoff_max_s=0.2, stall_timeout_s=30,
-        read_timeout_s=5, min_free_gib=0.0, parallel_files=1,
-    )  # fmt: skip
-    d = ThreadedDaemon(paths, dataclasses.replace(sim_settings(), hub=hub)).start()
+    d = ThreadedDaemon(paths, dataclasses.replace(sim_settings(), hub=fast_hub())).start()
     yield d
     d.stop()
 
@@ -84,8 +86,11 @@ AppFactory = Callable[..., DesktopApp]
 def app_factory(qtbot: Any, paths: Paths) -> Iterator[AppFactory]:
     apps: list[DesktopApp] = []
 
-    def make(*, spawn_daemon: bool = False, connect: bool = True, **kw: Any) -> DesktopApp:
-        app = DesktopApp(paths, spawn_daemon=spawn_daemon, **kw)
+    def make(
+        *, spawn_daemon: bool = False, connect: bool = True, offer_setup: bool = False, **kw: Any
+    ) -> DesktopApp:
+        """The app (without the first-run setup popping up unless a test asks for it)."""
+        app = DesktopApp(paths, spawn_daemon=spawn_daemon, offer_setup=offer_setup, **kw)
         apps.append(app)
         app.start()
         if connect:

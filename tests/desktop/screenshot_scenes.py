@@ -112,6 +112,12 @@ def llama_70b(repo_id: str, *, awq: bool = False, **kw: Any) -> FakeRepo:
 
 def start_hub() -> FakeHub:
     hub = FakeHub(page_size=50).start()
+    for repo in (
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    ):  # the setup's CPU starters
+        hub.add_repo(tiny_llama_repo(repo, weight_bytes=8 << 20))  # fmt: skip
     hub.add_repo(tiny_llama_repo("traylm-demo/tiny-llama-chat", downloads=15_200, likes=87))
     hub.add_repo(tiny_llama_repo("traylm-demo/llama-mini-1b", weight_bytes=160 << 20,
                                  downloads=48_000, likes=310))  # fmt: skip
@@ -158,8 +164,11 @@ def models_tabs(s: Any, dash: Any, page: Any) -> None:
     wait_for(lambda: downloads.table.item(0, 1).text() == "paused", 20, "paused")
     s.shot(dash, "dashboard-models-downloads-paused")
     hub.faults.throttle(None)
-    page.tabs.setCurrentWidget(page.library)
+    page.show_library()
     page.library.table.selectRow(0)
+    page.folders.add_folder(str(s.model))  # a model folder on this computer
+    wait_for(lambda: page.folders.table.rowCount() == 1, 20, "folder")
+    page.folders.table.selectRow(0)
     s.shot(dash, "dashboard-models-library")
     downloads.resume_button.click()
 
@@ -199,6 +208,10 @@ def fans_scene(s: Any, dash: Any, page: Any) -> None:
     wait_for(lambda: view.validation.state == "ok", 20, "validation")
     wait_for(lambda: page.guard.status is not None, 20, "guard")
     s.shot(dash, "dashboard-fans")
+    for index, name in ((1, "power"), (2, "guard")):
+        page.tabs.setCurrentIndex(index)
+        s.shot(dash, f"dashboard-fans-{name}")
+    page.tabs.setCurrentIndex(0)
     editor = view.editor
     editor.points[0] = (40.0, 12.0)  # as if dragged below the fan floor
     editor.curve_edited.emit(editor.curve_points())
@@ -355,3 +368,31 @@ def envs_install(s: Any, app: Any, dash: Any) -> None:
         s.shot(dash, "dashboard-engines-install-done")
     finally:
         RECIPES[("vllm", "cpu")] = old
+
+
+def setup_scenes(s: Any, app: Any) -> None:
+    """The first-run setup as it opens (two SIMULATED GPUs: the CPU starters), and with a
+    folder that is not a model refused in words, with its fix button."""
+    from tests.desktop.screenshots import wait_for
+
+    setup = app.open_setup()
+    wait_for(lambda: setup.rows and all(r.badge.text() not in ("", "…")
+                                        for r in setup.rows.values()), 30, "fit badges")  # fmt: skip
+    s.shot(setup, "setup")
+    setup.flow.use_folder(str(s.home))  # TRAYLM_HOME: a folder, not a model
+    wait_for(lambda: setup.cards["model"].view.status == "error", 20, "refusal")
+    s.shot(setup, "setup-not-a-model")
+    setup.flow.retry("model")
+    setup.close()
+
+
+def notice_scene(s: Any, app: Any, dash: Any) -> None:
+    """A start the daemon refuses at once: the notice bar with its fix and the CLI hint."""
+    from tests.desktop.screenshots import wait_for
+
+    call(app, lambda c: c.save_profile("llama-8b-gpu", {"model": "org/llama", "device": "cuda"}))
+    app.actions.reload_profiles()
+    app.actions.start_profile("llama-8b-gpu")
+    wait_for(lambda: dash.notice.isVisible(), 20, "notice")
+    s.shot(dash, "dashboard-notice-with-fix")
+    dash.notice.dismiss()

@@ -2,6 +2,8 @@
 
     .venv/bin/python tests/desktop/screenshots.py [OUT_DIR]      (default: screenshots/)
 
+Every view is written twice, NAME-light.png and NAME-dark.png (desktop/theme.py's two palettes).
+
 It starts Xvfb and trayer (tests/desktop/install-x11-deps.sh installs them), the FAKE Hub, a
 real daemon (``python -m engines serve``) on two SIMULATED GPUs with the FAKE vLLM and
 TensorRT-LLM envs in a private TRAYLM_HOME, and the tray app in this process; then it drives the
@@ -10,8 +12,9 @@ stored conversation with Markdown and code, a live reply, the inline error with 
 button), each dashboard page and tab (GPUs, Engines with install progress and TensorRT-LLM,
 Models search/downloads/library, Fans & power, Benchmarks with a comparison, Settings), the quit
 dialog, the connection banner while the daemon is down, the fallback window used without a
-system tray, the GPUs under load and the tray's hot state (tests/desktop/screenshot_scenes.py),
-and the state icons on light and dark panels.
+system tray, the GPUs under load and the tray's hot state, the first-run setup (as it opens, and
+with a refused folder), a notice with its fix button (tests/desktop/screenshot_scenes.py), and
+the state icons on light and dark panels.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+THEMES = ("light", "dark")  # every view is written in both
 
 
 def wait_for(cond: Callable[[], object], timeout_s: float = 20.0, what: str = "") -> None:
@@ -74,7 +78,7 @@ class Session:
         os.environ["HF_ENDPOINT"] = hub.url
         profile = FAKE_PROFILE.format(args="--token-delay 0.02").replace("fake", "qwen-tiny")
         profile = profile.replace('device = "cpu"\n', 'device = "cpu"\ngpus = [0, 1]\n')
-        model = make_tiny_hf_model(self.home / "models" / "tiny-llama")
+        model = self.model = make_tiny_hf_model(self.home / "models" / "tiny-llama")
         kv_line = (
             "ValueError: To serve at least one request with the max seq len (32768) of the model, "
             "(4.0 GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -112,14 +116,31 @@ class Session:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def shot(self, widget: object, name: str) -> None:
-        settle()
-        path = self.out / f"{name}.png"
-        widget.grab().save(str(path))  # type: ignore[attr-defined]
-        print(f"wrote {path}")
+        """``name-light.png`` and ``name-dark.png``: the same view in both themes."""
+        for theme in THEMES:
+            self.use_theme(theme)
+            settle()
+            path = self.out / f"{name}-{theme}.png"
+            widget.grab().save(str(path))  # type: ignore[attr-defined]
+            print(f"wrote {path}")
+        self.use_theme(THEMES[0])
 
     def screen(self, name: str) -> None:
-        settle(500)
-        print(f"wrote {self.x.screenshot(self.out / f'{name}.png')}")
+        for theme in THEMES:
+            self.use_theme(theme)
+            settle(500)
+            print(f"wrote {self.x.screenshot(self.out / f'{name}-{theme}.png')}")
+        self.use_theme(THEMES[0])
+
+    @staticmethod
+    def use_theme(theme: str) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        from desktop.theme import apply_theme
+
+        app = QApplication.instance()
+        if isinstance(app, QApplication) and app.property("traylmTheme") != theme:
+            apply_theme(app, theme)
 
 
 def dashboard_pages(s: Session, dash: object) -> None:
@@ -277,9 +298,14 @@ def scenes(s: Session) -> None:
     chat.params_toggle.setChecked(True)
     s.shot(chat, "chat-markdown")
 
+    from tests.desktop.screenshot_scenes import notice_scene, setup_scenes
+
+    setup_scenes(s, app)
     dash = app.open_dashboard("")
-    dash.resize(1150, 780)
+    dash.resize(1100, 760)  # the default size: every page must fit it
     dashboard_pages(s, dash)
+    dash.show_page("engines")
+    notice_scene(s, app, dash)
 
     app.request_quit()
     wait_for(lambda: app.quit_dialog is not None and app.quit_dialog.isVisible(), what="dialog")

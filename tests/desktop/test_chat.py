@@ -1,5 +1,5 @@
 """The chat window against a real daemon and gateway with the FAKE vLLM engine: streaming,
-Stop (Esc), Ctrl+Enter, history kept by the daemon across app restarts, regenerate,
+Stop (Esc), Enter sends and Shift+Enter starts a new line, history kept by the daemon across app restarts, regenerate,
 edit-and-resend, delete, per-reply figures, and inline errors with their fix."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _ready_chat(qtbot, app: DesktopApp, d: ThreadedDaemon, args: str = "") -> Ch
     app.actions.start_profile("fake")
     qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
     chat = app.open_chat("")
-    qtbot.waitUntil(lambda: chat.controller.models == ("fake",), timeout=5000)
+    qtbot.waitUntil(lambda: chat.controller.loaded == ("fake",), timeout=5000)
     assert chat.model_picker.currentText() == "fake"
     return chat
 
@@ -30,7 +30,7 @@ def _ready_chat(qtbot, app: DesktopApp, d: ThreadedDaemon, args: str = "") -> Ch
 def _send(qtbot, chat: ChatWindow, text: str, max_tokens: int) -> None:
     chat.max_tokens.setValue(max_tokens)
     chat.composer.setPlainText(text)
-    qtbot.keyClick(chat.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Return)
 
 
 def _stored(d: ThreadedDaemon, chat: ChatWindow) -> tuple[ChatMessage, ...]:
@@ -39,9 +39,16 @@ def _stored(d: ThreadedDaemon, chat: ChatWindow) -> tuple[ChatMessage, ...]:
     return d.run(lambda c: c.chat(t.chat.chat_id)).messages
 
 
+def _stored_reply(qtbot, d: ThreadedDaemon, chat: ChatWindow) -> tuple[ChatMessage, ...]:
+    """The stored conversation once the reply is in it (the window shows the streamed reply
+    before the daemon has stored it)."""
+    qtbot.waitUntil(lambda: len(_stored(d, chat)) >= 2, timeout=5000)
+    return _stored(d, chat)
+
+
 def test_chat_streams_with_figures_and_is_stored(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread, "--token-delay 0.01")
-    _send(qtbot, chat, "hello there", 6)  # Ctrl+Enter sends
+    _send(qtbot, chat, "hello there", 6)  # Enter sends
     qtbot.waitUntil(lambda: chat.controller.streaming is not None, timeout=5000)
     assert not chat.send_button.isEnabled() and chat.stop_button.isEnabled()
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
@@ -49,7 +56,7 @@ def test_chat_streams_with_figures_and_is_stored(qtbot, app, daemon_thread) -> N
     assert reply.text == "w0 w1 w2 w3 w4 w5 "
     assert "TTFT" in reply.stats.text() and "tok/s" in reply.stats.text()
     assert "6 tokens" in reply.stats.text()
-    stored = _stored(daemon_thread, chat)
+    stored = _stored_reply(qtbot, daemon_thread, chat)
     assert [(m.role, m.content) for m in stored] == [
         ("user", "hello there"),
         ("assistant", "w0 w1 w2 w3 w4 w5 "),
@@ -61,6 +68,20 @@ def test_chat_streams_with_figures_and_is_stored(qtbot, app, daemon_thread) -> N
     assert chat.chat_list.item(0).text() == "hello there"
 
 
+def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot, app, daemon_thread) -> None:
+    chat = _ready_chat(qtbot, app, daemon_thread)
+    chat.max_tokens.setValue(3)
+    qtbot.keyClicks(chat.composer, "first line")
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(chat.composer, "second line")
+    assert chat.composer.toPlainText() == "first line\nsecond line"
+    assert chat.controller.streaming is None and chat.controller.transcript is None
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Enter)  # the keypad's Enter sends too
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    assert chat.composer.toPlainText() == ""
+    assert _stored(daemon_thread, chat)[0].content == "first line\nsecond line"
+
+
 def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread, "--token-delay 0.05")
     engine = daemon_thread.engine("fake")
@@ -69,7 +90,7 @@ def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
     qtbot.waitUntil(lambda: len(chat.controller.reply.split()) >= 3, timeout=10000)
     qtbot.keyClick(chat.composer, Qt.Key.Key_Escape)
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
-    stored = _stored(daemon_thread, chat)
+    stored = _stored_reply(qtbot, daemon_thread, chat)
     assert stored[1].finish_reason == "stopped"  # the partial reply is kept
     assert 3 <= len(stored[1].content.split()) < 200
     assert "stopped" in chat.transcript.messages[1].stats.text()
@@ -107,7 +128,10 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread)
     _send(qtbot, chat, "first question", 2)
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
-    assert chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+    # the reply's view exists from the stream's start; its buttons come once it is stored
+    qtbot.waitUntil(
+        lambda: chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat), timeout=10000
+    )
     chat.max_tokens.setValue(4)
     chat.controller.options = chat.options()
     chat.transcript.messages[1].buttons["regenerate"].click()
@@ -118,7 +142,13 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
         ),
         timeout=10000,
     )
-    assert [m.content for m in _stored(daemon_thread, chat)] == ["first question", "w0 w1 w2 w3 "]
+    # the window shows the streamed reply before the daemon has stored it
+    qtbot.waitUntil(
+        lambda: (
+            [m.content for m in _stored(daemon_thread, chat)] == ["first question", "w0 w1 w2 w3 "]
+        ),
+        timeout=5000,
+    )
 
     chat.transcript.messages[0].buttons["edit"].click()
     assert chat.composer.toPlainText() == "first question" and chat.edit_note.isVisible()
@@ -129,7 +159,10 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
         lambda: [m.text for m in chat.transcript.messages] == ["edited question", "w0 "],
         timeout=10000,
     )
-    assert [m.content for m in _stored(daemon_thread, chat)] == ["edited question", "w0 "]
+    qtbot.waitUntil(
+        lambda: [m.content for m in _stored(daemon_thread, chat)] == ["edited question", "w0 "],
+        timeout=5000,
+    )
 
     qtbot.waitUntil(lambda: chat.chat_list.count() == 1)
     chat.chat_list.setCurrentRow(0)
@@ -142,19 +175,30 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
 
 
 def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_thread):
-    """Models on demand: sending to a servable model that is not loaded starts its engine and
-    the reply follows (the chat used to show a Start button for it)."""
-    daemon_thread.write_fake_profile("fake")
-    app.actions.reload_profiles()
-    qtbot.waitUntil(lambda: app.state.profile("fake") is not None)
+    """Models on demand: the picker lists a servable model that is not loaded (saying that
+    sending loads it); sending starts its engine, the window says how the load goes (the
+    engine's start phases), and the reply follows."""
+    daemon_thread.write_fake_profile("slow", args="--startup-delay 4")
     chat = app.open_chat("")
-    qtbot.waitUntil(lambda: chat.controller.models_error is None and chat.isVisible())
-    chat.select_model("fake")  # a conversation with this model, its engine not running
+    app.actions.reload_profiles()  # a new profile: the picker hears of it
+    qtbot.waitUntil(lambda: "slow" in chat.controller.models, timeout=10000)
+    assert "slow" not in chat.controller.loaded
+    index = chat.model_picker.findText("slow")
+    tip = chat.model_picker.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    assert tip == "not loaded: sending a message loads it"
+    chat.model_picker.setCurrentIndex(index)
+    loading: list[str] = []
+    chat.controller.stream_loading.connect(lambda text: loading.append(chat.status.text()))
     _send(qtbot, chat, "are you there?", 2)
-    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=20000)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=30000)
     assert chat.transcript.messages[1].text == "w0 w1 "
     assert not chat.transcript.error_card.isVisible()
-    assert daemon_thread.engine_state("fake") == EngineState.READY
+    assert daemon_thread.engine_state("slow") == EngineState.READY
+    assert loading and all(t.startswith("Loading slow (") for t in loading), loading
+    assert any(t.startswith("Loading slow (starting: ") for t in loading), loading  # a phase
+    qtbot.waitUntil(lambda: "slow" in chat.controller.loaded, timeout=5000)
+    assert chat.model_picker.findText("slow") == 0  # loaded ones come first, without the tip
+    assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
 
 
 def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daemon_thread):
@@ -164,7 +208,7 @@ def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daem
     qtbot.waitUntil(card.isVisible, timeout=10000)
     assert "stopped in the middle of the reply" in card.message.text()
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
-    stored = _stored(daemon_thread, chat)
+    stored = _stored_reply(qtbot, daemon_thread, chat)
     assert stored[1].finish_reason == "error" and stored[1].content == "w0 w1 w2 "
 
     # the supervisor restarts the engine; Retry replaces the interrupted reply. (Until the app
@@ -198,7 +242,7 @@ def test_lost_daemon_mid_reply_recovers_on_its_own(qtbot, app, daemon_thread) ->
     qtbot.waitUntil(lambda: not chat.banner.isVisible(), timeout=15000)
     qtbot.waitUntil(lambda: chat.controller.pending_replies == [], timeout=5000)
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
-    stored = _stored(daemon_thread, chat)
+    stored = _stored_reply(qtbot, daemon_thread, chat)
     assert stored[1].finish_reason == "error" and len(stored[1].content.split()) >= 3
 
 

@@ -178,3 +178,29 @@ def test_engine_state_survives_a_fresh_app(qtbot, daemon_thread, app_factory: Ap
     second = app_factory()
     qtbot.waitUntil(lambda: second.tray.current == TrayState.READY, timeout=5000)
     assert daemon_thread.engine_state("fake") == EngineState.READY
+
+
+def test_traylm_shutdown_closes_the_app_too(qtbot, app_factory: AppFactory, paths: Paths, fake_env):
+    """`traylm shutdown` stops traylm as a whole (a real daemon process); the app's own
+    Quit → stop is its own flow."""
+    port = free_loopback_port()
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "engines", "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        qtbot.waitUntil(paths.daemon_json.exists, timeout=30000)
+        app = app_factory()
+        shutdown = subprocess.Popen(
+            [sys.executable, "-m", "engines", "shutdown"], stdout=subprocess.PIPE, text=True
+        )
+        with qtbot.waitSignal(app.finished, timeout=30000):
+            pass
+        assert daemon.wait(60) == 0  # reaped here (its parent), so the CLI sees it gone
+        out, _ = shutdown.communicate(timeout=90)
+        assert shutdown.returncode == 0 and "daemon stopped" in out, out
+        assert app._finished and not app.tray.icon.isVisible()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

@@ -192,9 +192,9 @@ def test_lan_sharing_refused_without_a_key_then_allowed(qtbot, app, daemon_threa
     assert not page.lan.isEnabled()  # no key yet: the switch explains why it is off
     assert "Add an API key first" in page.lan.toolTip()
     app.actions.update_settings({"gateway.lan_sharing": True})  # even if asked: refused
-    qtbot.waitUntil(
-        lambda: "no API key" in app.dashboard.statusBar().currentMessage(), timeout=5000
-    )
+    notice = app.dashboard.notice  # errors stay in the notice bar, wrapped, until dismissed
+    qtbot.waitUntil(lambda: "no API key" in notice.label.text(), timeout=5000)
+    assert notice.isVisibleTo(app.dashboard)
     page.findChild(type(page.restart_daemon), "addApiKey").click()
     qtbot.waitUntil(lambda: page.keys.count() == 1, timeout=5000)
     key = page.new_key.text()

@@ -135,7 +135,7 @@ def test_library_verify_delete_and_served_by_protection(
     status = d.run(lambda c: c.pull(TINY))
     page = _models_page(app)
     library = page.library
-    page.tabs.setCurrentWidget(library)
+    page.show_library()
     qtbot.waitUntil(lambda: [m.repo_id for m in library.models] == [TINY], timeout=30000)
     assert status.repo_id == TINY
     library.table.selectRow(0)

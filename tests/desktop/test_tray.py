@@ -11,7 +11,7 @@ from PySide6.QtGui import QAction, QGuiApplication
 from desktop.app import DesktopApp
 from desktop.icons import TrayState
 from desktop.notify import Notification
-from engines.events import EngineState
+from engines.events import EngineState, EngineStatus
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 
 
@@ -97,7 +97,7 @@ def test_busy_while_a_reply_streams(qtbot, app: DesktopApp, daemon_thread) -> No
     app.actions.start_profile("fake")
     qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=20000)
     chat = app.open_chat("fake")
-    qtbot.waitUntil(lambda: "fake" in chat.controller.models, timeout=5000)
+    qtbot.waitUntil(lambda: "fake" in chat.controller.loaded, timeout=5000)
     chat.max_tokens.setValue(400)
     chat.composer.setPlainText("go")
     chat.on_send_clicked()
@@ -125,6 +125,38 @@ def test_models_submenu_opens_the_chat_with_that_model(qtbot, app: DesktopApp, d
     action.trigger()
     assert app.chat_window is not None and app.chat_window.isVisible()
     assert app.chat_window.model_picker.currentText() == "fake"
+
+
+def test_the_models_menu_unloads_a_loaded_model(qtbot, app: DesktopApp, daemon_thread) -> None:
+    """Models on demand: a model loaded by its first request is listed under Loaded with
+    Unload; unloading stops its engine and the entry goes away."""
+    daemon_thread.write_fake_profile("fake")
+    daemon_thread.run(lambda c: c.load_model("fake"))
+    qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    app.tray.menu.aboutToShow.emit()
+    (unload,) = [a for a in app.tray.models_menu.actions() if a.objectName() == "unload:fake"]
+    assert unload.text() == "Unload fake"
+    unload.trigger()
+    qtbot.waitUntil(lambda: _engine_state(app, "fake") == EngineState.STOPPED, timeout=20000)
+    assert daemon_thread.engine_state("fake") == EngineState.STOPPED
+    app.tray.menu.aboutToShow.emit()
+    assert not [a for a in app.tray.models_menu.actions() if a.objectName() == "unload:fake"]
+
+
+def test_a_sleeping_model_counts_as_loaded(qtbot, app: DesktopApp) -> None:
+    """vLLM sleep mode (CUDA only, so not startable here): a sleeping engine is live, chat-able
+    (a request wakes it) and offered for unload; the tray shows it as ready."""
+    status = EngineStatus(
+        "big", "vllm", EngineState.SLEEPING, ("big",), 1234, 99, 0, "", None, None, None, "big",
+        "cuda", "0.32.0",
+    )  # fmt: skip
+    app.state.engines["big"] = status
+    app.state.engines_changed.emit()
+    assert app.state.live_engines() == [status] and app.state.served_models() == ["big"]
+    assert app.tray.current == TrayState.READY
+    app.tray.menu.aboutToShow.emit()
+    names = {a.objectName(): a.text() for a in app.tray.models_menu.actions()}
+    assert names["model:big"] == "Chat with big" and names["unload:big"] == "Unload big (asleep)"
 
 
 def test_without_a_system_tray_the_dashboard_is_the_main_window(

@@ -75,6 +75,7 @@ def _status(engine_id: str, state: EngineState) -> EngineStatus:
         (LinkState.CONNECTED, [EngineState.STOPPED], False, False, TrayState.STOPPED),
         (LinkState.CONNECTED, [EngineState.STARTING], False, False, TrayState.STARTING),
         (LinkState.CONNECTED, [EngineState.READY], False, False, TrayState.READY),
+        (LinkState.CONNECTED, [EngineState.SLEEPING], False, False, TrayState.READY),
         (LinkState.CONNECTED, [EngineState.READY], True, False, TrayState.BUSY),
         (LinkState.CONNECTED, [EngineState.READY, EngineState.FAILED], True, False, "error"),
         (LinkState.CONNECTED, [EngineState.READY], True, True, TrayState.HOT),

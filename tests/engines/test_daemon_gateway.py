@@ -294,7 +294,8 @@ async def test_events_stream_reports_engine_states(daemon: RunningDaemon) -> Non
     await daemon.client.stop("fake")
     await asyncio.wait_for(watcher, 10)
     assert seen == [
-        EngineState.STARTING,
+        EngineState.STARTING,  # launching
+        EngineState.STARTING,  # spawned: its port and pid
         EngineState.READY,
         EngineState.STOPPING,
         EngineState.STOPPED,

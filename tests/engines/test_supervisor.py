@@ -116,13 +116,15 @@ async def test_start_ready_stop(tmp_path: Path) -> None:
     await engine.stop()
     assert engine.state == EngineState.STOPPED
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    states = [e.state for e in events if isinstance(e, EngineStateChanged)]
-    assert states == [
-        EngineState.STARTING,
+    changes = [e for e in events if isinstance(e, EngineStateChanged)]
+    assert [e.state for e in changes] == [
+        EngineState.STARTING,  # launching: no process yet
+        EngineState.STARTING,  # spawned: its port and pid
         EngineState.READY,
         EngineState.STOPPING,
         EngineState.STOPPED,
     ]
+    assert changes[0].pid is None and changes[1].pid == pid and changes[1].port == engine.port
     assert not PidRegistry(tmp_path / "pids.json").read()  # record dropped on a clean stop
 
 

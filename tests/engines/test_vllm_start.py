@@ -15,7 +15,7 @@ from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
 from engines.adapters.vllm_start import PHASES, api_server_command, model_cache_key
 from engines.config import profile_from_mapping
-from engines.events import EngineState, EngineStatus, PhaseTime
+from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
 from engines.supervisor import make_link
@@ -225,6 +225,31 @@ def test_progress_lines_name_the_phase_and_its_time() -> None:
     assert breakdown(status(EngineState.READY, "ready", 7.25, done)) == (
         "7.2 s: import 4.0 s, compile 3.2 s"
     )
+
+
+def test_progress_lines_from_phase_events_and_polls_say_each_phase_once() -> None:
+    """`start --wait` hears each phase as an event (a short one a poll would miss) and polls
+    for the 10 s repeats: together, one line per phase and one per repeat."""
+    lines: list[str] = []
+    printer = PhasePrinter(lines.append)
+
+    def began(phase: str) -> None:
+        label = next(r.label for r in PHASES if r.phase == phase)
+        printer.began(EngineStartPhase(engine_id="tiny", phase=phase, label=label, elapsed_s=1))
+
+    began("import")
+    printer(status(EngineState.STARTING, "import", 0.4))  # the poll after the event: said
+    began("config")  # shorter than a poll period
+    began("weights")
+    printer(status(EngineState.STARTING, "weights", 10.2))
+    began("weights")  # (an event arriving after a poll showed its phase)
+    began("ready")
+    assert lines == [
+        "  importing vLLM (0 s)…",
+        "  reading the model config (0 s)…",
+        "  loading weights (0 s)…",
+        "  loading weights (10 s)…",
+    ]
 
 
 def test_eager_sigill_on_amx_cpus_is_diagnosed() -> None:

@@ -18,13 +18,18 @@ HANDLE = object()
 GIB = 2**30
 
 
-def fake_pynvml() -> Any:
+def fake_pynvml(count: int = 1) -> Any:
+    """``count`` RTX 4090s (the first has ``UUID`` and ``HANDLE``; all read alike)."""
     m = mock.create_autospec(pynvml, instance=False)
     m.nvmlInit.return_value = None
-    m.nvmlDeviceGetCount.return_value = 1
-    m.nvmlDeviceGetCudaComputeCapability.return_value = (8, 9)
+    m.nvmlDeviceGetCount.return_value = count
     m.nvmlDeviceGetHandleByIndex.return_value = HANDLE
     m.nvmlDeviceGetUUID.return_value = UUID
+    if count > 1:
+        handles = [HANDLE, *(object() for _ in range(count - 1))]
+        m.nvmlDeviceGetHandleByIndex.side_effect = lambda i: handles[i]
+        m.nvmlDeviceGetUUID.side_effect = lambda h: UUID[:-2] + f"{handles.index(h):02d}"
+    m.nvmlDeviceGetCudaComputeCapability.return_value = (8, 9)
     m.nvmlDeviceGetName.return_value = "NVIDIA GeForce RTX 4090"
     m.nvmlSystemGetDriverVersion.return_value = "570.133.07"
     m.nvmlSystemGetCudaDriverVersion_v2.return_value = 12080

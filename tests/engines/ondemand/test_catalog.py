@@ -5,6 +5,7 @@ id and short name (FAKE Hub download, FAKE engine), and the catalog's pluggable 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +18,7 @@ from engines.ondemand.catalog import Catalog, Entry, ProfileSource, build_index
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.hub.conftest import hub_settings, wait_download
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
+from tests.fakes.fake_trt_env import make_tiny_hf_model
 from tests.fakes.hub_server import FakeHub
 
 REPO = "traylm-test/tiny-llama"
@@ -81,6 +83,25 @@ async def test_sources_plug_in_and_a_broken_one_does_not_hide_the_rest(tmp_path:
     assert catalog.index.broken == ["broken: disk gone"]
 
 
+async def test_two_sources_with_one_engine_id_keep_the_first_and_say_why() -> None:
+    """A model folder registered under a library model's short name would share its engine."""
+
+    class Source:
+        def __init__(self, kind: str, name: str) -> None:
+            self.kind, self._name = kind, name
+
+        def entries(self) -> list[Entry]:
+            return [Entry(self._name, self.kind, "tiny-llama", ((self._name, 1),))]
+
+    catalog = Catalog([Source("library", "org/tiny-llama"), Source("folder", "tiny-llama")])
+    await catalog.refresh()
+    assert [e.kind for e in catalog.index.entries] == ["library"]
+    assert catalog.find("tiny-llama") is None
+    [why] = catalog.index.broken
+    assert why.startswith("folder tiny-llama is left out: its name 'tiny-llama' is taken by ")
+    assert "`traylm models add PATH --name NEW`" in why
+
+
 async def test_an_ambiguous_request_gets_409_naming_both(od: RunningDaemon) -> None:
     fake_profile(od, "x1", aliases=["shared"])
     fake_profile(od, "x2", aliases=["shared"])
@@ -138,3 +159,37 @@ async def test_fit_badges_carry_the_planners_placement_now(
     assert one[0].placement is not None and one[0].placement.gpus == (1,)  # GPU 0 is busy
     assert two[0].placement is not None and not two[0].placement.fits
     assert "pid 4242 (game) 8.0 GiB" in two[0].placement.reason
+
+
+async def test_a_registered_model_folder_loads_by_name_on_its_first_request(
+    daemon_factory: DaemonFactory, fake_env: object, tmp_path: Path
+) -> None:
+    """`traylm models add PATH` makes a folder servable like a downloaded model: listed unloaded
+    with where it would go, loaded on the first request (FAKE engine), placed by the planner; a
+    profile of the same name keeps it; a deleted folder is not offered."""
+    d = await daemon_factory(settings(gpus=2))
+    model = make_tiny_hf_model(tmp_path / "tiny-chat")
+    await asyncio.to_thread(d.daemon.hub.folders.add, model, name="tiny")
+    models = {m.name: m for m in await d.client.servable_models()}
+    entry = models["tiny"]
+    assert (entry.kind, entry.engine_id, entry.model) == ("folder", "tiny", str(model))
+    assert entry.status == "unloaded" and entry.gpus_planned and entry.gpus == (0,)
+    client = sdk(d, timeout=60)
+    assert await ask(client, "tiny") == "w0 w1"
+    [row] = await d.client.loaded_models()
+    assert (row.name, row.origin, row.gpus) == ("tiny", "jit", (0,))
+    assert d.daemon.engine("tiny").profile.model == str(model)
+    await d.client.unload_model("tiny")
+
+    fake_profile(d, "dup")  # a profile's name wins over a folder's (as `traylm start dup`)
+    await asyncio.to_thread(
+        d.daemon.hub.folders.add, make_tiny_hf_model(tmp_path / "d"), name="dup"
+    )
+    assert await ask(client, "dup") == "w0 w1"
+    assert d.daemon.engine("dup").profile.model == "org/dup"
+
+    shutil.rmtree(model)  # gone while registered: `traylm models ls` says so; not servable
+    await d.daemon.ondemand.catalog.refresh_fresh()
+    with pytest.raises(openai.NotFoundError):
+        await ask(client, "tiny")
+    await client.close()

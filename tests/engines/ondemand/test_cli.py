@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.adapters.vllm_start import PHASES
 from engines.config import write_toml_atomic
 from engines.procs import free_loopback_port
 from tests.engines.test_cli import env, serve, traylm  # noqa: F401  (env is a fixture)
@@ -46,6 +47,19 @@ def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:  # noqa: 
     out = traylm(env, "unload", "m")
     assert out.returncode == 0 and "m unloaded" in out.stdout
     assert "no model is loaded" in traylm(env, "ps").stdout
+
+
+def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> None:  # noqa: F811
+    write_toml_atomic(
+        Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "slow.toml",
+        {"model": "org/slow", "device": "cpu", "env": {"FAKE_ENGINE_ARGS": "--startup-delay 4"}},
+    )
+    out = traylm(env, "load", "slow", "--timeout", "60")
+    assert out.returncode == 0, out.stderr
+    said = [line.strip() for line in out.stdout.splitlines() if line.startswith("  starting: ")]
+    labels = [r.label for r in PHASES]
+    assert said and all(line.split(": ", 1)[1].rsplit(" (", 1)[0] in labels for line in said)
+    assert out.stdout.rstrip().endswith("slow: ready")
 
 
 def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> None:  # noqa: F811

@@ -11,7 +11,9 @@ import aiohttp
 import openai
 import pytest
 
-from engines.events import EngineState, EngineStateChanged, ModelStateChanged
+from engines.adapters.vllm_start import PHASES
+from engines.events import EngineState, EngineStateChanged, ModelLoading, ModelStateChanged
+from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
 
@@ -84,7 +86,27 @@ async def test_streaming_cold_request_gets_comments_then_the_reply(od: RunningDa
         assert first.startswith(b": loading slow (")
         rest = (await r.content.read()).decode()
     assert rest.count(": loading slow") >= 1  # another one every few seconds
+    # ... saying which phase of its start the engine is in
+    assert any(f"(starting: {rule.label}, " in rest for rule in PHASES), rest
     assert '"content": "w2 "' in rest and rest.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_loads_progress_follows_the_engines_start_phases(
+    od: RunningDaemon, events_of
+) -> None:
+    """`model.loading` events (what `traylm load`, the chat window and the SSE comments show)
+    name each start phase the engine's log begins, in order, however short."""
+    fake_profile(od, "phased", args="--startup-delay 2")
+    events = events_of(od, "model.loading")
+    client = sdk(od, timeout=60)
+    assert await ask(client, "phased") == "w0 w1"
+    await client.close()
+    details = [
+        e.detail for e in events.drain() if isinstance(e, ModelLoading) and e.phase == "starting"
+    ]
+    cpu = ("import", "config", "engine", "weights", "compile", "kv_cache", "server")
+    labels = [r.label for r in PHASES if r.phase in cpu]  # the CPU build's phases
+    assert [d for d in details if d in labels] == labels, details
 
 
 async def test_the_openai_sdk_ignores_the_comments_and_raises_a_failed_load(
@@ -152,4 +174,45 @@ async def test_anthropic_streams_wait_for_a_cold_model_too(od: RunningDaemon) ->
         ) as stream:
             async for _ in stream.text_stream:
                 pass
+    await client.close()
+
+
+async def test_a_cold_hub_model_not_downloaded_offline_fails_at_once_and_evicts_nothing(
+    daemon_factory: DaemonFactory, fake_env: object, events_of, monkeypatch
+) -> None:
+    """The JIT path makes the start's own checks before it places anything: a Hub model that is
+    not downloaded while the Hub cannot be reached is refused in traylm's words to every waiter,
+    and the idle model that a placement would have unloaded keeps running."""
+    d = await daemon_factory(settings(gpus=1))
+    fake_profile(d, "resident", gpus="auto")
+    client = sdk(d, timeout=60)
+    assert await ask(client, "resident") == "w0 w1"  # the card is now full
+    d.write_profile("qwen", model="Qwen/Qwen2.5-0.5B-Instruct", device="cpu", gpus="auto")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_loopback_port()}")  # no Hub
+    events = events_of(d, "model.state", "engine.state")
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> tuple[int, dict[str, object]]:
+            async with http.post(
+                d.url + "/v1/chat/completions",
+                json={"model": "Qwen/Qwen2.5-0.5B-Instruct", "messages": []},
+            ) as r:
+                return r.status, await r.json()
+
+        results = await asyncio.gather(*(one() for _ in range(5)))
+    for status, body in results:
+        assert status == 503
+        error = body["error"]
+        assert isinstance(error, dict) and error["type"] == "hub_unavailable"
+        message = str(error["message"])
+        assert "Qwen/Qwen2.5-0.5B-Instruct (profile 'qwen') is not downloaded" in message
+        assert "`traylm models pull Qwen/Qwen2.5-0.5B-Instruct`" in message
+    assert d.daemon.supervisor.get("qwen") is None  # nothing launched to fail a minute later
+    assert d.daemon.engine("resident").state == EngineState.READY
+    seen = events.drain()
+    assert not [e for e in seen if isinstance(e, ModelStateChanged) and e.reason == "evicted"]
+    failed = [e for e in seen if isinstance(e, ModelStateChanged) and e.reason == "failed"]
+    # said as a failed load (a request that arrives after a refusal asks again: refused again)
+    assert failed and {e.name for e in failed} == {"Qwen2.5-0.5B-Instruct"}
+    assert len(failed) <= len(results)
     await client.close()

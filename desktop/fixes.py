@@ -1,0 +1,79 @@
+"""What the app offers to fix an error: a button that does it here (open the setup, the engine
+installer, the engine's log, the Hugging Face token field, ...) and, as a secondary hint, the
+CLI command the daemon's message names.
+
+``fix_for`` reads the daemon's error code (``TraylmError.code``, carried by failed calls and by
+``Notice.source``) and its message; ``desktop.app.DesktopApp.run_fix`` carries a fix out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# what a fix does (DesktopApp.run_fix): a window, a dashboard page (and tab), or an action
+SETUP = "setup"  # the first-run setup
+INSTALL_ENGINE = "install_engine"  # the setup's engine step (or Engines → Environments)
+ENGINE_LOG = "engine_log"  # Engines → Logs for Fix.target
+PROFILES = "profiles"  # Engines → Profiles (Fix.target: the profile)
+LOCAL_FOLDER = "local_folder"  # Models → Library → Add a folder…
+LIBRARY = "library"  # Models → Library
+HUB_LOGIN = "hub_login"  # Settings → Hugging Face token
+SETTINGS = "settings"
+FANS = "fans"  # Fans & power (how to install traylm-gpud)
+START_DAEMON = "start_daemon"
+
+# the dashboard page each fix opens (the others open a window or act: app.py)
+FIX_PAGES = {
+    ENGINE_LOG: "engines",
+    PROFILES: "engines",
+    LOCAL_FOLDER: "models",
+    LIBRARY: "models",
+    HUB_LOGIN: "settings",
+    SETTINGS: "settings",
+    FANS: "fans",
+}
+
+_CLI = re.compile(r"`(traylm [^`]+)`")
+
+
+@dataclass(frozen=True)
+class Fix:
+    action: str  # one of the names above
+    label: str  # the button's text
+    target: str = ""  # the engine, profile or model it is about
+    cli: str = ""  # the same fix as a command, shown as a secondary hint
+
+
+def cli_hint(message: str) -> str:
+    """The first ``traylm ...`` command a daemon message names (in backquotes), or ""."""
+    found = _CLI.search(message)
+    return found.group(1) if found else ""
+
+
+def fix_for(code: str, message: str, *, target: str = "") -> Fix | None:
+    """The in-app fix for a daemon error (its code and message), or None when there is none
+    better than reading the message."""
+    cli = cli_hint(message)
+    lowered = message.lower()
+    if code == "engine_env" or "engines install" in cli:
+        return Fix(INSTALL_ENGINE, "Install the engine…", target, cli)
+    if code in ("hub_unavailable", "network") or ("cannot reach" in lowered and "hub" in lowered):
+        return Fix(LOCAL_FOLDER, "Use a model folder on this computer…", target, cli)
+    if code == "gated" or "hugging face token" in lowered:
+        return Fix(HUB_LOGIN, "Add a Hugging Face token…", target, cli)
+    if code == "disk_full":
+        return Fix(LIBRARY, "Free space: open the library", target, cli)
+    if code in ("helper_unavailable", "gpu_no_permission"):
+        return Fix(FANS, "How to install traylm-gpud", target, cli)
+    if code == "port_in_use":
+        return Fix(SETTINGS, "Change the port…", target, cli)
+    if code in ("profile_not_found", "config_invalid", "unknown_flag") and target:
+        return Fix(PROFILES, f"Edit {target}", target, cli)
+    if code == "daemon_unavailable":
+        return Fix(START_DAEMON, "Start the daemon", target, cli)
+    if code in ("engine_failed", "model_load_failed") and target:
+        return Fix(ENGINE_LOG, f"Open the log of {target}", target, cli or f"traylm logs {target}")
+    if cli:
+        return Fix("", "", target, cli)  # no button, but the command is worth showing
+    return None

@@ -1,0 +1,69 @@
+"""Routes for the model folders in the library (engines/hub/folders.py), part of the hub's:
+
+    GET    /api/models/local                 → [LocalFolder]
+    POST   /api/models/local                 {"path": "/abs/folder", "name"?} → LocalFolder (201)
+    DELETE /api/models/local/{name}          → LocalFolder (409 while an engine serves it)
+
+hub_routes() puts them before ``/api/models/{org}/{name}``, which would otherwise take them.
+Each change publishes ``library.changed`` (reason ``added`` or ``removed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from engines.errors import ConfigError, ModelInUse
+from engines.events.hub import LibraryChanged
+from engines.http import json_body, ok, traylm_errors
+
+if TYPE_CHECKING:
+    from engines.hub.service import HubFeature
+
+
+def folder_routes(key: web.AppKey[HubFeature]) -> list[web.RouteDef]:
+    """The routes, reading the hub feature as ``request.app[key]``."""
+
+    async def list_folders(request: web.Request) -> web.Response:
+        return ok(await asyncio.to_thread(request.app[key].folders.list))
+
+    async def add_folder(request: web.Request) -> web.Response:
+        hub = request.app[key]
+        body = await json_body(request)
+        raw = body.get("path")
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError('name the folder: {"path": "/path/to/model"}')
+        if not raw.startswith(("/", "~")):
+            raise ConfigError(f"{raw!r} is not an absolute path; the daemon has no current folder")
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError("name must be a string")
+        if name and name in await asyncio.to_thread(hub.profile_names):
+            raise ConfigError(f"a profile is named {name!r}; pick another name for the folder")
+        folder = await asyncio.to_thread(hub.folders.add, Path(raw), name=name or None)
+        hub.publish(LibraryChanged(repo_id=folder.name, commit_sha="", reason="added"))
+        return ok(folder, status=201)
+
+    async def remove_folder(request: web.Request) -> web.Response:
+        hub = request.app[key]
+        name = request.match_info["name"]
+        folder = await asyncio.to_thread(hub.folders.get, name)
+        served = hub.served()
+        users = served.get(folder.path, []) + served.get(name, [])
+        if users:
+            raise ModelInUse(
+                f"{name} is being served by engine {', '.join(users)}; stop it first "
+                f"(`traylm stop {users[0]}`)"
+            )
+        await asyncio.to_thread(hub.folders.remove, name)
+        hub.publish(LibraryChanged(repo_id=name, commit_sha="", reason="removed"))
+        return ok(folder)
+
+    return [
+        web.get("/api/models/local", traylm_errors(list_folders)),
+        web.post("/api/models/local", traylm_errors(add_folder)),
+        web.delete("/api/models/local/{name}", traylm_errors(remove_folder)),
+    ]

@@ -1,0 +1,110 @@
+"""``traylm doctor``: the real command on this machine (no GPU) and in a private TRAYLM_HOME,
+and its GPU checks on a FAKE autospecced pynvml with two RTX 4090s. Each finding has its fix;
+the exit status says whether something blocks serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from engines.config import Paths
+from engines.doctor import (
+    GIB,
+    disk_finding,
+    gpu_findings,
+    read_gpus,
+    tray_finding,
+)
+from tests.fakes.fake_pynvml import fake_pynvml
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+
+def doctor(paths: Paths, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    return subprocess.run(
+        [sys.executable, "-m", "engines", "doctor", *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_fresh_computer_without_an_engine_is_not_ready_and_says_how(paths: Paths) -> None:
+    out = doctor(paths)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[FAIL] engines: no engine that can run here is installed" in out.stdout
+    assert "fix: `traylm engines install vllm --cpu` (or the setup in the tray app)" in out.stdout
+    assert "[FAIL] NVIDIA driver: not found" in out.stdout  # blocks: no CPU engine either
+    assert "[ ok ] port: 127.0.0.1:8000 is free" in out.stdout or "port:" in out.stdout
+    assert "[info] tray: no graphical session here" in out.stdout
+    assert out.stdout.rstrip().endswith("not ready to serve: fix NVIDIA driver, engines first")
+
+
+def test_with_the_cpu_engine_it_is_ready(paths: Paths) -> None:
+    make_fake_vllm_env(paths.envs_dir)
+    out = doctor(paths, "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 0 and report["ready"], out.stdout
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["NVIDIA driver"]["state"] == "warn" and not checks["NVIDIA driver"]["blocks"]
+    assert "CPU build serves small models" in checks["NVIDIA driver"]["fix"]
+    assert checks["engine vllm-0.32.0-cpu"]["state"] == "ok"
+    assert checks["root helper"]["state"] == "info"  # read-only fans: not a blocker
+
+
+def test_a_port_held_by_another_program_blocks_and_names_it(paths: Paths) -> None:
+    make_fake_vllm_env(paths.envs_dir)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        paths.config_dir.mkdir(parents=True)
+        paths.config_file.write_text(f"[gateway]\nport = {port}\n")
+        out = doctor(paths)
+    assert out.returncode == 1
+    assert f"[FAIL] port: 127.0.0.1:{port} is held by pid {os.getpid()}" in out.stdout
+    assert f"`traylm config set gateway.port {port + 1}`" in out.stdout
+
+
+def test_gpu_checks_read_the_driver_cuda_and_p2p_through_nvml() -> None:
+    lib = fake_pynvml(2)
+    lib.nvmlDeviceGetP2PStatus.return_value = pynvml.NVML_P2P_STATUS_GPU_NOT_SUPPORTED
+    facts = read_gpus(lib)
+    assert (facts.driver, facts.cuda) == ("570.133.07", "12.8")
+    assert facts.names == ("NVIDIA GeForce RTX 4090",) * 2 and facts.p2p == ((0, 1, False),)
+    lib.nvmlDeviceGetP2PStatus.assert_called_once()
+    assert lib.nvmlDeviceGetP2PStatus.call_args.args[2] == 0  # READ, as NVML's enum says
+    found = {f.name: f for f in gpu_findings(facts, cpu_engine=False)}
+    assert found["NVIDIA driver"].state == "ok" and found["CUDA"].state == "ok"
+    assert (
+        found["GPUs"].detail == "NVIDIA GeForce RTX 4090 (24 GiB), NVIDIA GeForce RTX 4090 (24 GiB)"
+    )
+    assert found["P2P GPU 0 ↔ 1"].state == "info"
+    assert "NCCL_P2P_DISABLE=1" in found["P2P GPU 0 ↔ 1"].detail
+    lib.nvmlSystemGetCudaDriverVersion_v2.return_value = 11080
+    old = {f.name: f for f in gpu_findings(read_gpus(lib), cpu_engine=False)}
+    assert old["CUDA"].state == "fail" and old["CUDA"].blocks
+    assert "update the NVIDIA driver" in old["CUDA"].fix
+
+
+def test_disk_space_thresholds(tmp_path: Path) -> None:
+    assert disk_finding(tmp_path, 1 * GIB).blocks
+    assert "move the Hugging Face cache" in disk_finding(tmp_path, 1 * GIB).fix
+    assert disk_finding(tmp_path, 10 * GIB).state == "warn"
+    assert disk_finding(tmp_path, 100 * GIB).state == "ok"
+
+
+@pytest.mark.parametrize(
+    ("out", "state"), [("TRAY True\n", "ok"), ("TRAY False\n", "info"), ("", "warn")]
+)
+def test_the_tray_check_asks_qt(out: str, state: str) -> None:
+    def run(*_a: object, **_k: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], 0, out, "")
+
+    assert tray_finding({"DISPLAY": ":9"}, run).state == state
+    assert tray_finding({}, run).detail.startswith("no graphical session")
