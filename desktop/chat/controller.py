@@ -86,6 +86,7 @@ class ChatController(QObject):
         # a new profile or library model is servable at once: the picker offers it
         state.profiles_changed.connect(self._reload_models.start)
         state.library_changed.connect(self._reload_models.start)
+        state.envs_changed.connect(self.models_changed)  # an engine installed: a model can start
 
     # ----------------------------------------------------------------- loading
 
@@ -122,6 +123,12 @@ class ChatController(QObject):
         if self.retry_when_served and self.retry_when_served in self.loaded:
             self.retry_when_served = ""
             self.retry()
+
+    def blocker(self, model: str) -> str:
+        """Why a listed model cannot start here ("" when it can, or when no profile serves it:
+        a library model or an attached server is left to the daemon to judge)."""
+        entry = self.state.profile_serving(model) or self.state.profile(model)
+        return self.state.blocker(entry) if entry is not None else ""
 
     def open_chat(self, chat_id: int) -> None:
         if self.streaming is not None:

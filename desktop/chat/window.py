@@ -4,9 +4,10 @@ composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtGui import QCloseEvent, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QCloseEvent, QKeyEvent, QKeySequence, QShortcut, QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -292,12 +293,21 @@ class ChatWindow(QMainWindow):
         models = self.controller.models
         self.model_picker.blockSignals(True)
         self.model_picker.clear()
-        for model in models:
+        blocked = {m: self.controller.blocker(m) for m in models}
+        # a model that cannot start here (a 2x4090 preset without a GPU) is listed last, greyed,
+        # saying why: picked, it would only fail
+        for model in sorted(models, key=lambda m: bool(blocked[m])):
             self.model_picker.addItem(model)
-            if model not in self.controller.loaded:  # models on demand: sending loads it
-                index = self.model_picker.count() - 1
+            if model in self.controller.loaded:
+                continue
+            index = self.model_picker.count() - 1
+            if blocked[model]:
+                tip = f"cannot start here: {blocked[model]}"
+                item = cast(QStandardItemModel, self.model_picker.model()).item(index)
+                item.setEnabled(False)
+            else:  # models on demand: sending loads it
                 tip = "not loaded: sending a message loads it"
-                self.model_picker.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
+            self.model_picker.setItemData(index, tip, Qt.ItemDataRole.ToolTipRole)
         if not models:
             self.model_picker.addItem(NO_MODEL)
         if current and current != NO_MODEL:

@@ -201,6 +201,28 @@ def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_th
     assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
 
 
+def test_a_preset_that_cannot_start_here_is_listed_last_and_greyed(qtbot, app, daemon_thread):
+    """No NVIDIA GPU here: the 2x4090 presets are servable names, but picking one would only
+    fail; the picker keeps them out of reach and says why."""
+    daemon_thread.write_fake_profile("fake")
+    chat = app.open_chat("")
+    app.actions.reload_profiles()
+    qtbot.waitUntil(
+        lambda: {"fake", "llama-3.1-8b"} <= set(chat.controller.models) and bool(app.state.envs),
+        timeout=10000,
+    )
+    chat.on_models_changed()
+    picker = chat.model_picker
+    items = picker.model()
+    names = [picker.itemText(i) for i in range(picker.count())]
+    preset = names.index("llama-3.1-8b")
+    assert names.index("fake") < preset
+    assert not items.item(preset).isEnabled()
+    tip = picker.itemData(preset, Qt.ItemDataRole.ToolTipRole)
+    assert tip == "cannot start here: needs an NVIDIA GPU"
+    assert items.item(names.index("fake")).isEnabled()
+
+
 def test_engine_dying_mid_reply_is_shown_inline_and_retry_works(qtbot, app, daemon_thread):
     chat = _ready_chat(qtbot, app, daemon_thread, "--crash-after-tokens 3 --token-delay 0.02")
     _send(qtbot, chat, "crash please", 50)
