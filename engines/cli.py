@@ -22,6 +22,7 @@ from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
+from engines.filemodes import private_umask
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -33,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     words = list(sys.argv[1:] if argv is None else argv)
     if _for_desktop(words):
         sys.exit(_open_desktop(words))
+    private_umask()  # what traylm writes (database, logs, settings) is its user's alone
     args = build_parser().parse_args(words)
     if not getattr(args, "func", None):
         sys.exit(_open_desktop(words))

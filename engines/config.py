@@ -611,8 +611,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def write_toml_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write TOML so that a crash at any moment leaves either the old or the new file."""
-    write_bytes_atomic(path, tomli_w.dumps(dict(data)).encode())
+    """Write TOML so that a crash at any moment leaves either the old or the new file. Settings
+    and profiles are the user's own: readable by nobody else (0600)."""
+    write_bytes_atomic(path, tomli_w.dumps(dict(data)).encode(), mode=0o600)
 
 
 def write_bytes_atomic(path: Path, payload: bytes, mode: int = 0o644) -> None:

@@ -35,6 +35,7 @@ from engines.envs import EnvManager
 from engines.errors import PortInUseError, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import DaemonStopping
+from engines.filemodes import make_private
 from engines.gateway.app import build_app
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
@@ -225,6 +226,8 @@ class Daemon:
         self, *, ready: asyncio.Event | None = None, install_signal_handlers: bool = True
     ) -> None:
         self.bus.bind_loop(asyncio.get_running_loop())
+        for line in await asyncio.to_thread(make_private, self.paths):
+            log.warning("made private (was readable by others): %s", line)
         self._take_lock()
         try:
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)

@@ -41,6 +41,7 @@ from engines.events.core import (
     EngineStateChanged,
     EngineStatus,
 )
+from engines.filemodes import user_umask
 from engines.procs import (
     EngineRecord,
     PidRegistry,
@@ -289,6 +290,7 @@ class ManagedEngine:
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            umask=user_umask(),  # the engine's own caches (HF, compile) keep the user's modes
         )
         self.started_at_s = time.time()
         self.ready_at_s = None

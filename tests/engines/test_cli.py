@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,18 +15,6 @@ import pytest
 
 from engines.config import Paths, write_toml_atomic
 from engines.procs import free_loopback_port
-from tests.fakes.fake_vllm_env import make_fake_vllm_env
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {
-        **os.environ,
-        "TRAYLM_HOME": str(tmp_path / "home"),
-        "TRAYLM_ENVS_DIR": str(tmp_path / "envs"),
-    }
-    make_fake_vllm_env(tmp_path / "envs")
-    return e
 
 
 def traylm(
