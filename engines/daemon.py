@@ -37,6 +37,7 @@ from engines.events.codec import to_plain
 from engines.events.core import DaemonStopping
 from engines.filemodes import make_private
 from engines.gateway.app import build_app
+from engines.gateway.connections import http_logger
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
@@ -249,7 +250,11 @@ class Daemon:
     async def _serve(self) -> None:
         g = self.settings.gateway
         runner = web.AppRunner(
-            self._app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+            self._app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=2.0,
+            logger=http_logger(),
         )
         await runner.setup()
         self._runner = runner

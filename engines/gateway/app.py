@@ -17,6 +17,7 @@ from aiohttp import web
 
 from engines.gateway.proxy import REPLY_COMPLETE
 from engines.gateway.routes import FORWARDED_ROUTES, OPEN_ROUTES, gateway_routes
+from engines.gateway.security import header_bytes
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.http import openai_error
 
@@ -130,7 +131,7 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
 def _token_ok(request: web.Request, token: str) -> bool:
     auth = request.headers.get("Authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    return bool(token) and secrets.compare_digest(given.encode(), token.encode())
+    return bool(token) and secrets.compare_digest(header_bytes(given), token.encode())
 
 
 def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> web.StreamResponse:
