@@ -167,6 +167,12 @@ class GatewaySettings:
     retry_after_s: int = setting(
         5, "Retry-After seconds sent with 503 while an engine starts and with 429.", min=1
     )
+    usage_days: float = setting(
+        90.0, "How long the usage log (one row per request) is kept.", min=0.01
+    )
+    usage_max_rows: int = setting(
+        1_000_000, "Most rows the usage log keeps; the oldest go first.", min=100
+    )
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,9 @@ class GPUSettings:
         10.0, "Resolution of the telemetry history kept in the database.", min=1
     )
     history_days: float = setting(7.0, "How long telemetry history is kept.", min=0.01)
+    history_max_rows: int = setting(
+        1_000_000, "Most telemetry history rows kept (all GPUs); the oldest go first.", min=100
+    )
     process_interval_s: float = setting(
         5.0, "Period of the (slow) per-GPU process list read.", min=1
     )

@@ -104,7 +104,7 @@ class Daemon:
         """Every part, each given what it uses. Order matters only where one part is another's
         dependency (the gateway before the GPU feature, the GPU inventory before hub and trt)."""
         live, paths, publish = self.live, self.paths, self.bus.publish
-        self.usage = UsageRecorder(self.store)
+        self.usage = UsageRecorder(self.store, live)
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
