@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import logging.handlers
+import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from engines import __version__
-from engines.client import DaemonClient
+from engines import __version__, daemon_lock
+from engines.client import DaemonClient, pid_alive
 from engines.config import Paths, load_settings, replace_setting, save_settings
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
@@ -28,6 +31,7 @@ from engines.trt import cli as trt_cli
 log = logging.getLogger("traylm")
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
+SHUTDOWN_WAIT_S = 60.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -370,20 +374,34 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def cmd_shutdown(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
     try:
-        c = await _client()
-    except DaemonUnavailable:
-        print("the daemon is not running")
-        return 0
-    async with c:
-        pid = c.info.pid
-        await c.shutdown()
-    from engines.client import _pid_alive
-
-    deadline = time.monotonic() + 60
-    while _pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process
+        async with await _client() as c:
+            pid = c.info.pid
+            await c.shutdown()
+    except DaemonUnavailable as exc:
+        running = daemon_lock.holder(paths.daemon_lock)
+        if running is None:
+            print("the daemon is not running")
+            return 0
+        # it holds the lock but its control API cannot be reached: stop it by signal (and
+        # let a stopped one run, or the SIGTERM would wait for it forever)
+        print(f"traylm: {exc.message}; sending it SIGTERM", file=sys.stderr)
+        pid = running.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    while pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process
         await asyncio.sleep(0.2)
-    print("daemon stopped" if not _pid_alive(pid) else f"daemon (pid {pid}) is still stopping")
+    if pid_alive(pid):
+        print(
+            f"traylm: the daemon (pid {pid}) has not stopped after {SHUTDOWN_WAIT_S:.0f} s; "
+            f"see {paths.logs_dir / 'daemon.log'}, or end it with `kill -9 {pid}`",
+            file=sys.stderr,
+        )
+        return 1
+    print("daemon stopped")
     return 0
 
 
@@ -533,8 +551,13 @@ async def _save_setting(key: str, value: Any) -> str:
         async with await _client() as c:
             await c.update_settings({key: value})
             return "saved, and applied to the running daemon"
-    except DaemonUnavailable:
-        return "saved; the daemon reads it when it starts"
+    except DaemonUnavailable as exc:
+        if daemon_lock.holder(paths.daemon_lock) is None:
+            return "saved; the daemon reads it when it starts"
+        raise TraylmError(
+            f"saved to {paths.config_file}, but not applied to the running daemon: "
+            f"{exc.message}. It takes the change at its next start"
+        ) from None
 
 
 async def cmd_keys_add(args: argparse.Namespace) -> int:

@@ -88,6 +88,10 @@ class Paths:
         return self.state_dir / "daemon.json"
 
     @property
+    def daemon_lock(self) -> Path:
+        return self.state_dir / "daemon.lock"
+
+    @property
     def engine_pids_json(self) -> Path:
         return self.state_dir / "engine-pids.json"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from typing import IO, Protocol
 
 from aiohttp import web
 
-from engines import __version__
+from engines import __version__, daemon_lock
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
 from engines.bus import EventBus
@@ -57,6 +56,8 @@ from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
 
 log = logging.getLogger(__name__)
+
+DAEMON_JSON_CHECK_S = 2.0
 
 
 class DaemonAlreadyRunning(TraylmError):
@@ -98,6 +99,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
+        self._info: dict[str, object] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._build()
 
     def _build(self) -> None:
@@ -231,15 +234,17 @@ class Daemon:
             log.warning("made private (was readable by others): %s", line)
         self._take_lock()
         try:
+            if install_signal_handlers:  # from here on: a SIGTERM during start-up stops cleanly
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, self.request_stop, sig.name)
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
             await asyncio.to_thread(self.store.open)
             await self._serve()
             for feature in self.features:
                 await feature.start()
-            if install_signal_handlers:
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(sig, self.request_stop, sig.name)
+            keeper = asyncio.create_task(self._keep_daemon_json(), name="daemon.json")
+            self._background.add(keeper)
             if ready is not None:
                 ready.set()
             log.info("traylm %s serving on %s", __version__, self.url)
@@ -271,7 +276,7 @@ class Daemon:
                     f"`traylm config set gateway.port {g.port + 1}`"
                 ) from exc
             raise
-        info = {
+        self._info = {
             "pid": os.getpid(),
             "url": f"http://127.0.0.1:{g.port}",
             "port": g.port,
@@ -279,9 +284,28 @@ class Daemon:
             "version": __version__,
             "started_at_s": self.status.started_at_s,
         }
-        write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
+        self._write_daemon_json()
+        if self._lock_fh is not None:
+            daemon_lock.note(self._lock_fh, port=g.port)
+
+    def _write_daemon_json(self) -> None:
+        write_bytes_atomic(self.paths.daemon_json, json.dumps(self._info).encode(), mode=0o600)
+
+    async def _keep_daemon_json(self) -> None:
+        """Write daemon.json again when it was deleted or overwritten while the daemon runs
+        (every client finds the daemon and its token through it)."""
+        while True:
+            await asyncio.sleep(DAEMON_JSON_CHECK_S)
+            try:
+                if not await asyncio.to_thread(self._daemon_json_intact):
+                    await asyncio.to_thread(self._write_daemon_json)
+                    log.warning("%s was removed or changed; wrote it again", self.paths.daemon_json)
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.paths.daemon_json, exc.strerror)
 
     async def _shutdown(self) -> None:
+        for task in self._background:
+            task.cancel()
         self.bus.publish(DaemonStopping(reason="daemon stopping"))
         await self.control.stop()  # a running env install removes its half-made venv
         for feature in reversed(self.features):
@@ -303,6 +327,12 @@ class Daemon:
         self.store.close()
         self._release_lock()
 
+    def _daemon_json_intact(self) -> bool:
+        try:
+            return bool(json.loads(self.paths.daemon_json.read_text()) == self._info)
+        except (OSError, ValueError):
+            return False
+
     def _owns_daemon_json(self) -> bool:
         try:
             return bool(json.loads(self.paths.daemon_json.read_text())["pid"] == os.getpid())
@@ -310,16 +340,10 @@ class Daemon:
             return False
 
     def _take_lock(self) -> None:
-        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
-        fh = (self.paths.state_dir / "daemon.lock").open("a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            running = ""
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                info = json.loads(self.paths.daemon_json.read_text())
-                running = f" (pid {info['pid']}, {info['url']})"
+        fh = daemon_lock.take(self.paths.daemon_lock)
+        if fh is None:
+            other = daemon_lock.holder(self.paths.daemon_lock)
+            running = f" ({other.where})" if other is not None else ""
             raise DaemonAlreadyRunning(
                 f"a traylm daemon is already running{running}; use it, or stop it with "
                 "`traylm shutdown`"
