@@ -273,9 +273,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(data, indent=1))
             return 0
         key = "API key required" if data["api_key_required"] else "no API key"
+        lan = "LAN sharing on" if data["lan_sharing"] else "this computer only"
         print(
             f"traylm {data['version']} daemon pid {data['pid']}: {data['url']}/v1 "
-            f"(bound to {data['bind_host']}, {key})"
+            f"(listening on {', '.join(data['bound']) or 'nothing'}; {lan}, {key})"
         )
         if data.get("paused"):
             print(f"  PAUSED: {data['paused']}")

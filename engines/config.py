@@ -171,6 +171,26 @@ class GatewaySettings:
     retry_after_s: int = setting(
         5, "Retry-After seconds sent with 503 while an engine starts and with 429.", min=1
     )
+    max_connections: int = setting(
+        4096,
+        "Open client connections at once; past it the oldest one still sending its request "
+        "is closed, else new ones get 503. Lowered to fit the open-files limit.",
+        min=16,
+    )
+    header_timeout_s: float = setting(
+        10.0,
+        "Time a new connection has to send its request head; slower ones are closed.",
+        min=0.5,
+        max=600,
+    )
+    body_timeout_s: float = setting(
+        60.0, "Time a request body has to arrive once its head has; slower gets 408.", min=1
+    )
+    keepalive_timeout_s: float = setting(
+        60.0,
+        "Idle keep-alive connections are closed after this long (from the next start).",
+        min=1,
+    )
     usage_days: float = setting(
         90.0, "How long the usage log (one row per request) is kept.", min=0.01
     )

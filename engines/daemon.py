@@ -36,7 +36,7 @@ from engines.events.codec import to_plain
 from engines.events.core import DaemonStopping
 from engines.filemodes import make_private
 from engines.gateway.app import build_app
-from engines.gateway.connections import http_logger
+from engines.gateway.connections import ConnectionGate, Listener, http_logger
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
@@ -45,7 +45,14 @@ from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
 from engines.metrics import MetricsRegistry
-from engines.procs import PidRegistry, port_holder, reap_orphans
+from engines.procs import (
+    MAX_CONNECTIONS_CEILING,
+    PidRegistry,
+    connections_for,
+    port_holder,
+    raise_open_files_limit,
+    reap_orphans,
+)
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback
 from engines.settings import LiveSettings
@@ -99,6 +106,15 @@ class Daemon:
         self._stop = asyncio.Event()
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
+        self._fd_connections = MAX_CONNECTIONS_CEILING
+        g = self.live.current.gateway
+        self.gate = ConnectionGate(
+            max_connections=g.max_connections,
+            header_timeout_s=g.header_timeout_s,
+            lan=g.lan_sharing,
+        )
+        self.live.subscribe(self._listen_settings)
         self._info: dict[str, object] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._build()
@@ -169,7 +185,9 @@ class Daemon:
             engines=self.supervisor,
             paused=lambda: self.ctx.paused,
             reaped=lambda: self.reaped,
+            bound=lambda: self.listener.addresses() if self.listener is not None else [],
             providers={
+                "connections": self._connections_status,
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
@@ -207,6 +225,46 @@ class Daemon:
         mount(app, BENCH, self.bench, bench_routes())
         return app
 
+    def _connections_status(self) -> dict[str, int]:
+        gate = self.gate
+        return {
+            "open": gate.open,
+            "max": gate.max_connections,
+            "refused_total": gate.refused_total,
+            "evicted_total": gate.evicted_total,
+            "head_timeouts_total": gate.timed_out_total,
+            "foreign_refused_total": gate.foreign_total,
+        }
+
+    def _listen_settings(self, settings: Settings) -> None:
+        """Connection limits apply at once; LAN sharing turned on or off moves the socket
+        (and, off, closes the connections other computers hold)."""
+        g = settings.gateway
+        self.gate.configure(
+            max_connections=min(g.max_connections, self._fd_connections),
+            header_timeout_s=g.header_timeout_s,
+            lan=g.lan_sharing,
+        )
+        if not g.lan_sharing and (closed := self.gate.close_foreign()):
+            log.warning("LAN sharing is off: closed %d connections from other computers", closed)
+        listener = self.listener
+        if listener is not None and listener.host != settings.bind_host:
+            task = asyncio.create_task(self._rebind(listener, settings.bind_host))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _rebind(self, listener: Listener, host: str) -> None:
+        try:
+            await listener.rebind(host)
+        except OSError as exc:
+            log.error(
+                "the gateway could not move to %s:%d (%s); it still listens on %s",
+                host,
+                listener.port,
+                exc.strerror,
+                ", ".join(listener.addresses()) or "nothing",
+            )
+
     @property
     def settings(self) -> Settings:
         """The settings in use now (config.toml's values under the overrides)."""
@@ -233,6 +291,8 @@ class Daemon:
         for line in await asyncio.to_thread(make_private, self.paths):
             log.warning("made private (was readable by others): %s", line)
         self._take_lock()
+        self._fd_connections = connections_for(raise_open_files_limit())
+        self._listen_settings(self.settings)
         try:
             if install_signal_handlers:  # from here on: a SIGTERM during start-up stops cleanly
                 loop = asyncio.get_running_loop()
@@ -260,14 +320,13 @@ class Daemon:
             access_log=None,
             shutdown_timeout=2.0,
             logger=http_logger(),
+            keepalive_timeout=g.keepalive_timeout_s,
         )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(
-            runner, self.settings.bind_host, g.port, reuse_address=True, backlog=1024
-        )
+        self.listener = Listener(runner, port=g.port, gate=self.gate)
         try:
-            await site.start()
+            await self.listener.bind(self.settings.bind_host)
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 holder = port_holder(self.settings.bind_host, g.port) or "another process"

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -26,6 +27,31 @@ from engines.config import write_bytes_atomic
 log = logging.getLogger(__name__)
 
 EXIT_POLL_S = 0.05
+
+
+FD_RESERVE = 256
+"""Open files kept for everything but client connections (engine pipes, logs, SQLite, scans)."""
+MAX_CONNECTIONS_CEILING = 1 << 20
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft open-files limit to its hard limit (a default soft limit of
+    1024 is what a thousand idle connections exhaust). Returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else MAX_CONNECTIONS_CEILING
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_CONNECTIONS_CEILING if soft == resource.RLIM_INFINITY else soft
+
+
+def connections_for(open_files: int) -> int:
+    """Client connections an open-files limit leaves room for: each relayed request holds two
+    descriptors (the client's and the engine's), after a reserve for everything else."""
+    return max(16, (open_files - FD_RESERVE) // 2)
 
 
 def free_loopback_port() -> int:

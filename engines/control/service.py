@@ -187,23 +187,28 @@ class DaemonStatus:
         engines: EngineView,
         paused: Callable[[], str | None],
         reaped: Callable[[], list[str]],
+        bound: Callable[[], list[str]],
         providers: Mapping[str, Callable[[], object]],
     ) -> None:
-        """``providers``: extra keys (e.g. "remote", "bench") → their value now."""
+        """``bound``: the gateway's listening sockets now ("127.0.0.1:8000");
+        ``providers``: extra keys (e.g. "remote", "bench") → their value now."""
         self._settings = settings
         self._engines = engines
         self._paused = paused
         self._reaped = reaped
+        self._bound = bound
         self._providers = dict(providers)
         self.started_at_s = time.time()
 
     def report(self) -> dict[str, Any]:
         s = self._settings.current
+        bound = self._bound()
         return {
             "version": __version__,
             "pid": os.getpid(),
             "url": f"http://127.0.0.1:{s.gateway.port}",
-            "bind_host": s.bind_host,
+            "bind_host": bound[0].rsplit(":", 1)[0].strip("[]") if bound else "",
+            "bound": bound,
             "lan_sharing": s.gateway.lan_sharing,
             "api_key_required": bool(s.gateway.api_key_sha256),
             "started_at_s": self.started_at_s,

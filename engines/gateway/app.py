@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from engines.gateway.connections import is_loopback
 from engines.gateway.proxy import REPLY_COMPLETE
 from engines.gateway.routes import FORWARDED_ROUTES, OPEN_ROUTES, gateway_routes
 from engines.gateway.security import header_bytes
@@ -84,6 +85,15 @@ def _route_label(request: web.Request) -> str:
 async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     ctx = request.app[GATEWAY]
     guard = ctx.guard
+    if not guard.lan and not is_loopback(request.remote):
+        # whatever the socket is bound to: a connection made while LAN sharing was on, or
+        # gateway.host set to a LAN address, never serves another computer once it is off
+        return openai_error(
+            403,
+            "this traylm serves only this computer: LAN sharing is off (turn it on with "
+            "`traylm config set gateway.lan_sharing true` after `traylm keys add`)",
+            type_="forbidden",
+        )
     problem = guard.path_problem(request.raw_path)
     if problem:
         return openai_error(400, problem, type_="invalid_request_error")

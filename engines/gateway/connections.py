@@ -1,14 +1,280 @@
 """The gateway's listening socket and what arrives on it before a request exists.
 
-Malformed HTTP (a port scanner, a client speaking TLS to a plain port) is answered 400 by
-aiohttp, which logs each one as an ERROR with a traceback: here it is one INFO line.
+- ``ConnectionGate`` wraps every connection's protocol (aiohttp's request handler) and keeps
+  the limits a slow or hostile client could otherwise break: at most ``max_connections`` open
+  at once (past it the oldest connection still sending its first request head is closed, else
+  the newcomer gets 503), a request head must arrive within ``header_timeout_s`` (slowloris),
+  and without LAN sharing a peer that is not on this computer is refused at once. Idle
+  keep-alive connections are aiohttp's to close (``keepalive_timeout``).
+- ``Listener`` binds the port and moves it to another address while the daemon runs (LAN
+  sharing turned on or off), and reports the sockets actually bound.
+- Malformed HTTP (a port scanner, TLS spoken to a plain port) is answered 400 by aiohttp, which
+  logs each one as an ERROR with a traceback: ``http_logger`` makes it one INFO line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import ipaddress
+import json
 import logging
+from collections.abc import Callable
 
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+
+log = logging.getLogger(__name__)
+
+HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+
+
+@functools.lru_cache(maxsize=1024)
+def is_loopback(host: str | None) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback; False for anything else."""
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _answer(status: str, message: str, type_: str) -> bytes:
+    """A whole HTTP response written straight to the socket (no request was parsed)."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None}}).encode()
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+        "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+    ).encode() + body
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's protocol inside, the gate's checks around it."""
+
+    __slots__ = ("_admitted", "_gate", "_head_timer", "_inner", "_tail", "transport")
+
+    def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate) -> None:
+        self._inner = inner
+        self._gate = gate
+        self._admitted = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self.transport: asyncio.Transport | None = None
+
+    @property
+    def waiting_for_head(self) -> bool:
+        return self._head_timer is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self._gate.admit(self, transport):
+            return
+        self._admitted = True
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self._gate.header_timeout_s, self._head_timed_out)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            seen = self._tail + data
+            if any(end in seen for end in HEAD_ENDS):
+                self._head_timer.cancel()
+                self._head_timer, self._tail = None, b""
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._gate.release(self)
+        if self._admitted:
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def close(self, answer: bytes = b"") -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if answer:
+                transport.write(answer)
+            transport.close()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        self._gate.timed_out_total += 1
+        self.close(
+            _answer(
+                "408 Request Timeout",
+                f"the request head took longer than {self._gate.header_timeout_s:g} s "
+                "(gateway.header_timeout_s)",
+                "timeout",
+            )
+        )
+
+
+class ConnectionGate:
+    """The limits every connection passes (see the module docstring). Live settings:
+    ``configure`` changes them for new connections at once."""
+
+    def __init__(self, *, max_connections: int, header_timeout_s: float, lan: bool) -> None:
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.lan = lan
+        self._open: dict[_Guarded, None] = {}  # insertion order: oldest first
+        self.refused_total = 0
+        self.evicted_total = 0
+        self.timed_out_total = 0
+        self.foreign_total = 0
+
+    def configure(self, *, max_connections: int, header_timeout_s: float, lan: bool) -> None:
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.lan = lan
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Guarded(inner(), self)
+
+    def admit(self, conn: _Guarded, transport: asyncio.Transport) -> bool:
+        peer = transport.get_extra_info("peername")
+        if not self.lan and not is_loopback(peer[0] if peer else None):
+            self.foreign_total += 1
+            conn.close(
+                _answer(
+                    "403 Forbidden",
+                    "this traylm serves only this computer (LAN sharing is off)",
+                    "forbidden",
+                )
+            )
+            return False
+        if len(self._open) >= self.max_connections and not self._evict_one():
+            self.refused_total += 1
+            conn.close(
+                _answer(
+                    "503 Service Unavailable",
+                    f"the gateway has {len(self._open)} connections open "
+                    "(gateway.max_connections); retry shortly",
+                    "overloaded",
+                )
+            )
+            return False
+        self._open[conn] = None
+        return True
+
+    def release(self, conn: _Guarded) -> None:
+        """Forget a closed connection."""
+        self._open.pop(conn, None)
+
+    def _evict_one(self) -> bool:
+        """Close the oldest connection that has not finished its first request head."""
+        for conn in self._open:
+            if conn.waiting_for_head:
+                self._open.pop(conn)
+                self.evicted_total += 1
+                conn.close()
+                return True
+        return False
+
+    def close_foreign(self) -> int:
+        """LAN sharing was turned off: close every open connection from another computer."""
+        foreign = [
+            c
+            for c in self._open
+            if c.transport is not None
+            and not is_loopback((c.transport.get_extra_info("peername") or ("",))[0])
+        ]
+        for conn in foreign:
+            conn.close()
+        return len(foreign)
+
+
+class GatewaySite(web.BaseSite):
+    """aiohttp's TCPSite, with every connection passing the gate."""
+
+    __slots__ = ("_gate", "_host", "_port")
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, gate: ConnectionGate, backlog: int
+    ) -> None:
+        super().__init__(runner, backlog=backlog)
+        self._host, self._port, self._gate = host, port, gate
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._gate.factory(server), self._host, self._port, backlog=self._backlog
+        )
+
+    def addresses(self) -> list[str]:
+        sockets = getattr(self._server, "sockets", None) or ()
+        out = []
+        for sock in sockets:
+            host, port = sock.getsockname()[:2]
+            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        return out
+
+
+class Listener:
+    """The gateway's port on one address at a time."""
+
+    def __init__(
+        self, runner: web.BaseRunner, *, port: int, gate: ConnectionGate, backlog: int = 1024
+    ) -> None:
+        self._runner, self.port, self._gate, self._backlog = runner, port, gate, backlog
+        self._site: GatewaySite | None = None
+        self.host = ""
+
+    async def bind(self, host: str) -> None:
+        """Listen on ``host``; OSError when the port cannot be bound there."""
+        site = GatewaySite(self._runner, host, self.port, gate=self._gate, backlog=self._backlog)
+        try:
+            await site.start()
+        except OSError:
+            await site.stop()
+            raise
+        self._site, self.host = site, host
+
+    async def rebind(self, host: str) -> None:
+        """Move to ``host`` (open connections stay). The port is free for a moment in between
+        (one address cannot take a port another listening socket of this process holds); if
+        the new address cannot be bound, the old one is bound again and OSError raised."""
+        old, old_host = self._site, self.host
+        if old is not None:
+            await old.stop()
+            self._site = None
+        try:
+            await self.bind(host)
+        except OSError:
+            if old is not None:
+                await self.bind(old_host)
+            raise
+        log.info("gateway now listens on %s", ", ".join(self.addresses()))
+
+    def addresses(self) -> list[str]:
+        return self._site.addresses() if self._site is not None else []
 
 
 class MalformedRequestFilter(logging.Filter):

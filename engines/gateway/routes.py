@@ -8,6 +8,7 @@ engine) goes here: parse and check the body, ``ctx.resolve(model)``, then ``rela
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -50,7 +51,16 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return openai_error(
             413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
         )
-    body = await request.read()
+    try:
+        async with asyncio.timeout(g.body_timeout_s):
+            body = await request.read()
+    except TimeoutError:
+        return openai_error(
+            408,
+            f"the request body did not arrive within {g.body_timeout_s:g} s "
+            "(gateway.body_timeout_s)",
+            type_="timeout",
+        )
     payload, problem = parse_json_body(body)
     if payload is None:
         return openai_error(400, problem or "bad request")
