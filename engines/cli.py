@@ -26,6 +26,7 @@ from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
 from engines.filemodes import private_umask
+from engines.logfilter import RepeatedLineFilter
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -95,7 +96,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
             logs / "daemon.log", maxBytes=10_000_000, backupCount=3
         )
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        repeats = RepeatedLineFilter()  # one filter: a line held back is held back everywhere
+        for each in root.handlers:
+            each.addFilter(repeats)
 
 
 # --------------------------------------------------------------------------- parser
@@ -300,6 +305,8 @@ def _engine_line(e: EngineStatus) -> str:
         line += f"  restarts {e.restarts}"
     if e.state in (EngineState.FAILED, EngineState.STARTING) and e.detail:
         line += f"\n      {e.detail}"
+    if e.supervision:
+        line += f"\n      supervision: {e.supervision}"
     return line
 
 

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 import aiohttp
+import psutil
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings, Profile, write_bytes_atomic
@@ -60,6 +62,8 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 HEALTH_PERIOD_S = 0.5  # while starting
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
+LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Errors that say the daemon is short of resources, not that the engine is unwell."""
 
 Publish = Callable[[Event], None]
 LogSink = Callable[[str], None]
@@ -116,6 +120,9 @@ class ManagedEngine:
         self._want_running = False
         self._ready_event = asyncio.Event()
         self._log_fh: TextIO | None = None
+        self.supervision = ""
+        """What keeps the supervisor from watching this engine fully right now (it retries),
+        or "" (shown by `traylm status`)."""
 
     # ----------------------------------------------------------------- public API
 
@@ -143,6 +150,7 @@ class ManagedEngine:
             self.profile.name,
             self.runtime.device,
             str(self.runtime.version),
+            self.supervision,
         )
 
     async def start(self) -> None:
@@ -157,6 +165,12 @@ class ManagedEngine:
         self._ready_event.clear()
         self._set_state(EngineState.STARTING, "launching")
         self._task = asyncio.create_task(self._run(), name=f"engine:{self.engine_id}")
+        self._task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """The supervision task never ends silently: whatever escaped it is logged."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("engine %s: supervision ended", self.engine_id, exc_info=exc)
 
     async def wait_ready(self, timeout_s: float) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
@@ -195,6 +209,11 @@ class ManagedEngine:
                     return
                 if outcome == "start_failed":
                     return
+                if outcome == "spawn_failed":  # the daemon's trouble, not a crash: no count
+                    delay = self.settings.restart_backoff_max_s
+                    self._set_state(EngineState.STARTING, f"{self.supervision}; in {delay:.0f} s")
+                    await asyncio.sleep(delay)
+                    continue
                 # crashed after having been ready: restart with backoff, up to restart_max
                 if self.restarts >= self.settings.restart_max:
                     self._set_state(
@@ -218,8 +237,11 @@ class ManagedEngine:
             raise
         except Exception as exc:  # boundary: a bug here must become an event, not a dead task
             log.exception("engine %s supervisor task failed", self.engine_id)
-            await self._terminate()
             self._set_state(EngineState.FAILED, f"internal error: {exc}")
+            try:
+                await self._terminate()
+            except Exception:  # boundary: the clean-up of a failure must not fail silently
+                log.exception("engine %s: cleaning up after the failure failed", self.engine_id)
 
     async def _prepare_launch(self) -> bool:
         if self._prepare is None:
@@ -236,13 +258,19 @@ class ManagedEngine:
         return True
 
     async def _one_life(self) -> str:
-        """Spawn, wait for ready, watch until exit. Returns stopped|start_failed|crashed."""
+        """Spawn, wait for ready, watch until exit. Returns start_failed|crashed, or
+        spawn_failed when no process could be started."""
         spec = self._spawn_spec()
         if self.state != EngineState.STARTING:
             self._set_state(EngineState.STARTING, f"starting on 127.0.0.1:{self.port}")
         else:
             self.detail = f"starting on 127.0.0.1:{self.port}"
-        await self._spawn(spec)
+        try:
+            await self._spawn(spec)
+        except OSError as exc:  # no process: out of descriptors or memory, a missing binary
+            self._close_log()
+            self._trouble("cannot start the engine process", exc)
+            return "spawn_failed"
         assert self._proc is not None
         reader = asyncio.create_task(self._read_logs(self._proc), name=f"logs:{self.engine_id}")
         try:
@@ -341,13 +369,15 @@ class ManagedEngine:
                 code = await exit_code(self._proc, WATCH_PERIOD_S)
                 if code is not None:
                     return f"process exited with code {code}"
-                if await self._probe(http, spec.health_path):
+                healthy = await self._probe(http, spec.health_path)
+                if healthy:
                     failures = 0
-                else:
+                elif healthy is False:
                     failures += 1
                     if failures >= 2:
                         return "/health stopped answering 200 (engine core died)"
-                await self._track_descendants()
+                if await self._track_descendants() and healthy is not None:
+                    self._trouble_over()
                 if (
                     self.restarts
                     and self.ready_at_s
@@ -355,27 +385,60 @@ class ManagedEngine:
                 ):
                     self.restarts = 0
 
-    async def _probe(self, http: aiohttp.ClientSession, path: str) -> bool:
+    async def _probe(self, http: aiohttp.ClientSession, path: str) -> bool | None:
+        """True: 200. False: the engine answered otherwise or not at all. None: the daemon
+        itself could not ask (out of descriptors): that says nothing about the engine."""
         try:
             async with http.get(f"{self.base_url}{path}") as resp:
                 await resp.read()
                 return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except aiohttp.ClientConnectorError as exc:
+            if exc.os_error.errno in LOCAL_RESOURCE_ERRNOS:
+                self._trouble(f"cannot probe {path}", exc.os_error)
+                return None
+            return False
+        except OSError as exc:
+            if exc.errno in LOCAL_RESOURCE_ERRNOS:
+                self._trouble(f"cannot probe {path}", exc)
+                return None
+            return False
+        except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def _track_descendants(self) -> None:
+    async def _track_descendants(self) -> bool:
+        """Record the engine's child processes (the reaper needs them after a daemon crash).
+        False when the scan failed (it is retried on the next tick)."""
         proc = self._proc
         if proc is None:
-            return
-        # a scan of every process on the machine: off the loop that relays the tokens
-        found = await asyncio.to_thread(descendants, proc.pid)
-        known = {(p.pid, p.create_time) for p in self._tracked}
-        new = [p for p in found if (p.pid, p.create_time) not in known]
-        if new:
-            self._tracked.extend(new)
-            leader = TrackedProcess.of(proc.pid)
-            if leader is not None:
-                self._pids.put(EngineRecord(self.engine_id, proc.pid, leader, tuple(self._tracked)))
+            return True
+        try:
+            # a scan of every process on the machine: off the loop that relays the tokens
+            found = await asyncio.to_thread(descendants, proc.pid)
+            known = {(p.pid, p.create_time) for p in self._tracked}
+            new = [p for p in found if (p.pid, p.create_time) not in known]
+            if new:
+                self._tracked.extend(new)
+                leader = TrackedProcess.of(proc.pid)
+                if leader is not None:
+                    record = EngineRecord(self.engine_id, proc.pid, leader, tuple(self._tracked))
+                    await asyncio.to_thread(self._pids.put, record)
+        except (OSError, psutil.Error) as exc:
+            self._trouble("cannot scan the engine's processes", exc)
+            return False
+        return True
+
+    def _trouble(self, what: str, exc: BaseException) -> None:
+        """Something the supervisor needs failed; it goes on and retries. Logged once per
+        distinct trouble, and shown in the engine's status until it passes."""
+        text = f"{what}: {exc} (retrying)"
+        if text != self.supervision:
+            log.warning("engine %s: %s", self.engine_id, text)
+            self.supervision = text
+
+    def _trouble_over(self) -> None:
+        if self.supervision:
+            log.info("engine %s: supervision is back to normal", self.engine_id)
+            self.supervision = ""
 
     async def _terminate(self) -> None:
         """SIGTERM the leader, wait; SIGTERM the group, wait; SIGKILL the group and every
@@ -408,9 +471,11 @@ class ManagedEngine:
     async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
-            left = await asyncio.to_thread(survivors, pgid, self._tracked)
-            if not left:
-                return True
+            try:
+                if not await asyncio.to_thread(survivors, pgid, self._tracked):
+                    return True
+            except (OSError, psutil.Error) as exc:  # not known: look again
+                self._trouble("cannot check that the engine's processes are gone", exc)
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.1)

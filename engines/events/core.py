@@ -52,6 +52,9 @@ class EngineStatus:
     profile: str
     device: str
     version: str
+    supervision: str = ""
+    """What keeps the supervisor from watching the engine fully right now (it retries), or
+    "" when nothing does."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

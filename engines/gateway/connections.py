@@ -2,8 +2,9 @@
 
 - ``ConnectionGate`` wraps every connection's protocol (aiohttp's request handler) and keeps
   the limits a slow or hostile client could otherwise break: at most ``max_connections`` open
-  at once (past it the oldest connection still sending its first request head is closed, else
-  the newcomer gets 503), a request head must arrive within ``header_timeout_s`` (slowloris),
+  at once (past it the oldest connection still sending its first request head is closed for a
+  new one, else new ones wait in the kernel's backlog: ``GatewaySite`` accepts only while
+  there is room), a request head must arrive within ``header_timeout_s`` (slowloris),
   and without LAN sharing a peer that is not on this computer is refused at once. Idle
   keep-alive connections are aiohttp's to close (``keepalive_timeout``).
 - ``Listener`` binds the port and moves it to another address while the daemon runs (LAN
@@ -15,10 +16,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import ipaddress
 import json
 import logging
+import socket
 from collections.abc import Callable
 
 from aiohttp import web
@@ -27,6 +31,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 log = logging.getLogger(__name__)
 
 HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY_S = 0.5
 
 
 @functools.lru_cache(maxsize=1024)
@@ -135,6 +141,7 @@ class ConnectionGate:
         self.header_timeout_s = header_timeout_s
         self.lan = lan
         self._open: dict[_Guarded, None] = {}  # insertion order: oldest first
+        self._room = asyncio.Event()
         self.refused_total = 0
         self.evicted_total = 0
         self.timed_out_total = 0
@@ -144,6 +151,7 @@ class ConnectionGate:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.lan = lan
+        self._room.set()  # a higher cap: let a waiting accept loop look again
 
     @property
     def open(self) -> int:
@@ -181,6 +189,17 @@ class ConnectionGate:
     def release(self, conn: _Guarded) -> None:
         """Forget a closed connection."""
         self._open.pop(conn, None)
+        if len(self._open) < self.max_connections:
+            self._room.set()
+
+    async def room(self) -> None:
+        """Return once a new connection may be accepted: below the cap, or one is still
+        sending its first request head (it is closed for the newcomer)."""
+        while len(self._open) >= self.max_connections and not any(
+            c.waiting_for_head for c in self._open
+        ):
+            self._room.clear()
+            await self._room.wait()
 
     def _evict_one(self) -> bool:
         """Close the oldest connection that has not finished its first request head."""
@@ -206,15 +225,20 @@ class ConnectionGate:
 
 
 class GatewaySite(web.BaseSite):
-    """aiohttp's TCPSite, with every connection passing the gate."""
+    """aiohttp's TCPSite with an accept loop of its own: a connection is accepted only while
+    the gate has room for it (or one it may close instead), so a flood waits in the kernel's
+    backlog instead of taking every descriptor the daemon has, and each accepted connection
+    passes the gate."""
 
-    __slots__ = ("_gate", "_host", "_port")
+    __slots__ = ("_accepting", "_gate", "_host", "_port", "_sockets")
 
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, *, gate: ConnectionGate, backlog: int
     ) -> None:
         super().__init__(runner, backlog=backlog)
         self._host, self._port, self._gate = host, port, gate
+        self._sockets: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
 
     @property
     def name(self) -> str:
@@ -224,17 +248,69 @@ class GatewaySite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            self._gate.factory(server), self._host, self._port, backlog=self._backlog
-        )
+        factory = self._gate.factory(server)
+        self._sockets = await asyncio.to_thread(_listen, self._host, self._port, self._backlog)
+        self._accepting = [
+            asyncio.create_task(self._accept(sock, factory), name=f"accept {self.name}")
+            for sock in self._sockets
+        ]
+
+    async def stop(self) -> None:
+        for task in self._accepting:
+            task.cancel()
+        for task in self._accepting:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sock in self._sockets:
+            sock.close()
+        self._accepting, self._sockets = [], []
+        await super().stop()
+
+    async def _accept(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._gate.room()
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno in OUT_OF_RESOURCES:  # wait for descriptors to come back
+                    log.warning("gateway cannot accept a connection: %s", exc.strerror)
+                    await asyncio.sleep(ACCEPT_RETRY_S)
+                elif sock.fileno() < 0:
+                    return
+                continue  # a client that gave up before the accept (ECONNABORTED)
+            try:
+                await loop.connect_accepted_socket(factory, conn)
+            except OSError:
+                conn.close()
 
     def addresses(self) -> list[str]:
-        sockets = getattr(self._server, "sockets", None) or ()
         out = []
-        for sock in sockets:
+        for sock in self._sockets:
             host, port = sock.getsockname()[:2]
             out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         return out
+
+
+def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as asyncio's create_server binds)."""
+    sockets: list[socket.socket] = []
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    try:
+        for family, type_, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 class Listener:
@@ -288,7 +364,8 @@ class MalformedRequestFilter(logging.Filter):
             peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
             record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
             record.msg = "refused a malformed request from %s: %s"
-            record.args = (peer, exc.message or type(exc).__name__)
+            what = (exc.message or "").strip().splitlines()  # aiohttp adds the line and a caret
+            record.args = (peer, what[0] if what else type(exc).__name__)
             record.exc_info, record.exc_text = None, None
         return True
 
