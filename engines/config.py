@@ -210,6 +210,12 @@ class EngineSettings:
     restart_max: int = setting(
         3, "Automatic restarts after crashes before the engine is marked failed.", min=0, max=100
     )
+    stall_timeout_s: float = setting(
+        120.0,
+        "An engine with requests in flight that produces no token for this long is hung: "
+        "its requests end with an error and it is restarted.",
+        min=1,
+    )
     restart_backoff_s: float = setting(2.0, "First restart delay; doubles each time.", min=0.0)
     restart_backoff_max_s: float = setting(60.0, "Cap on the restart delay.", min=0.0)
     stable_after_s: float = setting(

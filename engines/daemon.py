@@ -58,6 +58,7 @@ from engines.remote.service import RemoteFallback
 from engines.settings import LiveSettings
 from engines.store import Store
 from engines.supervisor import ManagedEngine, Supervisor
+from engines.traffic import EngineTraffic
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
@@ -96,6 +97,7 @@ class Daemon:
             else LiveSettings(settings, config_file=paths.config_file)
         )
         self.bus = EventBus()
+        self.traffic = EngineTraffic()
         self.supervisor = Supervisor()
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
@@ -132,6 +134,7 @@ class Daemon:
             control_token=self.token,
             fallback=self.remote,
             usage=self.usage.record,
+            traffic=self.traffic,
         )
         self.gpu = GPUFeature(
             settings=live,
@@ -179,6 +182,7 @@ class Daemon:
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
+            traffic=self.traffic,
         )
         self.status = DaemonStatus(
             settings=live,

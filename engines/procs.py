@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -158,11 +159,98 @@ def kill_tracked(processes: list[TrackedProcess], sig: signal.Signals) -> None:
                 os.kill(p.pid, sig)
 
 
+def vitals(pid: int, tracked: Iterable[TrackedProcess]) -> tuple[float | None, list[int]]:
+    """The leader's CPU seconds so far (None once it is gone), and the pids of the engine's
+    processes that are stopped (SIGSTOP: they run again only after SIGCONT)."""
+    cpu_s: float | None = None
+    stopped: list[int] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        leader = psutil.Process(pid)
+        times = leader.cpu_times()
+        cpu_s = times.user + times.system
+        if leader.status() == psutil.STATUS_STOPPED:
+            stopped.append(pid)
+    for p in tracked:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.pid != pid and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
+                stopped.append(p.pid)
+    return cpu_s, stopped
+
+
+def is_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+    except psutil.NoSuchProcess:
+        return False
+
+
 def survivors(pgid: int, tracked: list[TrackedProcess]) -> list[int]:
     alive = [p.pid for p in tracked if p.alive()]
     if group_alive(pgid) and pgid not in alive:
         alive.append(pgid)
     return alive
+
+
+Trouble = Callable[[str, BaseException], None]
+"""Told when a check of the processes failed (it is retried): (what failed, the error)."""
+
+
+async def end_group(
+    proc: asyncio.subprocess.Process,
+    tracked: list[TrackedProcess],
+    *,
+    grace_s: float,
+    trouble: Trouble,
+) -> list[int]:
+    """End an engine's process group: SIGTERM the leader and wait (60 % of ``grace_s``), SIGTERM
+    the group and every tracked descendant and wait (the rest), then SIGKILL them all and check.
+    No grace for what cannot use it: a stopped process (SIGSTOP; a SIGTERM would wait for a
+    SIGCONT that never comes) is SIGKILLed first, and a stopped leader means SIGKILL for all at
+    once. Returns the pids still alive after the SIGKILL (none, normally)."""
+    pgid = proc.pid
+    try:
+        stopped = await asyncio.to_thread(vitals, pgid, tracked)
+    except (OSError, psutil.Error) as exc:
+        trouble("cannot read the state of the engine's processes", exc)
+        stopped = (None, [])
+    for pid in stopped[1]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if pgid not in stopped[1]:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            await exit_code(proc, grace_s * 0.6)
+        signal_group(pgid, signal.SIGTERM)
+        kill_tracked(tracked, signal.SIGTERM)
+        if await _wait_gone(pgid, tracked, grace_s * 0.4, trouble):
+            return []
+    signal_group(pgid, signal.SIGKILL)
+    kill_tracked(tracked, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    if await _wait_gone(pgid, tracked, 5.0, trouble):
+        return []
+    try:
+        return await asyncio.to_thread(survivors, pgid, tracked)
+    except (OSError, psutil.Error):
+        return [pgid]
+
+
+async def _wait_gone(
+    pgid: int, tracked: list[TrackedProcess], timeout_s: float, trouble: Trouble
+) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if not await asyncio.to_thread(survivors, pgid, tracked):
+                return True
+        except (OSError, psutil.Error) as exc:  # not known: look again
+            trouble("cannot check that the engine's processes are gone", exc)
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import errno
 import logging
 import os
 import re
-import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -44,17 +43,18 @@ from engines.events.core import (
     EngineStatus,
 )
 from engines.filemodes import user_umask
+from engines.liveness import Evidence, Health, Liveness, Verdict, progress_counter
 from engines.procs import (
     EngineRecord,
     PidRegistry,
     TrackedProcess,
     descendants,
+    end_group,
     exit_code,
     free_loopback_port,
-    kill_tracked,
-    signal_group,
-    survivors,
+    vitals,
 )
+from engines.traffic import EngineTraffic
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 HEALTH_PERIOD_S = 0.5  # while starting
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
+METRICS_PATH = "/metrics"
+DAEMON_STOPPING = "daemon stopping"
 LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """Errors that say the daemon is short of resources, not that the engine is unwell."""
 
@@ -93,8 +95,12 @@ class ManagedEngine:
         pids: PidRegistry,
         publish: Publish,
         prepare: Prepare | None = None,
+        traffic: EngineTraffic | None = None,
     ) -> None:
+        """``traffic``: the gateway's requests in flight (progress for the hang check, and
+        their clients are told at once when the engine dies or stops)."""
         self.engine_id = engine_id
+        self._traffic = traffic
         self._prepare = prepare
         self.run_dir = log_path.with_suffix(".run")
         self.profile = profile
@@ -185,6 +191,11 @@ class ManagedEngine:
                 await task
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
+            self._end_requests(
+                "traylm is stopping"
+                if reason == DAEMON_STOPPING
+                else f"engine {self.engine_id} is being stopped ({reason})"
+            )
             await self._terminate()
         if self.state not in (EngineState.FAILED, EngineState.STOPPED):
             self._set_state(EngineState.STOPPED, reason)
@@ -283,17 +294,23 @@ class ManagedEngine:
             self.ready_at_s = time.time()
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
-            why = await self._watch(spec)
+            verdict = await self._watch(spec)
             self._ready_event.clear()
-            # Flip the state at once (the gateway stops routing here), then clean up the remains.
-            if self.restarts < self.settings.restart_max:
-                self._set_state(EngineState.STARTING, f"crashed ({why}); restarting")
+            # At once: the gateway stops routing here and the waiting clients get their error
+            # (not after the clean-up); then the remains are cleaned up.
+            again = self.restarts < self.settings.restart_max
+            if again:
+                self._set_state(EngineState.STARTING, f"{verdict}; restarting")
             else:
-                self._set_state(EngineState.STOPPING, f"crashed ({why}); cleaning up")
+                self._set_state(EngineState.STOPPING, f"{verdict}; cleaning up")
+            self._end_requests(
+                f"engine {self.engine_id} {verdict.kind} ({verdict.reason}); "
+                + ("traylm is restarting it: retry shortly" if again else "it is not restarted")
+            )
             await self._terminate()
             await _drain(reader)
-            self.detail = why
-            log.warning("engine %s crashed: %s", self.engine_id, why)
+            self.detail = str(verdict)
+            log.warning("engine %s %s", self.engine_id, verdict)
             return "crashed"
         except asyncio.CancelledError:
             reader.cancel()
@@ -345,8 +362,9 @@ class ManagedEngine:
             while time.monotonic() < deadline:
                 if self._proc.returncode is not None:
                     return False
-                if await self._probe(http, spec.health_path) and await self._probe(
-                    http, spec.models_path
+                if (
+                    await self._probe(http, spec.health_path) == Health.OK
+                    and await self._probe(http, spec.models_path) == Health.OK
                 ):
                     return self._proc.returncode is None
                 await self._track_descendants()
@@ -359,24 +377,34 @@ class ManagedEngine:
         )
         return False
 
-    async def _watch(self, spec: LaunchSpec) -> str:
-        """Return (with the reason) when the ready engine dies or stops answering /health."""
-        assert self._proc is not None
-        failures = 0
-        timeout = aiohttp.ClientTimeout(total=1.5)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+    async def _watch(self, spec: LaunchSpec) -> Verdict:
+        """Return why, once the ready engine exits, fails /health, hangs or is stopped
+        (engines/liveness.py)."""
+        proc = self._proc
+        assert proc is not None
+        liveness = Liveness(self.settings.stall_timeout_s)
+        traffic, engine_id = self._traffic, self.engine_id
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as http:
             while True:
-                code = await exit_code(self._proc, WATCH_PERIOD_S)
+                code = await exit_code(proc, WATCH_PERIOD_S)
                 if code is not None:
-                    return f"process exited with code {code}"
-                healthy = await self._probe(http, spec.health_path)
-                if healthy:
-                    failures = 0
-                elif healthy is False:
-                    failures += 1
-                    if failures >= 2:
-                        return "/health stopped answering 200 (engine core died)"
-                if await self._track_descendants() and healthy is not None:
+                    return Verdict("crashed", f"process exited with code {code}")
+                health = await self._probe(http, spec.health_path)
+                now = time.monotonic()
+                look = Evidence(now, health)
+                if traffic is not None:
+                    look.in_flight = traffic.in_flight(engine_id)
+                    look.streams = traffic.streams(engine_id)
+                    look.last_reply_byte_s = traffic.last_progress_s(engine_id)
+                if health == Health.SILENT or liveness.wants_counters(
+                    now, in_flight=look.in_flight, last_reply_byte_s=look.last_reply_byte_s
+                ):
+                    look.counters = await self._counters(http)
+                look.leader_cpu_s, look.stopped = await self._vitals(proc.pid)
+                verdict = liveness.look(look)
+                if verdict is not None:
+                    return verdict
+                if await self._track_descendants() and health != Health.UNKNOWN:
                     self._trouble_over()
                 if (
                     self.restarts
@@ -385,25 +413,42 @@ class ManagedEngine:
                 ):
                     self.restarts = 0
 
-    async def _probe(self, http: aiohttp.ClientSession, path: str) -> bool | None:
-        """True: 200. False: the engine answered otherwise or not at all. None: the daemon
-        itself could not ask (out of descriptors): that says nothing about the engine."""
+    async def _probe(self, http: aiohttp.ClientSession, path: str) -> Health:
+        """OK: 200. BAD: another answer. SILENT: no answer in time. UNKNOWN: the daemon itself
+        could not ask (out of descriptors), which says nothing about the engine."""
         try:
             async with http.get(f"{self.base_url}{path}") as resp:
                 await resp.read()
-                return resp.status == 200
+                return Health.OK if resp.status == 200 else Health.BAD
         except aiohttp.ClientConnectorError as exc:
-            if exc.os_error.errno in LOCAL_RESOURCE_ERRNOS:
-                self._trouble(f"cannot probe {path}", exc.os_error)
-                return None
-            return False
+            return self._probe_failed(path, exc.os_error)
         except OSError as exc:
-            if exc.errno in LOCAL_RESOURCE_ERRNOS:
-                self._trouble(f"cannot probe {path}", exc)
-                return None
-            return False
+            return self._probe_failed(path, exc)
         except (aiohttp.ClientError, TimeoutError):
-            return False
+            return Health.SILENT
+
+    def _probe_failed(self, path: str, exc: OSError) -> Health:
+        if exc.errno in LOCAL_RESOURCE_ERRNOS:
+            self._trouble(f"cannot probe {path}", exc)
+            return Health.UNKNOWN
+        return Health.SILENT
+
+    async def _counters(self, http: aiohttp.ClientSession) -> float | None:
+        """The engine's token counters (its Prometheus /metrics), or None."""
+        try:
+            async with http.get(f"{self.base_url}{METRICS_PATH}") as resp:
+                if resp.status != 200:
+                    return None
+                return progress_counter(await resp.text(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
+
+    async def _vitals(self, pid: int) -> tuple[float | None, list[int]]:
+        try:
+            return await asyncio.to_thread(vitals, pid, self._tracked)
+        except (OSError, psutil.Error) as exc:
+            self._trouble("cannot read the state of the engine's processes", exc)
+            return None, []
 
     async def _track_descendants(self) -> bool:
         """Record the engine's child processes (the reaper needs them after a daemon crash).
@@ -427,6 +472,10 @@ class ManagedEngine:
             return False
         return True
 
+    def _end_requests(self, why: str) -> None:
+        if self._traffic is not None and (ended := self._traffic.end_all(self.engine_id, why)):
+            log.info("engine %s: ended %d request(s) in flight: %s", self.engine_id, ended, why)
+
     def _trouble(self, what: str, exc: BaseException) -> None:
         """Something the supervisor needs failed; it goes on and retries. Logged once per
         distinct trouble, and shown in the engine's status until it passes."""
@@ -441,44 +490,18 @@ class ManagedEngine:
             self.supervision = ""
 
     async def _terminate(self) -> None:
-        """SIGTERM the leader, wait; SIGTERM the group, wait; SIGKILL the group and every
-        tracked descendant; then verify that nothing of it is left."""
+        """End the engine's process group (engines.procs.end_group) and forget it."""
         proc = self._proc
         if proc is None:
             return
         await self._track_descendants()
-        pgid = proc.pid
-        grace = self.settings.stop_timeout_s
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            await exit_code(proc, grace * 0.6)
-        signal_group(pgid, signal.SIGTERM)
-        kill_tracked(self._tracked, signal.SIGTERM)
-        if await self._wait_gone(pgid, grace * 0.4):
-            self._finish_terminate()
-            return
-        signal_group(pgid, signal.SIGKILL)
-        kill_tracked(self._tracked, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        if not await self._wait_gone(pgid, 5.0):
-            left = survivors(pgid, self._tracked)
+        left = await end_group(
+            proc, self._tracked, grace_s=self.settings.stop_timeout_s, trouble=self._trouble
+        )
+        if left:
             log.error("engine %s: processes %s survived SIGKILL", self.engine_id, left)
             self.detail = f"processes {left} survived SIGKILL"
         self._finish_terminate()
-
-    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if not await asyncio.to_thread(survivors, pgid, self._tracked):
-                    return True
-            except (OSError, psutil.Error) as exc:  # not known: look again
-                self._trouble("cannot check that the engine's processes are gone", exc)
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.1)
 
     def _finish_terminate(self) -> None:
         proc = self._proc
@@ -650,5 +673,5 @@ class Supervisor:
             for name in e.served_names
         ]
 
-    async def stop_all(self, reason: str = "daemon stopping") -> None:
+    async def stop_all(self, reason: str = DAEMON_STOPPING) -> None:
         await asyncio.gather(*(e.stop(reason) for e in self.engines.values()))

@@ -29,6 +29,7 @@ from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, N
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
+from engines.traffic import EngineTraffic
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class EngineControl:
         publish: Callable[[Event], None],
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
+        traffic: EngineTraffic | None = None,
     ) -> None:
         self._supervisor = supervisor
         self._envs = envs
@@ -74,6 +76,7 @@ class EngineControl:
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
+        self._traffic = traffic
         self._install_task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
@@ -111,6 +114,7 @@ class EngineControl:
             pids=self._pids,
             publish=self._publish,
             prepare=prepare,
+            traffic=self._traffic,
         )
         self._supervisor.add(engine)
         await engine.start()

@@ -15,9 +15,10 @@ from typing import Any
 from aiohttp import web
 
 from engines.gateway.admission import QueueFull
-from engines.gateway.proxy import relay
+from engines.gateway.proxy import Upstream, relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.http import openai_error, parse_json_body
+from engines.traffic import Flow
 
 FORWARDED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 OPEN_ROUTES = frozenset({"/health"})
@@ -84,16 +85,21 @@ async def forward(request: web.Request) -> web.StreamResponse:
     assert ctx.session is not None
     try:
         async with admission.slot():
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=upstream,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=ctx.usage_sink(request.path, model, upstream),
-            )
+            flow = _flow(ctx, upstream, streaming=payload.get("stream") is True)
+            try:
+                return await relay(
+                    request,
+                    session=ctx.session,
+                    upstream=upstream,
+                    body=body,
+                    model=model,
+                    connect_timeout_s=g.upstream_connect_timeout_s,
+                    metrics=ctx.metrics,
+                    usage=ctx.usage_sink(request.path, model, upstream),
+                )
+            finally:
+                if flow is not None:
+                    flow.close()
     except QueueFull as exc:
         fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
         if fallback is not None:
@@ -114,6 +120,20 @@ async def forward(request: web.Request) -> web.StreamResponse:
             type_="rate_limit_exceeded",
             headers={"Retry-After": str(g.retry_after_s)},
         )
+
+
+def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow | None:
+    """Count the request as in flight to its engine (the supervisor's hang check reads it);
+    when the engine is declared dead or stopped, the request is ended at once."""
+    if upstream.remote:
+        return None
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop(_why: str) -> None:
+        task.cancel()
+
+    return ctx.traffic.open(upstream.name, streaming=streaming, stop=stop)
 
 
 def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:

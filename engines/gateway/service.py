@@ -27,6 +27,7 @@ from engines.http import openai_error
 from engines.metrics import MetricsRegistry
 from engines.settings import SettingsView
 from engines.supervisor import RoutingView
+from engines.traffic import EngineTraffic
 
 Fallback = Callable[[str, str], Upstream | None]
 """Remote fallback hook: (model, why) → an upstream, or None (engines/remote/service.py)."""
@@ -54,8 +55,12 @@ class GatewayContext:
         control_token: str,
         fallback: Fallback | None = None,
         usage: UsageLog | None = None,
+        traffic: EngineTraffic | None = None,
     ) -> None:
+        """``traffic``: where relayed requests are counted for the supervisor (a private one
+        when not given)."""
         self.routing = routing
+        self.traffic = traffic if traffic is not None else EngineTraffic()
         self.registry = registry
         self.control_token = control_token
         self.fallback = fallback

@@ -71,6 +71,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start a child that ignores SIGTERM, like an orphaned engine core",
     )
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument(
+        "--core-process",
+        action="store_true",
+        help="tokens come from a child process, like vLLM's EngineCore: stopping it (SIGSTOP) "
+        "hangs generation while /health still answers",
+    )
+    p.add_argument(
+        "--stall-after-tokens",
+        type=int,
+        default=0,
+        help="after this many tokens in all, generation hangs (/health still answers)",
+    )
+    p.add_argument(
+        "--slow-health",
+        type=float,
+        default=0.0,
+        help="while a stream runs, /health answers this late (a loaded machine)",
+    )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
     p.add_argument(
         "--accept-any-model",
@@ -105,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args([*(argv if argv is not None else sys.argv[1:]), *shlex.split(extra)])
 
 
+CORE = "import sys\nfor line in sys.stdin:\n    sys.stdout.write('t\\n')\n    sys.stdout.flush()\n"
+
+
 class FakeEngine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -112,6 +133,28 @@ class FakeEngine:
         self.requests = 0
         self.aborted = 0
         self.generated = 0
+        self.core: asyncio.subprocess.Process | None = None
+        self.streaming = 0
+        self.core_lock = asyncio.Lock()
+
+    async def start_core(self, app: web.Application) -> None:
+        if self.args.core_process:  # in our process group, as vLLM's EngineCore is
+            self.core = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", CORE, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            print(f"fake engine core running (pid {self.core.pid})", flush=True)
+
+    async def token(self) -> None:
+        """Wait for the next token to be generated."""
+        if self.args.stall_after_tokens and self.generated >= self.args.stall_after_tokens:
+            print("fake engine: generation hangs on purpose", flush=True)
+            await asyncio.Event().wait()
+        if self.core is not None:
+            assert self.core.stdin is not None and self.core.stdout is not None
+            async with self.core_lock:
+                self.core.stdin.write(b"g\n")
+                await self.core.stdin.drain()
+                await self.core.stdout.readline()
 
     def _maybe_crash(self) -> None:
         self.requests += 1
@@ -120,6 +163,8 @@ class FakeEngine:
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.slow_health and self.streaming:
+            await asyncio.sleep(self.args.slow_health)
         after = self.args.health_503_after
         if after and time.monotonic() - self.started > after:
             return web.Response(status=503)
@@ -198,10 +243,12 @@ class FakeEngine:
         await resp.prepare(request)
         pad = " " * max(0, self.args.chunk_bytes - 150)
         sent = 0
+        self.streaming += 1
         try:
             if self.args.first_token_delay:
                 await asyncio.sleep(self.args.first_token_delay)
             for i in range(max_tokens):
+                await self.token()
                 delta = {"content": f"w{i} {pad}"} if chat else None
                 choice = (
                     {"index": 0, "delta": delta, "finish_reason": None}
@@ -245,6 +292,8 @@ class FakeEngine:
             self.aborted += 1
             print(f"fake engine: client went away after {sent} tokens (aborted)", flush=True)
             raise
+        finally:
+            self.streaming -= 1
         return resp
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -291,6 +340,7 @@ def serve(args: argparse.Namespace) -> None:
     time.sleep(args.startup_delay)
     engine = FakeEngine(args)
     app = web.Application()
+    app.on_startup.append(engine.start_core)
     app.router.add_get("/health", engine.health)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/metrics", engine.metrics)

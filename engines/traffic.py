@@ -1,0 +1,106 @@
+"""What the gateway is relaying to each engine right now, as the supervisor needs to know it:
+how many requests are in flight (and whether any streams), when the engine last sent a byte of
+a reply, and a way to end those requests at once, with the reason, when the engine is declared
+dead, hung or stopped (their clients get an error event instead of waiting for the clean-up).
+
+The gateway opens a ``Flow`` per relayed request and touches it for each piece of the reply
+(one clock read and one store: it is on the relay's path); the supervisor reads ``in_flight``
+and ``last_progress_s`` and calls ``end_all``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+Stop = Callable[[str], None]
+"""Ends one request; the argument says why, in words for its client."""
+
+
+@dataclass(eq=False)
+class Flow:
+    """One request the gateway relays to an engine."""
+
+    engine: _EngineFlows
+    streaming: bool
+    stop: Stop
+
+    def progressed(self) -> None:
+        """A piece of the reply arrived from the engine."""
+        self.engine.last_byte_s = time.monotonic()
+
+    def close(self) -> None:
+        self.engine.flows.discard(self)
+        if self.streaming:
+            self.engine.streams -= 1
+
+
+@dataclass
+class _EngineFlows:
+    flows: set[Flow] = field(default_factory=set)
+    streams: int = 0
+    busy_since_s: float = 0.0
+    last_byte_s: float = 0.0
+    ended_why: str = ""
+
+
+class EngineTraffic:
+    """Requests in flight per engine (see the module docstring). No I/O."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, _EngineFlows] = {}
+
+    def _of(self, engine_id: str) -> _EngineFlows:
+        flows = self._engines.get(engine_id)
+        if flows is None:
+            flows = self._engines[engine_id] = _EngineFlows()
+        return flows
+
+    def open(self, engine_id: str, *, streaming: bool, stop: Stop) -> Flow:
+        engine = self._of(engine_id)
+        if not engine.flows:
+            engine.busy_since_s = time.monotonic()
+            engine.ended_why = ""
+        flow = Flow(engine, streaming, stop)
+        engine.flows.add(flow)
+        if streaming:
+            engine.streams += 1
+        return flow
+
+    def in_flight(self, engine_id: str) -> int:
+        engine = self._engines.get(engine_id)
+        return len(engine.flows) if engine is not None else 0
+
+    def streams(self, engine_id: str) -> int:
+        engine = self._engines.get(engine_id)
+        return engine.streams if engine is not None else 0
+
+    def last_progress_s(self, engine_id: str) -> float:
+        """Monotonic time of the engine's last reply byte, or of the moment it got busy
+        (its first request in flight after none) when that is later; 0 when never busy."""
+        engine = self._engines.get(engine_id)
+        return max(engine.last_byte_s, engine.busy_since_s) if engine is not None else 0.0
+
+    def end_all(self, engine_id: str, why: str) -> int:
+        """End every request in flight to the engine, telling each client ``why``. Returns how
+        many were ended."""
+        engine = self._engines.get(engine_id)
+        if engine is None or not engine.flows:
+            return 0
+        engine.ended_why = why
+        flows = list(engine.flows)
+        for flow in flows:
+            try:
+                flow.stop(why)
+            except Exception:  # boundary: one request failing to end must not keep the others
+                log.exception("ending a request to engine %s failed", engine_id)
+        return len(flows)
+
+    def ended_why(self, engine_id: str) -> str:
+        """Why the engine's requests were last ended (until it gets busy again), or ""."""
+        engine = self._engines.get(engine_id)
+        return engine.ended_why if engine is not None else ""
