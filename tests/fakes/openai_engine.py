@@ -192,6 +192,8 @@ class FakeEngine:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if not isinstance(body, dict):
+            return bad_request("the body must be a JSON object", None)
         if not self.args.accept_any_model and body.get("model") not in self.args.served_model_name:
             return web.json_response(
                 {
@@ -205,7 +207,9 @@ class FakeEngine:
                 status=404,
             )
         self._maybe_crash()
-        max_tokens = int(body.get("max_tokens") or 16)
+        max_tokens = body.get("max_tokens") or 16
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return bad_request("max_tokens must be a positive integer", "max_tokens")
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
             await asyncio.sleep(self.args.first_token_delay + self.args.token_delay * max_tokens)
@@ -298,6 +302,8 @@ class FakeEngine:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if not isinstance(body, dict):
+            return bad_request("the body must be a JSON object", None)
         self._maybe_crash()
         inputs = body.get("input")
         items = inputs if isinstance(inputs, list) else [inputs]
@@ -316,6 +322,12 @@ class FakeEngine:
 
     async def admin(self, request: web.Request) -> web.Response:
         return web.json_response({"admin": "this route must never be reachable via the gateway"})
+
+
+def bad_request(message: str, param: str | None) -> web.Response:
+    """vLLM's answer to a request it cannot serve (an OpenAI error, 400)."""
+    error = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    return web.json_response({"error": error}, status=400)
 
 
 def main(argv: list[str] | None = None) -> None:
