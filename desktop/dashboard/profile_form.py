@@ -52,11 +52,21 @@ class ProfileForm(QWidget):
             widget.setObjectName(f"field-{f.name}")
             widget.setToolTip(doc(Profile, f.name))
             self.widgets[f.name] = widget
-            self.layout_.addRow(f.name.replace("_", " "), widget)
+            self.layout_.addRow(f.metadata.get("label") or f.name.replace("_", " "), widget)
         self.load({})
 
     def _widget(self, f: dataclasses.Field[Any], tp: Any) -> FieldWidget:
         choices = f.metadata.get("choices")
+        suggestions = f.metadata.get("suggestions")
+        if suggestions:  # common values offered, any other typed in; empty means off
+            open_combo = QComboBox()
+            open_combo.setEditable(True)
+            open_combo.addItems(["", *suggestions])
+            line_edit = open_combo.lineEdit()
+            if line_edit is not None:
+                line_edit.setPlaceholderText("off")
+            open_combo.currentTextChanged.connect(lambda _t: self.changed.emit())
+            return open_combo
         if choices:
             combo = QComboBox()
             combo.addItems(list(choices))

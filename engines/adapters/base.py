@@ -16,6 +16,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
+from engines.adapters.routeset import RouteSet
 from engines.config import Profile
 from engines.errors import UnknownFlagError
 from engines.events.core import Diagnosis
@@ -120,6 +121,8 @@ class EngineRuntime:
     bin_dir: Path
     device: str  # "cuda" | "cpu"
     flags: FlagSet
+    routes: RouteSet | None = None
+    """The HTTP routes the engine serves per model task; None when not recorded."""
 
 
 RUN_DIR = "{run_dir}"

@@ -7,6 +7,7 @@ minute-long start. The log texts matched below come from vLLM 0.32/0.33 source.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 
@@ -168,6 +169,7 @@ class VLLMAdapter:
         self, profile: Profile, *, runtime: EngineRuntime, port: int, model: str
     ) -> LaunchSpec:
         check_quantization(profile, runtime)
+        check_parsers(profile, runtime)
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
@@ -212,6 +214,12 @@ class VLLMAdapter:
             argv += ["--kv-cache-dtype", profile.kv_cache_dtype]
         if profile.trust_remote_code:
             argv.append("--trust-remote-code")
+        if profile.runner != "auto":
+            argv += ["--runner", profile.runner]
+        if profile.tool_parser:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", profile.tool_parser]
+        if profile.reasoning_parser:
+            argv += ["--reasoning-parser", profile.reasoning_parser]
         if runtime.device == "cuda":
             argv += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
             if profile.tensor_parallel_size > 1:
@@ -245,6 +253,25 @@ def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:
         raise ConfigError(
             f"the CPU build of vLLM cannot run {profile.quantization!r} models; "
             "use an unquantized model or a GPU engine"
+        )
+
+
+def check_parsers(profile: Profile, runtime: EngineRuntime) -> None:
+    """The profile's parsers must be ones the installed version knows (its flag list records
+    vLLM's parser registries); said in the profile's words, with the valid names."""
+    fields = (
+        ("tool_parser", profile.tool_parser, "--tool-call-parser"),
+        ("reasoning_parser", profile.reasoning_parser, "--reasoning-parser"),
+    )
+    for field_name, value, flag in fields:
+        spec = runtime.flags.flags.get(flag)
+        if not value or spec is None or not spec.choices or value in spec.choices:
+            continue
+        close = difflib.get_close_matches(value, spec.choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{field_name} = {value!r} is not a format vllm {runtime.version} knows{hint}; "
+            f"valid: {', '.join(spec.choices)}. Leave it empty to turn it off."
         )
 
 

@@ -73,7 +73,7 @@ async def start_engine(request: web.Request) -> web.Response:
             title = f"cannot start {body['profile']}"
             profile = await asyncio.to_thread(api.profiles.load, str(body["profile"]))
         else:
-            profile = adhoc_profile(dict(body))
+            profile = await asyncio.to_thread(adhoc_profile, dict(body))
             title = f"cannot start {profile.name}"
         return ok(await api.engines.start_engine(profile), status=202)
     except TraylmError as exc:

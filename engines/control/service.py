@@ -20,12 +20,14 @@ from typing import Any, Protocol
 from engines import __version__
 from engines.adapters import adapter_for
 from engines.adapters.base import EngineRuntime
+from engines.adapters.vllm_models import family_parsers
 from engines.bus import EventBus
 from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.envs import RECIPES, EnvManager, has_nvidia_gpu
 from engines.errors import ConfigError, EngineEnvError, EngineNotFound, TraylmError
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
+from engines.modelinfo import read_model_info
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
@@ -269,9 +271,16 @@ def resolve_model(profile: Profile) -> str:
 
 
 def adhoc_profile(data: dict[str, Any]) -> Profile:
-    """A profile from a start request's fields ({"model": M, "engine": ..., "name"?: N})."""
+    """A profile from a start request's fields ({"model": M, "engine": ..., "name"?: N}). For
+    vLLM the tool-call and reasoning parsers come from the model's family unless given.
+    Blocking: reads the model's config.json (local folder or HF cache)."""
     model = str(data.get("model", ""))
     name = data.pop("name", None) or _name_from_model(model)
+    if data.get("engine", "vllm") == "vllm":
+        info = read_model_info(model) if model else None
+        parsers = family_parsers(model, info.config if info else None)
+        data.setdefault("tool_parser", parsers.tool)
+        data.setdefault("reasoning_parser", parsers.reasoning)
     return profile_from_mapping(name, data, f"--model {model}")
 
 

@@ -1,8 +1,10 @@
 """The gateway's HTTP application on one port: the middlewares (errors, security) around the
 gateway's own routes (engines/gateway/routes.py) and the /api routes the daemon mounts.
 
-Every error is OpenAI-shaped JSON. The control API (/api) needs the token from daemon.json; the
-OpenAI routes need an API key once keys are configured (``traylm keys``).
+Every error is JSON in the shape of the API the path belongs to (Anthropic's on /v1/messages,
+OpenAI's everywhere else). The control API (/api) needs the token from daemon.json; the model
+routes need an API key once keys are configured (``traylm keys``), sent as
+``Authorization: Bearer KEY`` or as Anthropic's ``x-api-key: KEY``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from aiohttp import web
 
 from engines.gateway.connections import is_loopback
 from engines.gateway.proxy import REPLY_COMPLETE
-from engines.gateway.routes import FORWARDED_ROUTES, OPEN_ROUTES, gateway_routes
-from engines.gateway.security import header_bytes
+from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
+from engines.gateway.security import Guard, header_bytes
 from engines.gateway.service import GATEWAY, GatewayContext
-from engines.http import openai_error
+from engines.gateway.shapes import api_error
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = _http_exception(request, exc, ctx)
     except Exception:  # boundary: never leak a traceback (or a path) to a client
         log.exception("unhandled error on %s %s", request.method, request.path)
-        resp = openai_error(
-            500, "internal error in the traylm gateway; see the daemon log", type_="server_error"
+        resp = api_error(
+            request.path,
+            500,
+            "internal error in the traylm gateway; see the daemon log",
+            type_="server_error",
         )
     if resp.status >= 400:
         ctx.metrics.errors.inc(status=str(resp.status))
@@ -57,23 +62,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 def _http_exception(
     request: web.Request, exc: web.HTTPException, ctx: GatewayContext
 ) -> web.Response:
+    path = request.path
     if exc.status == 404:
-        return openai_error(
+        return api_error(
+            path,
             404,
-            f"no route {request.path}; traylm serves "
-            f"{', '.join(('/v1/models', *FORWARDED_ROUTES))}",
+            f"no route {path}; traylm serves {', '.join(SERVED_ROUTES)}",
             type_="not_found",
         )
     if exc.status == 413:
-        return openai_error(
+        return api_error(
+            path,
             413,
             f"request body larger than {ctx.settings.gateway.max_body_bytes} "
             "bytes (gateway.max_body_bytes)",
-            type_="invalid_request_error",
         )
     if exc.status == 405:
-        return openai_error(405, f"method {request.method} not allowed on {request.path}")
-    return openai_error(exc.status, exc.reason or "error", headers=dict(exc.headers))
+        return api_error(path, 405, f"method {request.method} not allowed on {path}")
+    return api_error(path, exc.status, exc.reason or "error", headers=dict(exc.headers))
 
 
 def _route_label(request: web.Request) -> str:
@@ -85,10 +91,12 @@ def _route_label(request: web.Request) -> str:
 async def security_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     ctx = request.app[GATEWAY]
     guard = ctx.guard
+    path = request.path
     if not guard.lan and not is_loopback(request.remote):
         # whatever the socket is bound to: a connection made while LAN sharing was on, or
         # gateway.host set to a LAN address, never serves another computer once it is off
-        return openai_error(
+        return api_error(
+            path,
             403,
             "this traylm serves only this computer: LAN sharing is off (turn it on with "
             "`traylm config set gateway.lan_sharing true` after `traylm keys add`)",
@@ -96,9 +104,10 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
         )
     problem = guard.path_problem(request.raw_path)
     if problem:
-        return openai_error(400, problem, type_="invalid_request_error")
+        return api_error(path, 400, problem)
     if not guard.host_ok(request.headers.get("Host")):
-        return openai_error(
+        return api_error(
+            path,
             403,
             f"Host {request.headers.get('Host')!r} is not allowed (DNS-rebinding protection); "
             "use localhost or 127.0.0.1, or add the name to gateway.allowed_hosts",
@@ -106,7 +115,8 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
         )
     origin = request.headers.get("Origin")
     if not guard.origin_ok(origin):
-        return openai_error(
+        return api_error(
+            path,
             403,
             f"Origin {origin!r} is not allowed; add it to gateway.allowed_origins to let "
             "that web page call traylm",
@@ -115,27 +125,33 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
     if request.method == "OPTIONS":  # CORS preflight: only for an allow-listed Origin
         if origin:
             return _cors(web.Response(status=204), origin, preflight=True)
-        return openai_error(
-            403, "OPTIONS is only answered for an allowed Origin", type_="forbidden"
+        return api_error(
+            path, 403, "OPTIONS is only answered for an allowed Origin", type_="forbidden"
         )
-    path = request.path
     if path.startswith("/api/") or path == "/api":
         if not _token_ok(request, ctx.control_token):
-            return openai_error(
+            return api_error(
+                path,
                 401,
                 "the control API needs the token from daemon.json "
                 "(traylm's own tools read it for you)",
                 type_="unauthorized",
             )
-    elif path not in OPEN_ROUTES and not guard.key_ok(request.headers.get("Authorization")):
-        return openai_error(
+    elif path not in OPEN_ROUTES and not _key_ok(request, guard):
+        return api_error(
+            path,
             401,
-            "missing or wrong API key: send 'Authorization: Bearer KEY' "
+            "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
             "(keys are managed with `traylm keys`)",
             type_="unauthorized",
         )
     resp = await handler(request)
     return _cors(resp, origin) if origin else resp
+
+
+def _key_ok(request: web.Request, guard: Guard) -> bool:
+    """An API key as OpenAI clients send it (Bearer) or as Anthropic's do (x-api-key)."""
+    return guard.key_ok(request.headers.get("Authorization"), request.headers.get("x-api-key"))
 
 
 def _token_ok(request: web.Request, token: str) -> bool:
@@ -151,7 +167,9 @@ def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> 
     resp.headers["Vary"] = "Origin"
     if preflight:
         resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-        resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+        resp.headers["Access-Control-Allow-Headers"] = (
+            "Authorization, Content-Type, X-Api-Key, Anthropic-Version"
+        )
         resp.headers["Access-Control-Max-Age"] = "600"
     return resp
 

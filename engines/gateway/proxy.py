@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.shapes import is_anthropic
 from engines.http import openai_error
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,14 @@ HOP_HEADERS = frozenset(
 )
 
 
-def sse_error(message: str, *, type_: str = "engine_error", code: int = 502) -> bytes:
+def sse_error(
+    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+) -> bytes:
+    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    if anthropic:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -71,18 +79,27 @@ async def relay(
     connect_timeout_s: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    content_type: str = "application/json",
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
+    """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
+    whole events of a stream (the Responses route reads the response id there)."""
     started = time.perf_counter()
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": content_type,
         "Accept": request.headers.get("Accept", "*/*"),
         **upstream.headers,
     }
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
-    route = request.path
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        resp_cm = session.post(
-            upstream.base_url + route, data=body, headers=headers, timeout=timeout
+        resp_cm = session.request(
+            request.method,
+            upstream.base_url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
         )
         upstream_resp = await resp_cm
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -99,7 +116,9 @@ async def relay(
     try:
         ctype = upstream_resp.headers.get("Content-Type", "")
         if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(request, upstream_resp, upstream, model, started, metrics, usage)
+            return await _stream(
+                request, upstream_resp, upstream, model, started, metrics, usage, on_first_events
+            )
         data = await upstream_resp.read()
         prompt, completion = _count_usage(data, model, metrics, chunks=0)
         if usage is not None:
@@ -130,6 +149,7 @@ async def _stream(
     started: float,
     metrics: GatewayMetrics,
     usage: UsageSink | None = None,
+    on_first_events: Callable[[bytes], None] | None = None,
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
@@ -154,6 +174,9 @@ async def _stream(
             cut = whole_events(data)
             data, partial = data[:cut], data[cut:]
             if data:
+                if on_first_events is not None:
+                    on_first_events(data)
+                    on_first_events = None
                 chunks += data.count(b"data: {")
                 tail = (tail + data)[-2048:]
                 await resp.write(data)
@@ -170,7 +193,8 @@ async def _stream(
         await resp.write(
             sse_error(
                 f"engine {upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); traylm is restarting it: retry shortly"
+                f"({type(exc).__name__}); traylm is restarting it: retry shortly",
+                anthropic=is_anthropic(request.path),
             )
         )
     prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)

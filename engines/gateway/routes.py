@@ -1,9 +1,10 @@
-"""The gateway's own routes: the OpenAI API (``/v1/models`` and the forwarded POST routes),
-``/health`` and ``/metrics``.
+"""The gateway's own routes: the OpenAI API (``/v1/models``, chat, completions, embeddings,
+responses, audio, rerank, score, tokenize), Anthropic's Messages API, ``/health``, ``/metrics``.
 
-Only an allow-list of OpenAI routes is forwarded (engine admin routes such as vLLM's /pause or
-/collective_rpc are never reachable). A new OpenAI-style route (another API shape relayed to an
-engine) goes here: parse and check the body, ``ctx.resolve(model)``, then ``relay``.
+Only this allow-list is forwarded (engine admin routes such as vLLM's /pause or /collective_rpc
+are never reachable). A new JSON route relayed to an engine is one more entry in JSON_ROUTES:
+its body is checked in its API's terms (checks.py) and dispatched (forward.py), which asks the
+engine's capabilities whether it serves the route at all.
 """
 
 from __future__ import annotations
@@ -14,19 +15,47 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.gateway.admission import QueueFull
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.audio import audio
+from engines.gateway.checks import check_anthropic, check_openai
+from engines.gateway.forward import Outbound, dispatch
+from engines.gateway.responses import stored_response
 from engines.gateway.service import GATEWAY, GatewayContext
+from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
 from engines.http import openai_error, parse_json_body
-from engines.traffic import Flow
 
-FORWARDED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+RESPONSES_ROUTE = "/v1/responses"
+JSON_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    RESPONSES_ROUTE,
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/v1/rerank",
+    "/v1/score",
+)
+AUDIO_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
+SERVED_ROUTES = (
+    "GET /v1/models",
+    "GET /v1/models/{id}",
+    *(f"POST {route}" for route in JSON_ROUTES),
+    f"GET {RESPONSES_ROUTE}/{{id}}",
+    f"POST {RESPONSES_ROUTE}/{{id}}/cancel",
+    *(f"POST {route}" for route in AUDIO_ROUTES),
+)
+"""What the gateway answers (for the 404 of any other path). Engine admin routes (/pause,
+/collective_rpc, /sleep, /reset_prefix_cache, ...) are not in it, so they are unreachable."""
 OPEN_ROUTES = frozenset({"/health"})
 """Routes served without an API key."""
 
 
 async def list_models(request: web.Request) -> web.Response:
-    ctx = request.app[GATEWAY]
+    return web.json_response({"object": "list", "data": _model_list(request.app[GATEWAY])})
+
+
+def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
     data = []
     for name, engine in ctx.routing.served_models():
         data.append(
@@ -42,115 +71,52 @@ async def list_models(request: web.Request) -> web.Response:
                 },
             }
         )
-    return web.json_response({"object": "list", "data": data})
+    return data
 
 
-async def forward(request: web.Request) -> web.StreamResponse:
+async def retrieve_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model_id}: the openai SDK's ``models.retrieve``."""
+    ctx = request.app[GATEWAY]
+    model_id = request.match_info["model_id"]
+    for item in _model_list(ctx):
+        if item["id"] == model_id:
+            return web.json_response(item)
+    served = ", ".join(sorted({name for name, _ in ctx.routing.served_models()})) or "none"
+    return openai_error(
+        404,
+        f"the model {model_id!r} is not served; served models: {served}",
+        type_="model_not_found",
+        code="model_not_found",
+        param="model",
+    )
+
+
+async def forward_json(request: web.Request) -> web.StreamResponse:
+    """Every JSON POST route: read and check the body in its API's terms, then dispatch."""
     ctx = request.app[GATEWAY]
     g = ctx.settings.gateway
+    path = request.path
     if request.content_length is not None and request.content_length > g.max_body_bytes:
-        return openai_error(
-            413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
+        return api_error(
+            path, 413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
         )
     try:
         async with asyncio.timeout(g.body_timeout_s):
             body = await request.read()
     except TimeoutError:
-        return openai_error(
-            408,
-            f"the request body did not arrive within {g.body_timeout_s:g} s "
-            "(gateway.body_timeout_s)",
-            type_="timeout",
-        )
+        return body_too_slow(path, g.body_timeout_s)
     payload, problem = parse_json_body(body)
     if payload is None:
-        return openai_error(400, problem or "bad request")
-    invalid = _check_payload(payload, ctx)
+        return api_error(path, 400, problem or "bad request")
+    if is_anthropic(path):
+        invalid = check_anthropic(payload, g, count_tokens=path.endswith("/count_tokens"))
+    else:
+        invalid = check_openai(payload, g)
     if invalid:
-        return openai_error(400, invalid[1], param=invalid[0])
-    model = payload["model"]
-    if ctx.pause is not None:
-        ctx.log_refused(request.path, model, 503)
-        return openai_error(
-            503,
-            f"traylm paused new requests: {ctx.pause.reason}",
-            type_="paused",
-            headers={"Retry-After": str(ctx.pause.retry_after_s)},
-        )
-    target = ctx.resolve(model)
-    if isinstance(target, web.Response):
-        ctx.log_refused(request.path, model, target.status)
-        return target
-    upstream, admission = target
-    assert ctx.session is not None
-    try:
-        async with admission.slot():
-            flow = _flow(ctx, upstream, streaming=payload.get("stream") is True)
-            try:
-                return await relay(
-                    request,
-                    session=ctx.session,
-                    upstream=upstream,
-                    body=body,
-                    model=model,
-                    connect_timeout_s=g.upstream_connect_timeout_s,
-                    metrics=ctx.metrics,
-                    usage=ctx.usage_sink(request.path, model, upstream),
-                )
-            finally:
-                if flow is not None:
-                    flow.close()
-    except QueueFull as exc:
-        fallback = ctx.fallback(model, "queue_full") if ctx.fallback else None
-        if fallback is not None:
-            return await relay(
-                request,
-                session=ctx.session,
-                upstream=fallback,
-                body=body,
-                model=model,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-                metrics=ctx.metrics,
-                usage=ctx.usage_sink(request.path, model, fallback),
-            )
-        ctx.log_refused(request.path, model, 429, upstream.name)
-        return openai_error(
-            429,
-            f"too many requests for {model}: {exc.reason}; retry later",
-            type_="rate_limit_exceeded",
-            headers={"Retry-After": str(g.retry_after_s)},
-        )
-
-
-def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow | None:
-    """Count the request as in flight to its engine (the supervisor's hang check reads it);
-    when the engine is declared dead or stopped, the request is ended at once."""
-    if upstream.remote:
-        return None
-    task = asyncio.current_task()
-    assert task is not None
-
-    def stop(_why: str) -> None:
-        task.cancel()
-
-    return ctx.traffic.open(upstream.name, streaming=streaming, stop=stop)
-
-
-def _check_payload(payload: dict[str, Any], ctx: GatewayContext) -> tuple[str, str] | None:
-    g = ctx.settings.gateway
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        return "model", "'model' is required: one of the names GET /v1/models lists"
-    messages = payload.get("messages")
-    if messages is not None and (not isinstance(messages, list) or len(messages) > g.max_messages):
-        return "messages", f"'messages' must be a list of at most {g.max_messages} messages"
-    n = payload.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= g.max_n):
-        return "n", f"'n' must be a whole number from 1 to {g.max_n}"
-    stream = payload.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        return "stream", "'stream' must be true or false"
-    return None
+        return api_error(path, 400, invalid[1], param=invalid[0])
+    on_reply = ctx.responses.record if path == RESPONSES_ROUTE else None
+    out = Outbound(body, payload["model"], payload)
+    return await dispatch(request, out, on_reply=on_reply)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -172,7 +138,11 @@ async def metrics(request: web.Request) -> web.Response:
 def gateway_routes() -> list[web.RouteDef]:
     return [
         web.get("/v1/models", list_models),
-        *(web.post(route, forward) for route in FORWARDED_ROUTES),
+        web.get("/v1/models/{model_id:.+}", retrieve_model),
+        *(web.post(route, forward_json) for route in JSON_ROUTES),
+        web.get(RESPONSES_ROUTE + "/{response_id}", stored_response),
+        web.post(RESPONSES_ROUTE + "/{response_id}/cancel", stored_response),
+        *(web.post(route, audio) for route in AUDIO_ROUTES),
         web.get("/health", health),
         web.get("/metrics", metrics),
     ]

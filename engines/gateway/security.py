@@ -95,12 +95,18 @@ class Guard:
     def keys_required(self) -> bool:
         return bool(self.key_digests)
 
-    def key_ok(self, authorization: str | None) -> bool:
+    def key_ok(self, authorization: str | None, x_api_key: str | None = None) -> bool:
+        """The key from ``Authorization: Bearer KEY`` (OpenAI clients), else from Anthropic's
+        ``x-api-key: KEY`` header; both are checked against the same digests."""
         if not self.key_digests:
             return True
-        if not authorization or not authorization.lower().startswith("bearer "):
+        if authorization and authorization.lower().startswith("bearer "):
+            given = authorization[7:].strip()
+        else:
+            given = (x_api_key or "").strip()
+        if not given:
             return False
-        digest = hash_key(authorization[7:].strip())
+        digest = hash_key(given)
         ok = False
         for expected in self.key_digests:  # no early exit: constant time over the key list
             ok |= secrets.compare_digest(digest, expected)

@@ -19,8 +19,10 @@ from aiohttp import web
 from engines.config import Settings
 from engines.events.core import EngineState
 from engines.gateway.admission import Admission
+from engines.gateway.capabilities import CapabilityCache
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import Upstream, UsageSink
+from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard
 from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageRecord
 from engines.http import openai_error
@@ -68,6 +70,8 @@ class GatewayContext:
         self.metrics = GatewayMetrics(registry)
         self.session: aiohttp.ClientSession | None = None
         self.admissions: dict[str, Admission] = {}
+        self.capabilities = CapabilityCache()
+        self.responses = ResponseOwners()
         self.pause: Pause | None = None
         self.started_at_s = time.time()
         self.settings = settings.current

@@ -33,6 +33,23 @@ def _vllm_parser() -> argparse.ArgumentParser:
     raise SystemExit("cannot find vLLM's make_arg_parser in this version")
 
 
+def _vllm_parser_choices(flags: dict[str, dict[str, object]]) -> None:
+    """vLLM leaves --tool-call-parser and --reasoning-parser open in argparse (plugins can add
+    names) and keeps the built-in names in two registries: record those as the choices."""
+    registries = {
+        "--tool-call-parser": ("vllm.tool_parsers", "ToolParserManager"),
+        "--reasoning-parser": ("vllm.reasoning", "ReasoningParserManager"),
+    }
+    for flag, (module, manager) in registries.items():
+        if flag not in flags:
+            continue
+        try:
+            names = getattr(importlib.import_module(module), manager).list_registered()
+        except (ImportError, AttributeError):  # an older layout: leave the flag open
+            continue
+        flags[flag]["choices"] = sorted(str(n) for n in names)
+
+
 def _sglang_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -103,7 +120,7 @@ def _describe_click(command: Any) -> dict[str, dict[str, object]]:
     return flags
 
 
-def _version(*dists: str) -> str | None:
+def installed_version(*dists: str) -> str | None:
     from importlib import metadata
 
     for dist in dists:
@@ -128,17 +145,19 @@ def _probe(what: str) -> dict[str, object]:
         from tensorrt_llm.commands.serve import serve
 
         flags, style = _describe_click(serve), "click"
-        engine, version = "trtllm", _version("tensorrt_llm", "tensorrt-llm")
+        engine, version = "trtllm", installed_version("tensorrt_llm", "tensorrt-llm")
     elif what == "trtllm-build":
         flags = _describe(_trtllm_build_parser())
-        engine, version = "trtllm-build", _version("tensorrt_llm", "tensorrt-llm")
+        engine, version = "trtllm-build", installed_version("tensorrt_llm", "tensorrt-llm")
     elif what == "script":
         path, engine = sys.argv[2], sys.argv[3]
         flags = _describe(_script_parser(path))
-        version = _version("tensorrt_llm", "tensorrt-llm")
+        version = installed_version("tensorrt_llm", "tensorrt-llm")
     else:
         parser = {"vllm": _vllm_parser, "sglang": _sglang_parser}[what]()
-        flags, engine, version = _describe(parser), what, _version(what, f"{what}-cpu")
+        flags, engine, version = _describe(parser), what, installed_version(what, f"{what}-cpu")
+        if what == "vllm":
+            _vllm_parser_choices(flags)
     return {"engine": engine, "version": version, "style": style, "flags": flags}
 
 

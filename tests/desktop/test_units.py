@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 import pytest
 from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QComboBox
 
 from desktop import autostart
 from desktop.chat.markdown import Block, split_blocks
@@ -201,6 +202,27 @@ def test_profile_form_round_trip(qtbot) -> None:
     form.widgets["env"].setPlainText("NOEQUALS")  # type: ignore[union-attr]
     _, problems = form.values()
     assert problems == ["env line 'NOEQUALS' needs KEY=VALUE"]
+
+
+def test_profile_form_shows_the_parsers_in_plain_words(qtbot) -> None:
+    form = ProfileForm()
+    qtbot.addWidget(form)
+    tools = form.widgets["tool_parser"]
+    assert isinstance(tools, QComboBox) and tools.isEditable()
+    label = form.layout_.labelForField(tools)
+    assert label is not None and label.text() == "Tool calling format"  # type: ignore[attr-defined]
+    reasoning = form.layout_.labelForField(form.widgets["reasoning_parser"])
+    assert reasoning.text() == "Reasoning (thinking) format"  # type: ignore[union-attr]
+    assert tools.itemText(0) == "" and "llama3_json" in [
+        tools.itemText(i) for i in range(tools.count())
+    ]
+    form.load({"model": "org/m"})
+    values, _ = form.values()
+    assert values["tool_parser"] == "" and values["reasoning_parser"] == ""  # empty: off
+    form.load({"model": "org/m", "tool_parser": "my_plugin_parser"})  # any name can be typed
+    assert form.values()[0]["tool_parser"] == "my_plugin_parser"
+    form.set_value("reasoning_parser", "qwen3")
+    assert form.values()[0]["reasoning_parser"] == "qwen3"
 
 
 class _Emitter(QObject):

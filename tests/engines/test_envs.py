@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from engines.envs import META_FILE, RECIPES, EngineRecipe, EnvManager, load_flags
+from engines.envs import (
+    META_FILE,
+    RECIPES,
+    ROUTES_FILE,
+    EngineRecipe,
+    EnvManager,
+    load_flags,
+    load_routes,
+)
 from engines.errors import EngineEnvError
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
@@ -81,10 +89,16 @@ def write_local_package(
 
 @pytest.fixture
 def local_recipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    def install(**kw: object) -> None:
+    def install(*, probe_routes: bool = False, **kw: object) -> None:
         pkg = write_local_package(tmp_path / "src", **kw)  # type: ignore[arg-type]
         recipe = EngineRecipe(
-            "vllm", "cpu", "0.0.1", f"{pkg}", import_check="print('ok')", probe_flags=False
+            "vllm",
+            "cpu",
+            "0.0.1",
+            f"{pkg}",
+            import_check="print('ok')",
+            probe_flags=False,
+            probe_routes=probe_routes,
         )
         monkeypatch.setitem(RECIPES, ("vllm", "cpu"), recipe)
 
@@ -130,3 +144,27 @@ async def test_successful_local_install_records_metadata(tmp_path: Path, local_r
     assert env.complete and env.version == "0.0.1"
     again = await manager.install("vllm", device="cpu", extra_index_urls=())
     assert again.path == env.path  # already installed: nothing redone
+
+
+@pytest.mark.slow
+async def test_a_failed_route_probe_does_not_fail_the_install(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
+    """The route probe builds the engine's own app (internal API a release may move): without
+    it the install still finishes, says so, and the gateway falls back to the engine's 404s."""
+    local_recipe(probe_routes=True)  # the local package has no vLLM to probe
+    manager = EnvManager(tmp_path / "envs")
+    lines: list[tuple[str, str]] = []
+    env = await manager.install(
+        "vllm", device="cpu", progress=lambda p, ln: lines.append((p, ln)), extra_index_urls=()
+    )
+    assert env.complete and not (env.path / ROUTES_FILE).exists()
+    assert any(p == "probe" and "could not record the engine's routes" in ln for p, ln in lines)
+    assert load_routes("vllm", env.version, env.path) is None  # none shipped for 0.0.1 either
+
+
+def test_routes_prefer_the_envs_probed_list(tmp_path: Path) -> None:
+    assert load_routes("vllm", "0.32.0", tmp_path) == load_routes("vllm", "0.32.0")
+    data = {"engine": "vllm", "version": "0.32.0", "tasks": {"generate": ["POST /v1/x"]}}
+    (tmp_path / ROUTES_FILE).write_text(json.dumps(data))
+    probed = load_routes("vllm", "0.32.0", tmp_path)
+    assert probed is not None and probed.serves("POST", "/v1/x")
+    assert not probed.serves("POST", "/v1/chat/completions")

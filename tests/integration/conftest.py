@@ -173,6 +173,10 @@ def vllm_daemon(
             "cpu_kv_cache_gib": 1,
             # vLLM then logs "Request <id> aborted." (how the disconnect test sees the abort)
             "extra_flags": ["--enable-log-requests"],
+            # tools work through every API (the tiny tokenizer has Llama 3's <|python_tag|>)
+            "tool_parser": "llama3_json",
+            # Responses kept in the engine, so the clients can retrieve and chain them
+            "env": {"VLLM_ENABLE_RESPONSES_API_STORE": "1"},
         },
     )
     try:

@@ -37,7 +37,8 @@ def build(out: Path, *, layers: int, kv_heads: int, max_len: int, vocab: int) ->
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|bos|>", "<|eos|>", "<|pad|>"]
+    # <|python_tag|>: Llama 3's tool-call marker, which vLLM's llama3_json tool parser needs
+    specials = ["<|bos|>", "<|eos|>", "<|pad|>", "<|python_tag|>"]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         special_tokens=specials,

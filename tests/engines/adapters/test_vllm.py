@@ -299,3 +299,32 @@ def test_real_flag_probe_matches_the_shipped_allow_list() -> None:
     assert "--disable-custom-all-reduce" in flags.flags
     assert flags.flags["--served-model-name"].multiple
     assert not flags.flags["--enforce-eager"].takes_value
+
+
+def test_runner_tool_and_reasoning_parsers_become_flags() -> None:
+    argv, _ = launch(profile(runner="pooling"))
+    assert flag_value(argv, "--runner") == "pooling"
+    assert "--enable-auto-tool-choice" not in argv and "--reasoning-parser" not in argv
+    argv, _ = launch(profile(tool_parser="hermes", reasoning_parser="qwen3"))
+    assert "--enable-auto-tool-choice" in argv and "--runner" not in argv
+    assert flag_value(argv, "--tool-call-parser") == "hermes"
+    assert flag_value(argv, "--reasoning-parser") == "qwen3"
+
+
+def test_an_unknown_parser_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        launch(profile(tool_parser="llama3-json"))
+    text = str(err.value)
+    assert "tool_parser = 'llama3-json' is not a format vllm 0.32.0 knows" in text
+    assert "did you mean 'llama3_json'?" in text and "hermes" in text
+    with pytest.raises(ConfigError, match="reasoning_parser = 'qwen9'"):
+        launch(profile(reasoning_parser="qwen9"))
+
+
+def test_parsers_and_runner_are_vllm_settings() -> None:
+    with pytest.raises(ConfigError, match="tool_parser is a vLLM setting"):
+        profile(engine="sglang", tool_parser="hermes")
+    with pytest.raises(ConfigError, match="runner is a vLLM setting"):
+        profile(engine="trtllm", runner="pooling")
+    with pytest.raises(ConfigError, match="is not a parser name"):
+        profile(tool_parser="--evil")

@@ -79,7 +79,7 @@ async def test_run_through_the_gateway_figures_telemetry_and_storage(
     assert run.state == BenchState.DONE, run.detail
     assert run.target == f"http://127.0.0.1:{d.port}/v1"
     assert run.engine["engine_id"] == "fake" and run.engine["engine"] == "vllm"
-    assert run.prompt_source == "approx"  # the fake has no /tokenize
+    assert run.prompt_source == "tokenize"  # the fake serves /tokenize, as vLLM does
     assert "AIPerf" in run.definitions
     one, four = run.levels
     for level in (one, four):

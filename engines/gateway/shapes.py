@@ -1,0 +1,118 @@
+"""Errors in the shape each API's clients read: OpenAI's ``{"error": {...}}`` everywhere, and
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on the Messages routes (the
+anthropic SDK raises its typed errors from that shape only).
+
+``api_error`` picks the shape from the request path, so every part of the gateway (middlewares,
+routes, the relay's own errors) answers a client in its API's words.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from engines.http import openai_error
+
+ANTHROPIC_PREFIX = "/v1/messages"
+
+# Anthropic's error types by status (docs.anthropic.com, "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def anthropic_type(status: int) -> str:
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "invalid_request_error" if status < 500 else "api_error"
+
+
+def anthropic_error(
+    status: int, message: str, *, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    body = {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def api_error(
+    path: str,
+    status: int,
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    code: str | int | None = None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """An error for a request to ``path`` in its API's shape (OpenAI's type, code and param
+    have no place in Anthropic's shape; its type follows from the status)."""
+    if is_anthropic(path):
+        return anthropic_error(status, message, headers=headers)
+    return openai_error(status, message, type_=type_, code=code, param=param, headers=headers)
+
+
+def error_message(body: bytes) -> str | None:
+    """The message of an error body in any shape an engine sends: OpenAI's, Anthropic's, or
+    FastAPI's bare ``{"detail": ...}``; None when it is none of them."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    detail = data.get("detail")
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):  # FastAPI's validation errors: [{"loc": [...], "msg": ...}]
+        parts = [
+            f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg', '')}"
+            for d in detail
+            if isinstance(d, dict)
+        ]
+        return "; ".join(parts) or None
+    return None
+
+
+def as_anthropic(resp: web.Response) -> web.Response:
+    """An error reply (the engine's or the gateway's, in OpenAI's or FastAPI's shape) in
+    Anthropic's shape; anything else unchanged."""
+    if resp.status < 400 or not isinstance(resp.body, bytes):
+        return resp
+    try:
+        data = json.loads(resp.body)
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict) and data.get("type") == "error":
+        return resp  # already Anthropic-shaped (vLLM translates its own handler errors)
+    message = error_message(resp.body) or resp.body.decode(errors="replace")[:500]
+    kept = ("retry-after", "x-traylm-engine")
+    keep = {k: v for k, v in resp.headers.items() if k.lower() in kept}
+    return anthropic_error(resp.status, message, headers=keep)
+
+
+def body_too_slow(path: str, timeout_s: float) -> web.Response:
+    """408 for a body that stopped arriving (a slow client holds a connection and a task)."""
+    resp = api_error(
+        path,
+        408,
+        f"the request body did not arrive within {timeout_s:g} s (gateway.body_timeout_s)",
+        type_="timeout",
+    )
+    resp.force_close()  # the rest of the body must not be taken for the next request
+    return resp
