@@ -409,6 +409,7 @@ class ChatWindow(QMainWindow):
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         self.new_button.setEnabled(not streaming)
+        self.transcript.offer_retry(not streaming)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """Ctrl+Enter and Esc in the composer, also when the window-wide shortcuts cannot fire
