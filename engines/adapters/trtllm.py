@@ -1,4 +1,4 @@
-"""TensorRT-LLM: profile → `trtllm-serve` argv, env and --config YAML; its failures → advice.
+"""TensorRT-LLM: profile → `trtllm-serve` argv, env and options YAML; its failures → advice.
 
 Two modes (``Profile.mode``):
 
@@ -9,9 +9,10 @@ Two modes (``Profile.mode``):
   passes the engine folder as ``model``; ``profile.model`` is then the local checkpoint folder.
 
 trtllm-serve is a click command: flags are spelled with underscores (``--tp_size``) and click does
-not treat '-' and '_' alike. Settings without a flag go into the generated YAML (``--config``);
-for two GeForce cards without P2P it sets NCCL all-reduce. The log texts matched below are the
-ones TensorRT-LLM 1.2 prints (its source and TensorRT(-LLM) issue threads).
+not treat '-' and '_' alike. Settings without a flag go into the generated YAML, passed with
+``--extra_llm_api_options`` (every release has it; its ``--config`` alias is newer); for two
+GeForce cards without P2P it sets NCCL all-reduce. The log texts matched below are the ones
+TensorRT-LLM prints (its source and TensorRT(-LLM) issue threads).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from engines.errors import ConfigError
 from engines.events.core import Diagnosis
 
 CONFIG_NAME = "trtllm-serve.yaml"
-"""The generated --config file (JSON text, which YAML loaders read as YAML)."""
+"""The generated --extra_llm_api_options file (JSON text, which YAML loaders read as YAML)."""
 
 QUANT_RECIPES = ("fp8", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4")
 """ModelOpt recipes (quantize.py --qformat) a build-mode profile may name."""
@@ -48,19 +49,44 @@ REBUILD = (
     "start the profile again; traylm builds a fresh engine for the installed versions."
 )
 
+KV_TOO_SMALL = (
+    "Lower max_model_len, raise gpu_memory_utilization (TensorRT-LLM's free-memory fraction for "
+    "the KV cache), or use kv_cache_dtype = 'fp8'."
+)
+NO_FP8_ATTENTION = (
+    "Set kv_cache_dtype = 'auto': TensorRT-LLM turns FP8 context attention on when paged context "
+    "attention meets an FP8 KV cache, and traylm then builds with --use_fp8_context_fmha "
+    "disable. FP8 weights (quant_recipe = 'fp8') still work."
+)
+
+
+def _suggest_window(m: re.Match[str]) -> dict[str, str]:
+    return {"max_model_len": m.group("window")}
+
+
 RULES: tuple[LogRule, ...] = (
     LogRule(
         "fp8_unsupported",
-        re.compile(
-            r"Networks with FP8 precision require hardware with FP8 support|"
-            r"Fp8 FMHA cannot be enabled on pre-Hopper|"
-            r"FP8 (?:is )?(?:not supported|requires) (?:on )?(?:this GPU|SM ?8[0-6]|sm_?8[0-6])"
-        ),
-        "FP8 is not supported by this GPU configuration",
-        "FP8 needs an Ada (RTX 40xx, sm_89) or Hopper GPU. On Ampere (RTX 30xx, A100) use "
+        re.compile(r"Networks with FP8 precision require hardware with FP8 support"),
+        "FP8 is not supported by this GPU",
+        "FP8 needs an Ada (RTX 40xx, sm_89), Hopper or newer GPU. On Ampere (RTX 30xx, A100) use "
         "quant_recipe = 'int4_awq' (AWQ) or 'int8_wo' (INT8 weight-only) and kv_cache_dtype = "
-        "'auto'. On Ada, FP8 context attention is Hopper-only: traylm builds with "
-        "--use_fp8_context_fmha disable there.",
+        "'auto'.",
+    ),
+    LogRule(
+        "fp8_attention_unsupported",
+        re.compile(r"FP8 FMHA cannot be enabled because Context FMHA is not supported"),
+        "FP8 context attention needs fused context attention (FMHA), which this model cannot use",
+        NO_FP8_ATTENTION,
+    ),
+    LogRule(
+        "fp8_attention_unsupported",
+        re.compile(
+            r"FP8 FMHA cannot be enabled except on Ada or Hopper Arch|"
+            r"FP8 FMHA can only be enabled on sm_89"
+        ),
+        "This TensorRT-LLM version runs FP8 context attention on Ada and Hopper GPUs only",
+        NO_FP8_ATTENTION,
     ),
     LogRule(
         "out_of_memory",
@@ -124,10 +150,26 @@ RULES: tuple[LogRule, ...] = (
     ),
     LogRule(
         "kv_cache_too_small",
-        re.compile(r"attention window .*too large to fit even a single sequence in the KV cache"),
+        re.compile(r"Attention window too large to fit even a single sequence in the KV cache"),
         "The KV cache cannot hold one sequence of the context length",
-        "Lower max_model_len, raise gpu_memory_utilization (TensorRT-LLM's free-memory fraction "
-        "for the KV cache), or use kv_cache_dtype = 'fp8'.",
+        KV_TOO_SMALL,
+    ),
+    LogRule(
+        "kv_cache_too_small",
+        re.compile(r"maxAttentionWindowVec too large to fit at least one sequence in kvCache"),
+        "The KV cache cannot hold one sequence of the context length: TensorRT-LLM shortened the "
+        "attention window",
+        KV_TOO_SMALL,
+        severity="warning",  # it runs on with a shorter window; the next line gives the length
+    ),
+    LogRule(
+        "context_shortened",
+        re.compile(r"maxSequenceLen is reduced to maxAttentionWindow: (?P<window>\d+)"),
+        "Requests are limited to {window} tokens (what the KV cache holds for one sequence)",
+        "Set max_model_len = {max_model_len} to make that limit explicit, or free memory for the "
+        "KV cache: " + KV_TOO_SMALL,
+        severity="warning",
+        suggest=_suggest_window,
     ),
     LogRule(
         "model_not_found",
@@ -210,7 +252,7 @@ class TRTLLMAdapter:
             argv.append("--trust_remote_code")
         if profile.revision and backend == "pytorch" and not model.startswith("/"):
             argv += ["--revision", profile.revision]
-        argv += ["--config", f"{RUN_DIR}/{CONFIG_NAME}"]
+        argv += ["--extra_llm_api_options", f"{RUN_DIR}/{CONFIG_NAME}"]
         return argv
 
     @staticmethod
@@ -223,7 +265,7 @@ class TRTLLMAdapter:
 
 
 def serve_config(profile: Profile, backend: str) -> dict[str, Any]:
-    """The --config YAML: what trtllm-serve has no flag for."""
+    """The --extra_llm_api_options YAML: what trtllm-serve has no flag for."""
     kv: dict[str, Any] = {"free_gpu_memory_fraction": profile.gpu_memory_utilization}
     config: dict[str, Any] = {"kv_cache_config": kv}
     if backend == "pytorch":

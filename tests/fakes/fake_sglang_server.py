@@ -1,7 +1,7 @@
 """FAKE `python -m sglang.launch_server`.
 
-Its argparse parser accepts the flags of resources/flags/sglang-0.5.json (the subset traylm ships;
-the real server accepts more), so an unknown flag exits 2 with argparse's usage error. With
+Its argparse parser accepts the flags and choices of resources/flags/sglang-0.5.23.json (probed
+from the real 0.5.23 parser), so an unknown flag or value exits 2 with argparse's usage error. With
 TP > 1 on the fake GPUs without P2P it fails like SGLang's custom all-reduce does unless
 --disable-custom-all-reduce is given. Then it prints SGLang's start-up lines and serves the OpenAI
 API (openai_engine.py) under --served-model-name, with Prometheus metrics at /metrics.
@@ -23,7 +23,7 @@ from tests.fakes import openai_engine
 
 
 def main() -> None:
-    args = t.parser_from_allow_list("sglang-0.5.json", "launch_server.py").parse_args()
+    args = t.parser_from_allow_list("sglang-0.5.23.json", "launch_server.py").parse_args()
     k = t.knobs("sglang")
     t.start(k)
     tp = int(args.tp_size or 1)

@@ -82,6 +82,11 @@ def knobs(tool: str) -> argparse.Namespace:
     p.add_argument("--print", dest="lines", action="append", default=[])
     p.add_argument("--exit", type=int, default=None)
     p.add_argument("--oom", action="store_true")
+    p.add_argument(
+        "--no-context-fmha",
+        action="store_true",
+        help="the model's attention cannot use fused context attention (trtllm-build)",
+    )
     words = shlex.split(os.environ.get("FAKE_TRT_ARGS", ""))
     words += shlex.split(os.environ.get(f"FAKE_TRT_{tool.upper()}_ARGS", ""))
     return p.parse_args(words)

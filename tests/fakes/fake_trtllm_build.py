@@ -4,9 +4,12 @@ Same flags and plugin choices as the real command (argparse, from
 resources/flags/trtllm-build-1.2.json): `--gpt_attention_plugin float` or `--usage_mode` exit 2
 with argparse's usage error. It reads a TensorRT-LLM checkpoint (config.json + one
 rank<N>.safetensors per rank), refuses what the real builder refuses on the fake GPU
-(FAKE_GPU_CC): an unknown architecture, FP8 below Ada, FP8 context FMHA below Hopper, NVFP4 below
-Blackwell — with the real log lines — and writes config.json (with "version") and one
-rank<N>.engine per rank. See fake_trt_tools.py for the knobs (--oom, --seconds, ...).
+(FAKE_GPU_CC): an unknown architecture, FP8 below Ada, NVFP4 below Blackwell — with the real log
+lines. FP8 context attention is resolved as tensorrt_llm/builder.py does (paged context FMHA on:
+FP8 KV cache → on, without it → off; below sm_89 → off), then checked as the attention plugin
+does (only sm_89/sm_90; never when the model cannot use context FMHA, knob --no-context-fmha). It
+writes config.json (with "version" and the resolved plugin_config) and one rank<N>.engine per
+rank. See fake_trt_tools.py for the knobs (--oom, --seconds, ...).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -30,6 +34,8 @@ MODEL_MAP = {
     "Phi3ForCausalLM",
 }
 FP8_ALGOS = {"FP8", "W4A8_AWQ", "FP8_PER_CHANNEL_PER_TOKEN"}
+FP8_FMHA_ALGOS = {"FP8", "W4A8_AWQ", "NVFP4"}
+FP8_FMHA_ARCHS = {(8, 9), (9, 0)}
 
 
 def fail(line: str) -> None:
@@ -37,6 +43,53 @@ def fail(line: str) -> None:
     t.say(f"{t.stamp()} [TRT-LLM] [E] Engine building failed, please check the error log.")
     t.say("AssertionError: Engine building failed, please check error log.")
     sys.exit(1)
+
+
+def warn(line: str) -> None:
+    t.say(f"{t.stamp()} [TRT-LLM] [W] {line}")
+
+
+def plugin_assertion(info: str) -> None:
+    t.say(
+        "[TensorRT-LLM][ERROR] tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] "
+        f"Assertion failed: {info} (/src/tensorrt_llm/cpp/tensorrt_llm/plugins/"
+        "gptAttentionCommon/gptAttentionCommon.cpp:300)"
+    )
+    fail("Build failed for rank 0")
+
+
+def resolve_fmha(args: Any, quant: dict[str, Any], cc: tuple[int, int]) -> dict[str, bool]:
+    """The builder's rules for FP8 and paged context FMHA, with its warnings (defaults: both
+    enabled, as PluginConfig has them)."""
+    paged = (args.use_paged_context_fmha or "enable") == "enable"
+    fp8_fmha = (args.use_fp8_context_fmha or "enable") == "enable"
+    fp8_kv = quant.get("kv_cache_quant_algo") == "FP8"
+    if (args.context_fmha or "enable") == "disable":
+        warn("Context FMHA is disabled, FP8 Context FMHA and Paged Context FMHA are disabled.")
+        return {"use_fp8_context_fmha": False, "use_paged_context_fmha": False}
+    if quant.get("quant_algo") not in FP8_FMHA_ALGOS or cc < (8, 9):
+        if quant.get("quant_algo") not in FP8_FMHA_ALGOS and fp8_fmha:
+            warn(
+                "FP8 Context FMHA is disabled because it must be used together with the fp8 "
+                "quantization workflow."
+            )
+        elif fp8_fmha:
+            warn(
+                "FP8 context FMHA is disabled because it is only supported on Ada and Hopper Arch."
+            )
+        fp8_fmha = False
+        if paged and fp8_kv:
+            paged = False
+            warn("FP8 Paged Context FMHA is disabled because FP8 context FMHA is disabled.")
+    elif paged and fp8_fmha and not fp8_kv:
+        fp8_fmha = False
+        warn(
+            "FP8 Paged Context FMHA is disabled because it must be used together with fp8 KV Cache."
+        )
+    elif paged and fp8_kv and not fp8_fmha:
+        fp8_fmha = True
+        warn("FP8 Context FMHA is enabled to support FP8 Paged Context FMHA.")
+    return {"use_fp8_context_fmha": fp8_fmha, "use_paged_context_fmha": paged}
 
 
 def main() -> None:
@@ -69,12 +122,12 @@ def main() -> None:
             "9: Internal Error (Networks with FP8 precision require hardware with FP8 support.)"
         )
         fail("Build failed for rank 0")
-    if fp8 and cc < (9, 0) and (args.use_fp8_context_fmha or "enable") == "enable":
-        t.say(
-            "[TensorRT-LLM][ERROR] tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] "
-            "Assertion failed: Fp8 FMHA cannot be enabled on pre-Hopper Arch."
-        )
-        fail("Build failed for rank 0")
+    plugins = resolve_fmha(args, quant, cc)
+    if plugins["use_fp8_context_fmha"]:
+        if k.no_context_fmha:
+            plugin_assertion("FP8 FMHA cannot be enabled because Context FMHA is not supported.")
+        if cc not in FP8_FMHA_ARCHS:
+            plugin_assertion("FP8 FMHA cannot be enabled except on Ada or Hopper Arch.")
     size = sum(p.stat().st_size for p in ckpt.glob("rank*.safetensors"))
     workers = max(1, min(int(args.workers or 1), world))
     lines = []
@@ -96,7 +149,11 @@ def main() -> None:
             "max_input_len": int(args.max_input_len or 1024),
             "max_seq_len": int(args.max_seq_len or 2048),
             "max_num_tokens": int(args.max_num_tokens or 8192),
-            "plugin_config": {"gemm_plugin": args.gemm_plugin, "dtype": config.get("dtype")},
+            "plugin_config": {
+                "gemm_plugin": args.gemm_plugin,
+                "dtype": config.get("dtype"),
+                **plugins,
+            },
         },
         "fake_build": {
             "compute_capability": ".".join(map(str, cc)),

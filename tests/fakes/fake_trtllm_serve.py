@@ -2,9 +2,10 @@
 names and choices (from resources/flags/trtllm-1.2.json), so an unknown option fails like click
 does ("Error: No such option: --usage_mode", exit 2).
 
-It checks what the real server checks on the fake hardware (fake_trt_tools.py): the --config
-YAML's keys; for --backend tensorrt, that the engine folder holds config.json and one
-rank<N>.engine per rank, was built by this TensorRT-LLM/TensorRT version (else TensorRT's
+It checks what the real server checks on the fake hardware (fake_trt_tools.py): the keys of the
+--extra_llm_api_options YAML (its --config alias is not in the 1.2 list, so click refuses it);
+for --backend tensorrt, that the engine folder holds config.json and one rank<N>.engine per rank,
+was built by this TensorRT-LLM/TensorRT version (else TensorRT's
 "engine plan file is not compatible" line) and for this GPU ("generated on an incompatible
 device"); for TP > 1, enough visible GPUs and, without P2P, NCCL all-reduce (else CUDA's "peer
 access is not supported between these two devices"). Then it serves the OpenAI API with the fake

@@ -383,7 +383,13 @@ def serve(args: argparse.Namespace) -> None:
     app.router.add_post("/collective_rpc", engine.admin)
     print(f"Starting fake server on http://{args.host}:{args.port}", flush=True)
     web.run_app(
-        app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True
+        app,
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+        backlog=1024,  # the gateway benchmark opens 256 connections at once
     )
 
 

@@ -2,13 +2,20 @@
 gateways, in one run, at 1, 64 and 256 concurrent streams.
 
     .venv/bin/python tests/perf/gateway_bench.py [--tokens 200] [--levels 1,64,256]
+    .venv/bin/python tests/perf/gateway_bench.py --paced [--repeat 3]
 
-Upstream: tests/fakes/openai_engine.py streaming tokens as fast as it can (one SSE event per
-token). Gateways, each in its own process, all pointed at that upstream:
-  traylm     the real daemon (`traylm serve`, aiohttp server + aiohttp client) routing by model.
-             (uvloop was also measured for the daemon: no difference beyond noise, so not used)
+Upstream: tests/fakes/openai_engine.py (an aiohttp server in its own process, started by the
+daemon as a FAKE engine), one SSE event per token. By default it streams as fast as it can; the
+client is then CPU-bound and coalescing hides the per-event cost of a gateway. ``--paced`` makes
+it stream one token every 20 ms per stream (a 4090-like decode rate), 64 tokens per request: the
+case where every event crosses the gateway on its own. Gateways, each in its own process, all
+pointed at that upstream:
+  traylm     the real daemon (`traylm serve`, aiohttp server + aiohttp client) routing by model
+  bare       a minimal aiohttp pass-through (iter_any → write, nothing else): the thinnest relay
   reference  a minimal Starlette + uvicorn (uvloop, httptools) + httpx streaming proxy: the
-             other stack measured before choosing aiohttp
+             other stack measured before choosing aiohttp (fast case only)
+Targets are measured interleaved (every level, target after target) and the whole sweep is
+repeated ``--repeat`` times; the summary gives each ratio's range over the repeats.
 Figures: output tokens/s (and the ratio gateway/direct), TTFT p50/p99 and the TTFT added by the
 gateway, and the gateway process's CPU seconds per 1k tokens and peak RSS. The client is an
 aiohttp load generator in this process. Everything shares this machine's cores, so the absolute
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -68,6 +76,37 @@ REFERENCE_PROXY = textwrap.dedent("""
                 loop="uvloop", http="httptools", access_log=False, backlog=2048)
 """)
 
+BARE_RELAY = textwrap.dedent("""
+    import sys, aiohttp
+    from aiohttp import web
+    UP = sys.argv[2]
+    async def chat(request):
+        body = await request.read()
+        http = request.app["http"]
+        async with http.post(UP + request.path, data=body,
+                             headers={"Content-Type": "application/json"}) as up:
+            resp = web.StreamResponse(status=up.status,
+                                      headers={"Content-Type": up.headers["Content-Type"]})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+    async def session(app):
+        app["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                            auto_decompress=False)
+        yield
+        await app["http"].close()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.cleanup_ctx.append(session)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None,
+                backlog=2048)
+""")
+
+PACED_ARGS = "--token-delay 0.02"
+FAST_ARGS = "--chunk-bytes 0"
+
 
 @dataclass
 class Result:
@@ -79,6 +118,7 @@ class Result:
     errors: int
     cpu_s: float | None = None
     rss_mb: float | None = None
+    repeat: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -120,7 +160,9 @@ async def load(
 ) -> Result:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
-        await one_stream(http, url, model, 4)  # warm the connection pool
+        # open every connection before the clock starts (a gateway keeps its upstream pool
+        # warm between measurements, and a burst of 256 connects measures the accept queue)
+        await asyncio.gather(*(one_stream(http, url, model, 2) for _ in range(concurrency)))
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(requests):
             queue.put_nowait(i)
@@ -146,7 +188,8 @@ async def load(
 
 
 class ProcessMeter:
-    """CPU seconds and peak RSS of one process (with its children) during a measurement."""
+    """CPU seconds and peak RSS of one gateway process during a measurement: the process alone,
+    not its children (the daemon's child is the upstream engine, measured by every target)."""
 
     def __init__(self, pid: int) -> None:
         self.proc = psutil.Process(pid)
@@ -154,15 +197,13 @@ class ProcessMeter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def _family(self) -> list[psutil.Process]:
-        return [self.proc, *self.proc.children(recursive=True)]
-
     def _cpu(self) -> float:
-        return sum(p.cpu_times().user + p.cpu_times().system for p in self._family())
+        times = self.proc.cpu_times()
+        return times.user + times.system
 
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak_rss = max(self.peak_rss, sum(p.memory_info().rss for p in self._family()))
+            self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
 
     def __enter__(self) -> ProcessMeter:
         self.cpu0 = self._cpu()
@@ -189,7 +230,10 @@ async def wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def start_traylm(home: Path, upstream_args: str) -> tuple[subprocess.Popen[bytes], int]:
+async def start_traylm(
+    home: Path, upstream_args: str, *, root: Path = ROOT
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A real daemon run from the checkout at ``root`` with one FAKE engine profile."""
     envs = home / "envs"
     make_fake_vllm_env(envs)
     profiles = home / "config" / "profiles"
@@ -199,13 +243,18 @@ async def start_traylm(home: Path, upstream_args: str) -> tuple[subprocess.Popen
         f'[env]\nFAKE_ENGINE_ARGS = "{upstream_args}"\n'
     )
     port = free_loopback_port()
-    env = {**os.environ, "TRAYLM_HOME": str(home), "TRAYLM_ENVS_DIR": str(envs)}
+    env = {
+        **os.environ,
+        "TRAYLM_HOME": str(home),
+        "TRAYLM_ENVS_DIR": str(envs),
+        "PYTHONPATH": str(root),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "engines", "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=ROOT,
+        cwd=root,
     )
     await wait_http(f"http://127.0.0.1:{port}/health")
     subprocess.run(
@@ -213,7 +262,7 @@ async def start_traylm(home: Path, upstream_args: str) -> tuple[subprocess.Popen
         env=env,
         check=True,
         capture_output=True,
-        cwd=ROOT,
+        cwd=root,
     )
     return proc, port
 
@@ -229,61 +278,115 @@ def engine_port(home: Path) -> int:
         return int(json.load(r)[0]["port"])
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=200, help="output tokens per request")
+    ap.add_argument("--paced", action="store_true", help="one token every 20 ms per stream")
+    ap.add_argument("--tokens", type=int, help="output tokens per request (200; paced: 64)")
     ap.add_argument("--levels", default="1,64,256", help="concurrency levels")
     ap.add_argument("--rounds", type=int, default=2, help="requests per stream slot")
+    ap.add_argument("--min-requests", type=int, default=16, help="requests per level at least")
+    ap.add_argument("--repeat", type=int, default=1, help="repeat the interleaved sweep N times")
+    ap.add_argument(
+        "--targets",
+        help="gateways to measure besides direct (traylm,bare,reference; paced: no reference)",
+    )
+    ap.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="also measure the daemon of another checkout (e.g. `git archive main | tar -x -C "
+        "DIR`) as traylm@NAME (default NAME: the folder's name); repeatable",
+    )
     args = ap.parse_args()
+    args.tokens = args.tokens or (64 if args.paced else 200)
+    default_targets = "traylm,bare" if args.paced else "traylm,bare,reference"
+    args.targets = (args.targets or default_targets).split(",")
+    return args
+
+
+async def main() -> None:
+    args = parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        daemon, gw_port = await start_traylm(home, "--chunk-bytes 0")
-        up_port = engine_port(home)
-        ref_port = free_loopback_port()
-        ref = subprocess.Popen(
-            [sys.executable, "-c", REFERENCE_PROXY, str(ref_port), f"http://127.0.0.1:{up_port}"]
-        )
-        await wait_http(f"http://127.0.0.1:{ref_port}/v1/chat/completions")
-        targets = {
-            "direct": (f"http://127.0.0.1:{up_port}", None),
-            "traylm": (f"http://127.0.0.1:{gw_port}", daemon.pid),
-            "reference": (f"http://127.0.0.1:{ref_port}", ref.pid),
-        }
-        results: list[Result] = []
+    upstream_args = PACED_ARGS if args.paced else FAST_ARGS
+    procs: list[subprocess.Popen[bytes]] = []
+    results: list[Result] = []
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         try:
-            for level in levels:
-                requests = max(level * args.rounds, 16)
-                for name, (url, pid) in targets.items():
-                    if pid is None:
-                        results.append(await load(url, "bench", level, requests, args.tokens, name))
-                        continue
-                    with ProcessMeter(pid) as meter:
-                        r = await load(url, "bench", level, requests, args.tokens, name)
-                    r.cpu_s, r.rss_mb = meter.cpu_s, meter.peak_rss / 2**20
-                    results.append(r)
+            targets = await start_targets(args, home, upstream_args, procs)
+            for repeat in range(args.repeat):
+                # rotate the order each repeat so that no target always runs first or last
+                order = list(targets.items())
+                order = order[repeat % len(order) :] + order[: repeat % len(order)]
+                for level in levels:
+                    requests = max(level * args.rounds, args.min_requests)
+                    for name, (url, pid) in order:
+                        results.append(
+                            await measure(url, pid, name, level, requests, args.tokens, repeat)
+                        )
         finally:
-            for proc in (ref, daemon):
+            for proc in procs:
                 proc.terminate()
-            for proc in (ref, daemon):
+            for proc in procs:
                 proc.wait(30)
-    report(results, args.tokens)
+    report(results, args)
 
 
-def report(results: list[Result], tokens: int) -> None:
-    print(f"\nGateway overhead, {tokens} tokens per streamed request, one SSE event per token")
+async def start_targets(
+    args: argparse.Namespace, home: Path, upstream_args: str, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, tuple[str, int | None]]:
+    daemon, gw_port = await start_traylm(home / "traylm", upstream_args)
+    procs.append(daemon)
+    up = f"http://127.0.0.1:{engine_port(home / 'traylm')}"
+    targets: dict[str, tuple[str, int | None]] = {"direct": (up, None)}
+    if "traylm" in args.targets:
+        targets["traylm"] = (f"http://127.0.0.1:{gw_port}", daemon.pid)
+    for i, spec in enumerate(args.baseline):
+        name, _, folder = spec.rpartition("=")
+        root = Path(folder).resolve()
+        base, base_port = await start_traylm(home / f"base{i}", upstream_args, root=root)
+        procs.append(base)
+        targets[f"traylm@{name or root.name}"] = (f"http://127.0.0.1:{base_port}", base.pid)
+    for name, script in (("bare", BARE_RELAY), ("reference", REFERENCE_PROXY)):
+        if name in args.targets:
+            port = free_loopback_port()
+            proc = subprocess.Popen([sys.executable, "-c", script, str(port), up])
+            procs.append(proc)
+            await wait_http(f"http://127.0.0.1:{port}/v1/chat/completions")
+            targets[name] = (f"http://127.0.0.1:{port}", proc.pid)
+    return targets
+
+
+async def measure(
+    url: str, pid: int | None, name: str, level: int, requests: int, tokens: int, repeat: int
+) -> Result:
+    if pid is None:
+        r = await load(url, "bench", level, requests, tokens, name)
+    else:
+        with ProcessMeter(pid) as meter:
+            r = await load(url, "bench", level, requests, tokens, name)
+        r.cpu_s, r.rss_mb = meter.cpu_s, meter.peak_rss / 2**20
+    r.repeat = repeat
+    return r
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    pace = "one token every 20 ms per stream" if args.paced else "as fast as the upstream can"
+    print(
+        f"\nGateway overhead, {args.tokens} tokens per streamed request ({pace}), one SSE event per token"
+    )
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, aiohttp {aiohttp.__version__}")
     head = (
-        f"{'conc':>5} {'target':<15} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} "
+        f"{'rep':>3} {'conc':>5} {'target':<16} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} "
         f"{'p99':>8} {'+p50':>7} {'+p99':>7} {'cpu s/1k tok':>12} {'RSS MB':>7} {'err':>4}"
     )
     print(head)
     print("-" * len(head))
-    by_level: dict[int, dict[str, Result]] = {}
+    runs: dict[tuple[int, int], dict[str, Result]] = {}
     for r in results:
-        by_level.setdefault(r.concurrency, {})[r.name] = r
-    for level, rs in by_level.items():
+        runs.setdefault((r.repeat, r.concurrency), {})[r.name] = r
+    for (repeat, level), rs in sorted(runs.items()):
         direct = rs["direct"]
         for name, r in rs.items():
             ratio = r.tokens_per_s / direct.tokens_per_s
@@ -293,13 +396,44 @@ def report(results: list[Result], tokens: int) -> None:
             rss = f"{r.rss_mb:.0f}" if r.rss_mb is not None else "-"
             extra = f"{add50:6.2f}m {add99:6.2f}m" if name != "direct" else f"{'':>7} {'':>7}"
             print(
-                f"{level:>5} {name:<15} {r.tokens_per_s:>9.0f} {ratio:>6.2f} "
+                f"{repeat:>3} {level:>5} {name:<16} {r.tokens_per_s:>9.0f} {ratio:>6.2f} "
                 f"{r.ttft(50) * 1000:>7.2f}ms {r.ttft(99) * 1000:>6.1f}ms {extra} {cpu:>12} "
                 f"{rss:>7} {r.errors:>4}"
             )
+    summary(runs)
+
+
+def summary(runs: dict[tuple[int, int], dict[str, Result]]) -> None:
+    """Each gateway's ratio to direct, added TTFT and CPU per token, as min–max over repeats."""
+    seen: dict[tuple[int, str], list[Result]] = {}
+    directs: dict[tuple[int, str], list[Result]] = {}
+    for (_, level), rs in runs.items():
+        for name, r in rs.items():
+            seen.setdefault((level, name), []).append(r)
+            directs.setdefault((level, name), []).append(rs["direct"])
     print(
-        "\nratio = gateway tokens/s / direct tokens/s (target >= 0.95 at 64 streams); "
-        "+p50/+p99 = TTFT added by the gateway (target p50 <= 2 ms)"
+        "\nSummary over repeats, median [min–max]: ratio to direct | TTFT added p50 / p99 (ms) | "
+        "gateway CPU µs per token"
+    )
+    for (level, name), rs in sorted(seen.items()):
+        if name == "direct":
+            tps = [r.tokens_per_s for r in rs]
+            print(f"{level:>5} {name:<16} {min(tps):>7.0f}–{max(tps):.0f} tok/s")
+            continue
+        pairs = list(zip(rs, directs[(level, name)], strict=True))
+        ratio = [r.tokens_per_s / d.tokens_per_s for r, d in pairs]
+        p50 = [(r.ttft(50) - d.ttft(50)) * 1000 for r, d in pairs]
+        p99 = [(r.ttft(99) - d.ttft(99)) * 1000 for r, d in pairs]
+        cpu = [r.cpu_s / r.tokens * 1e6 for r in rs if r.cpu_s is not None and r.tokens]
+        cpu_text = f"{statistics.median(cpu):.0f} [{min(cpu):.0f}–{max(cpu):.0f}]" if cpu else "-"
+        print(
+            f"{level:>5} {name:<16} {statistics.median(ratio):.2f} [{min(ratio):.2f}–"
+            f"{max(ratio):.2f}] | +{statistics.median(p50):.2f} [{min(p50):.2f}–{max(p50):.2f}]"
+            f" / +{min(p99):.2f}–{max(p99):.2f} | {cpu_text}"
+        )
+    print(
+        "\nratio = gateway tokens/s / direct tokens/s (paced target >= 0.95 and >= bare at 256); "
+        "TTFT added at 1 stream (paced target p50 <= 1 ms)"
     )
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from packaging.version import Version
 
-from engines.adapters.base import EngineRuntime
+from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.sglang import SGLangAdapter
 from engines.config import profile_from_mapping
 from engines.envs import load_flags
@@ -89,23 +89,42 @@ def runtime(flags_version: str = "0.5.23") -> EngineRuntime:
     )
 
 
-def test_partial_allow_list_says_so_instead_of_guessing() -> None:
-    profile = profile_from_mapping(
-        "p",
-        {"engine": "sglang", "model": "org/m", "device": "cuda", "extra_flags": ["--rare-flag"]},
+def sglang_profile(**fields: Any) -> Any:
+    return profile_from_mapping(
+        "p", {"engine": "sglang", "model": "org/m", "device": "cuda", **fields}
     )
-    with pytest.raises(UnknownFlagError, match=r"partial flag list.*reinstall"):
-        SGLangAdapter().launch(profile, runtime=runtime(), port=1, model="org/m")
-    ok = profile_from_mapping(
-        "p",
-        {
-            "engine": "sglang",
-            "model": "org/m",
-            "device": "cuda",
-            "extra_flags": ["--enable-p2p-check"],
-        },
-    )
-    SGLangAdapter().launch(ok, runtime=runtime(), port=1, model="org/m")
-    cpu = profile_from_mapping("p", {"engine": "sglang", "model": "org/m", "device": "cpu"})
+
+
+def test_the_0_5_23_flag_list_is_the_real_parser() -> None:
+    """0.5.23 split --cuda-graph-max-bs into -decode/-prefill and lists the values of
+    --quantization and --kv-cache-dtype: the shipped list (probed from that version's parser)
+    refuses the old flag and unknown values before a launch."""
+    flags = load_flags("sglang", "0.5.23")
+    assert flags.complete
+    with pytest.raises(UnknownFlagError, match=r"does not accept --cuda-graph-max-bs; did you"):
+        flags.check(["--cuda-graph-max-bs", "8"])
+    flags.check(["--cuda-graph-max-bs-decode", "8", "--cuda-graph-max-bs-prefill", "4"])
+    with pytest.raises(UnknownFlagError, match=r"--quantization 'int3' is not accepted.*awq"):
+        SGLangAdapter().launch(
+            sglang_profile(quantization="int3"), runtime=runtime(), port=1, model="org/m"
+        )
+    for kv in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        spec = SGLangAdapter().launch(
+            sglang_profile(kv_cache_dtype=kv, quantization="awq"),
+            runtime=runtime(),
+            port=1,
+            model="org/m",
+        )
+        value = spec.argv[spec.argv.index("--kv-cache-dtype") + 1]
+        assert value in (flags.flags["--kv-cache-dtype"].choices or ())
+    cpu = sglang_profile(device="cpu")
     with pytest.raises(ConfigError, match="NVIDIA GPUs only"):
         SGLangAdapter().launch(cpu, runtime=runtime(), port=1, model="org/m")
+
+
+def test_a_partial_allow_list_says_so_instead_of_guessing() -> None:
+    partial = FlagSet.from_json(
+        {"engine": "sglang", "version": "0.5.0", "complete": False, "flags": {}}
+    )
+    with pytest.raises(UnknownFlagError, match=r"partial flag list.*reinstall"):
+        partial.check(["--rare-flag"])

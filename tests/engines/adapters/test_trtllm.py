@@ -76,7 +76,8 @@ def test_serve_argv_for_tp2_uses_underscored_click_flags_and_a_config_file() -> 
     assert "--backend pytorch --host 127.0.0.1 --port 41000" in joined
     assert "--tp_size 2" in joined and "--max_batch_size 16" in joined
     assert "--max_seq_len 4096" in joined
-    assert f"--config {RUN_DIR}/{CONFIG_NAME}" in joined
+    assert f"--extra_llm_api_options {RUN_DIR}/{CONFIG_NAME}" in joined
+    assert "--config" not in spec.argv  # an alias newer than some 1.2.x releases
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,1" and spec.env["NCCL_P2P_DISABLE"] == "1"
     config = json.loads(spec.files[CONFIG_NAME])
     assert config["allreduce_strategy"] == "NCCL"
@@ -141,7 +142,8 @@ def test_profile_mistakes_are_refused(fields: dict[str, object], message: str) -
 
 def test_every_rule_matches_its_real_log_line_and_says_what_to_do() -> None:
     lines = {
-        "fp8_unsupported": "Assertion failed: Fp8 FMHA cannot be enabled on pre-Hopper Arch.",
+        "fp8_unsupported": "[TRT] [E] 9: [standardEngineBuilder.cpp::buildEngine::2266] Error "
+        "Code 9: Internal Error (Networks with FP8 precision require hardware with FP8 support.)",
         "out_of_memory": "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::140] Error Code "
         "2: OutOfMemory (no further information)",
         "engine_version_mismatch": "The engine plan file is generated on an incompatible device, "
@@ -164,6 +166,68 @@ def test_every_rule_matches_its_real_log_line_and_says_what_to_do() -> None:
     assert {r.code for r in RULES} >= set(lines)
 
 
+@pytest.mark.parametrize(
+    ("line", "code", "severity"),
+    [
+        (
+            "[TensorRT-LLM][ERROR] tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] "
+            "Assertion failed: FP8 FMHA cannot be enabled because Context FMHA is not supported. "
+            "(/src/cpp/tensorrt_llm/plugins/gptAttentionCommon/gptAttentionCommon.cpp:300)",
+            "fp8_attention_unsupported",
+            "error",
+        ),
+        (
+            "AssertionError: FP8 FMHA cannot be enabled because Context FMHA is not supported.",
+            "fp8_attention_unsupported",
+            "error",
+        ),
+        (
+            "[TensorRT-LLM][ERROR] Assertion failed: FP8 FMHA cannot be enabled except on Ada or "
+            "Hopper Arch.",
+            "fp8_attention_unsupported",
+            "error",
+        ),
+        (
+            "AssertionError: FP8 FMHA can only be enabled on sm_89, sm_90, sm_100, sm_103, sm_120 "
+            "or sm_121.",
+            "fp8_attention_unsupported",
+            "error",
+        ),
+        (
+            "[TensorRT-LLM][WARNING] maxAttentionWindowVec too large to fit at least one sequence "
+            "in kvCache. Old: [32768], New: [11264]",
+            "kv_cache_too_small",
+            "warning",
+        ),
+        (
+            "RuntimeError: Attention window too large to fit even a single sequence in the KV "
+            "cache. Failing fast rather than attempting an adjustment of the window sizes. Old: "
+            "[32768], New: [11264]",
+            "kv_cache_too_small",
+            "error",
+        ),
+    ],
+)
+def test_fp8_attention_and_kv_window_rules_match_the_upstream_messages(
+    line: str, code: str, severity: str
+) -> None:
+    found = TRTLLMAdapter().diagnose(line)
+    assert found is not None and (found.code, found.severity) == (code, severity)
+    if code == "fp8_attention_unsupported":
+        assert "kv_cache_dtype = 'auto'" in found.advice
+    else:
+        assert "max_model_len" in found.advice
+
+
+def test_a_shortened_context_suggests_max_model_len() -> None:
+    found = TRTLLMAdapter().diagnose(
+        "[TensorRT-LLM][WARNING] maxSequenceLen is reduced to maxAttentionWindow: 11264"
+    )
+    assert found is not None and found.severity == "warning"
+    assert found.suggested == {"max_model_len": "11264"}
+    assert "max_model_len = 11264" in found.advice
+
+
 def test_build_plan_quantize_then_build_with_only_real_flags(tmp_path: Path) -> None:
     facts = read_model_facts(make_tiny_hf_model(tmp_path / "m"))
     p = profile(
@@ -178,9 +242,28 @@ def test_build_plan_quantize_then_build_with_only_real_flags(tmp_path: Path) -> 
     b = " ".join(build.argv)
     assert build.argv[0] == "/env/bin/trtllm-build"
     assert f"--checkpoint_dir {tmp_path / 'w' / 'checkpoint'}" in b
-    assert "--use_fp8_context_fmha disable" in b and "--workers 2" in b
-    hopper_args = build_arguments(p, facts, HOPPER)
-    assert "build.use_fp8_context_fmha" not in hopper_args
+    assert "--use_fp8_context_fmha enable" in b and "--workers 2" in b
+    assert build_arguments(p, facts, HOPPER)["build.use_fp8_context_fmha"] == "enable"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"quant_recipe": "fp8", "kv_cache_dtype": "fp8"}, "enable"),  # Ada runs FP8 FMHA
+        ({"quant_recipe": "w4a8_awq", "kv_cache_dtype": "fp8"}, "enable"),
+        ({"quant_recipe": "fp8"}, "disable"),  # needs the FP8 KV cache with paged FMHA
+        ({"quant_recipe": "int4_awq", "kv_cache_dtype": "fp8"}, "disable"),  # not an FP8 recipe
+        ({"kv_cache_dtype": "fp8"}, "disable"),
+        ({"quant_recipe": "int4_awq"}, None),  # FP8 not in play: no flag
+        ({}, None),
+    ],
+)
+def test_fp8_context_attention_follows_the_builder_from_sm_89(
+    tmp_path: Path, fields: dict[str, str], expected: str | None
+) -> None:
+    facts = read_model_facts(make_tiny_hf_model(tmp_path / "m"))
+    args = build_arguments(profile(mode="build", **fields), facts, ADA)
+    assert args.get("build.use_fp8_context_fmha") == expected
 
 
 def test_plain_build_converts_llama_and_refuses_what_it_cannot(tmp_path: Path) -> None:

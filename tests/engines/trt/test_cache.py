@@ -32,11 +32,18 @@ def key(model: str = "org/m@abc", tp: str = "1", **env: str) -> CacheKey:
     return CacheKey(identity, {**ENV, **env})
 
 
-def built(cache: EngineCache, k: CacheKey, size: int = 1000, version: str = "1.2.1") -> str:
+def built(
+    cache: EngineCache,
+    k: CacheKey,
+    size: int = 1000,
+    version: str = "1.2.1",
+    plugins: dict[str, Any] | None = None,
+) -> str:
     staging = cache.begin(k)
     engine = staging / "engine"
     engine.mkdir()
-    (engine / "config.json").write_text(json.dumps({"version": version}))
+    config = {"version": version, "build_config": {"plugin_config": plugins or {}}}
+    (engine / "config.json").write_text(json.dumps(config))
     (engine / "rank0.engine").write_bytes(b"\1" * size)
     (staging / "checkpoint").mkdir()  # intermediate output is dropped on commit
     return cache.commit(staging, k, model=k.identity["model"], build_s=1.0, extra={}).id
@@ -66,6 +73,22 @@ def test_an_engine_whose_config_contradicts_its_key_is_refused(tmp_path: Path) -
     lookup = cache.lookup(key())
     assert lookup.hit is None
     assert "config.json says TensorRT-LLM 1.1.0" in lookup.refused[0][1]
+
+
+def test_an_engine_whose_fp8_attention_differs_from_its_key_is_refused(tmp_path: Path) -> None:
+    """TensorRT-LLM's builder turns FP8 context FMHA back on when paged context FMHA meets an
+    FP8 KV cache, whatever was asked: an entry whose key says "disable" (as traylm's old Ada rule
+    asked) while its engine holds it on does not describe that engine."""
+    cache = EngineCache(tmp_path, 10**9)
+    asked_off = CacheKey({**key().identity, "build.use_fp8_context_fmha": "disable"}, ENV)
+    built(cache, asked_off, plugins={"use_fp8_context_fmha": True})
+    lookup = cache.lookup(asked_off)
+    assert lookup.hit is None
+    assert "use_fp8_context_fmha on, the key asks for disable" in lookup.refused[0][1]
+    asked_on = CacheKey({**key().identity, "build.use_fp8_context_fmha": "enable"}, ENV)
+    entry_id = built(cache, asked_on, plugins={"use_fp8_context_fmha": True})
+    hit = cache.lookup(asked_on).hit
+    assert hit is not None and hit.id == entry_id
 
 
 def test_commit_refuses_a_build_without_engine_files(tmp_path: Path) -> None:

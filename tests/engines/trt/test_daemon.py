@@ -122,7 +122,7 @@ async def test_serve_mode_tp2_argv_env_and_generated_yaml(
     assert pairs["--max_num_tokens"] == "4096"
     assert pairs["--max_seq_len"] == "2048"
     assert pairs["--kv_cache_free_gpu_memory_fraction"] == "0.85"
-    assert pairs["--config"].endswith("tiny.run/trtllm-serve.yaml")
+    assert pairs["--extra_llm_api_options"].endswith("tiny.run/trtllm-serve.yaml")
     assert info["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert info["env"]["NCCL_P2P_DISABLE"] == "1"
     assert info["config"]["allreduce_strategy"] == "NCCL"  # no P2P on GeForce: NCCL all-reduce
@@ -160,8 +160,11 @@ LINES = {
     "Qwen3NextForCausalLM",
     "mpi_missing": "ImportError: libmpi.so.40: cannot open shared object file: No such file or "
     "directory",
-    "kv_cache_too_small": "RuntimeError: The attention window size 32768 is too large to fit even "
-    "a single sequence in the KV cache",
+    "kv_cache_too_small": "RuntimeError: Attention window too large to fit even a single sequence "
+    "in the KV cache. Failing fast rather than attempting an adjustment of the window sizes. Old: "
+    "[32768], New: [11264]",
+    "fp8_attention_unsupported": "[TensorRT-LLM][ERROR] Assertion failed: FP8 FMHA cannot be "
+    "enabled because Context FMHA is not supported.",
     "port_in_use": "RuntimeError: Failed to bind socket to 127.0.0.1:40001: [Errno 98] Address "
     "already in use",
 }
@@ -211,7 +214,7 @@ async def test_build_miss_then_cache_hit_then_eta_for_the_next_build(
     assert entry.environment["tensorrt_llm"] == "1.2.1"
     assert entry.environment["gpu"] == "NVIDIA GeForce RTX 4090 (simulated)"  # the inventory's
     assert entry.environment["compute_capability"] == "8.9"
-    assert entry.arguments["build.use_fp8_context_fmha"] == "disable"  # Ada: no FP8 FMHA
+    assert entry.arguments["build.use_fp8_context_fmha"] == "enable"  # Ada runs FP8 FMHA
     assert entry.arguments["checkpoint.qformat"] == "fp8"
     engine_dir = Path(entry.path) / "engine"
     assert sorted(p.name for p in engine_dir.iterdir()) == [
@@ -323,6 +326,21 @@ async def test_build_out_of_memory_fails_with_advice(trt: RunningDaemon, model_d
     assert await trt.client.trt_cache() == []
     root = trt.paths.trt_engines_dir
     assert [p.name for p in root.iterdir() if p.name.startswith(".partial-")] == []
+
+
+async def test_fp8_attention_a_model_cannot_run_is_diagnosed_at_build(
+    trt: RunningDaemon, model_dir: Path
+) -> None:
+    fields = {"model": str(model_dir), "mode": "build", "quant_recipe": "fp8"}
+    no_fmha = {"FAKE_TRT_BUILD_ARGS": "--no-context-fmha"}
+    status = await start(trt, "f", kv_cache_dtype="fp8", env=no_fmha, **fields)
+    assert status.state == EngineState.FAILED
+    assert status.diagnosis is not None and status.diagnosis.code == "fp8_attention_unsupported"
+    assert "kv_cache_dtype = 'auto'" in status.detail
+    status = await start(trt, "f", env=no_fmha, **fields)  # the advice: no FP8 KV cache
+    assert status.state == EngineState.READY, status.detail
+    (entry,) = await trt.client.trt_cache()
+    assert entry.arguments["build.use_fp8_context_fmha"] == "disable"
 
 
 @pytest.mark.parametrize(

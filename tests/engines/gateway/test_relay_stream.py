@@ -1,0 +1,184 @@
+"""The streaming relay (engines/gateway/proxy.py) between a real aiohttp client and a real
+upstream server that writes server-sent events cut at awkward places: whole events only, the
+bytes unchanged, and the token counts taken from the engine's usage (not the chunk count)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
+from engines.gateway.proxy import Upstream, relay
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}\n\n'
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + TOKEN + TOKEN + USAGE + DONE
+
+
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def upstream_app(pieces: Sequence[bytes]) -> web.Application:
+    """A FAKE engine that writes ``pieces`` one by one, flushing each."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in pieces:
+            await resp.write(piece)
+            await asyncio.sleep(0.005)  # shapes the stream into separate reads; asserts no timing
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def gateway_app(upstream_url: str, records: list[tuple[int, int | None, int | None]]) -> Any:
+    registry = MetricsRegistry()
+    metrics = GatewayMetrics(registry)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            return await relay(
+                request,
+                session=session,
+                upstream=Upstream("fake", upstream_url, {}),
+                body=await request.read(),
+                model="m",
+                connect_timeout_s=5,
+                metrics=metrics,
+                usage=lambda status, p, c, _s: records.append((status, p, c)),
+            )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app, registry
+
+
+CUTS = {
+    "one event per write": [ROLE, TOKEN, TOKEN, USAGE, DONE],
+    "cut inside events": [STREAM[:30], STREAM[30:90], STREAM[90:200], STREAM[200:]],
+    "usage cut in two": [ROLE + TOKEN + TOKEN + USAGE[:40], USAGE[40:] + DONE],
+    "byte by byte at the end": [ROLE + TOKEN + TOKEN, *(bytes([b]) for b in USAGE + DONE)],
+}
+
+
+@pytest.mark.parametrize("pieces", list(CUTS.values()), ids=list(CUTS))
+async def test_events_pass_whole_and_usage_is_counted(pieces: list[bytes]) -> None:
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream_app(pieces)):
+        app, registry = gateway_app(up, records)
+        async for gw in serve(app):
+            reads: list[bytes] = []
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(gw + "/v1/chat/completions", json={"stream": True}) as resp,
+            ):
+                assert resp.headers["Content-Type"] == "text/event-stream"
+                assert resp.headers["X-Traylm-Engine"] == "fake"
+                async for chunk in resp.content.iter_any():
+                    reads.append(chunk)
+    assert b"".join(reads) == STREAM
+    assert all(r.endswith(b"\n\n") for r in reads)  # never half an event
+    assert records == [(200, 5, 9)]  # the engine's usage, though only 2 chunks had text
+    text = registry.render()
+    assert 'traylm_prompt_tokens_total{model="m"} 5' in text
+    assert 'traylm_generation_tokens_total{model="m"} 9' in text
+
+
+async def test_without_usage_the_text_events_are_counted() -> None:
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream_app([ROLE, TOKEN, TOKEN, TOKEN, DONE])):
+        app, _ = gateway_app(up, records)
+        async for gw in serve(app):
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(gw + "/v1/chat/completions", json={"stream": True}) as resp,
+            ):
+                assert await resp.read() == ROLE + TOKEN * 3 + DONE
+    assert records == [(200, None, 3)]  # the role event is not a token
+
+
+async def test_the_headers_leave_with_the_first_event() -> None:
+    """One write for the status line, the headers and the first event (not a segment of its
+    own for the headers): the first read of a raw client holds all of them."""
+
+    async def late_first_event(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)  # the engine answers with its headers at once
+        await asyncio.sleep(0.05)  # shapes the stream: the first token comes later
+        await resp.write(ROLE + DONE)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", late_first_event)
+    async for up in serve(app):
+        gateway, _ = gateway_app(up, [])
+        async for gw in serve(gateway):
+            port = int(gw.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            )
+            first = await reader.read(65536)
+            writer.close()
+            await writer.wait_closed()
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert ROLE in first
+
+
+MESSAGES_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+    b'{"input_tokens":7,"output_tokens":1}}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"ab"}}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":4}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+RESPONSES_STREAM = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"delta":"ab"}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
+    b'{"input_tokens":6,"input_tokens_details":{"cached_tokens":0},"output_tokens":3,'
+    b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":9}}}\n\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("stream", "counts"),
+    [(MESSAGES_STREAM, (7, 4)), (RESPONSES_STREAM, (6, 3))],
+    ids=["anthropic messages", "responses"],
+)
+async def test_usage_of_the_messages_and_responses_streams_is_counted(
+    stream: bytes, counts: tuple[int, int]
+) -> None:
+    """Anthropic's message_start/message_delta and Responses' response.completed name their
+    counts input_tokens/output_tokens: those are counted, not the number of events."""
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream_app([stream[:50], stream[50:]])):
+        app, _ = gateway_app(up, records)
+        async for gw in serve(app):
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(gw + "/v1/chat/completions", json={"stream": True}) as resp,
+            ):
+                assert await resp.read() == stream
+    assert records == [(200, *counts)]
