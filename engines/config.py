@@ -202,6 +202,12 @@ class GatewaySettings:
     body_timeout_s: float = setting(
         60.0, "Time a request body has to arrive once its head has; slower gets 408.", min=1
     )
+    client_stall_timeout_s: float = setting(
+        60.0,
+        "A streamed reply its client does not read for this long is ended, and the engine's "
+        "request aborted (the concurrency slot is freed).",
+        min=1,
+    )
     keepalive_timeout_s: float = setting(
         60.0,
         "Idle keep-alive connections are closed after this long (from the next start).",

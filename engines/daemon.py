@@ -126,6 +126,7 @@ class Daemon:
         dependency (the gateway before the GPU feature, the GPU inventory before hub and trt)."""
         live, paths, publish = self.live, self.paths, self.bus.publish
         self.usage = UsageRecorder(self.store, live)
+        self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
@@ -135,6 +136,7 @@ class Daemon:
             fallback=self.remote,
             usage=self.usage.record,
             traffic=self.traffic,
+            replies=self.chats.tap_reply,
         )
         self.gpu = GPUFeature(
             settings=live,
@@ -172,7 +174,6 @@ class Daemon:
             logs_dir=paths.logs_dir,
             publish=publish,
         )
-        self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.control = EngineControl(
             supervisor=self.supervisor,
             envs=self.envs,

@@ -7,15 +7,16 @@ it), daemon.json holds the control token.
 ``make_private(paths)`` fixes an install whose files were created before (0644 files in 0755
 folders); the daemon runs it at start. Subprocesses that write outside traylm's folders (engines,
 Hub downloads into the Hugging Face cache other tools share) get the user's own umask back
-(``user_umask()``), so traylm changes nothing about files that are not its own.
+(``keep_user_umask()``), so traylm changes nothing about files that are not its own.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engines.config import Paths
@@ -44,6 +45,16 @@ def user_umask() -> int:
     current = os.umask(PRIVATE_UMASK)
     os.umask(current)
     return current
+
+
+def keep_user_umask() -> Callable[[], None]:
+    """For ``preexec_fn``: the child gets the user's umask back (as ``umask=`` would, which
+    uvloop's subprocess_exec does not take)."""
+    return functools.partial(_set_umask, user_umask())
+
+
+def _set_umask(mask: int) -> None:
+    os.umask(mask)
 
 
 def make_private(paths: Paths) -> list[str]:

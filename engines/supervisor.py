@@ -42,7 +42,7 @@ from engines.events.core import (
     EngineStateChanged,
     EngineStatus,
 )
-from engines.filemodes import user_umask
+from engines.filemodes import keep_user_umask
 from engines.liveness import Evidence, Health, Liveness, Verdict, progress_counter
 from engines.procs import (
     EngineRecord,
@@ -192,9 +192,9 @@ class ManagedEngine:
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
             self._end_requests(
-                "traylm is stopping"
+                "traylm is stopping, so the reply was cut off; retry once it runs again"
                 if reason == DAEMON_STOPPING
-                else f"engine {self.engine_id} is being stopped ({reason})"
+                else f"engine {self.engine_id} was stopped ({reason}) in the middle of the reply"
             )
             await self._terminate()
         if self.state not in (EngineState.FAILED, EngineState.STOPPED):
@@ -335,7 +335,7 @@ class ManagedEngine:
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            umask=user_umask(),  # the engine's own caches (HF, compile) keep the user's modes
+            preexec_fn=keep_user_umask(),  # its caches (HF, compile) keep the user's modes
         )
         self.started_at_s = time.time()
         self.ready_at_s = None

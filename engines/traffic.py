@@ -4,12 +4,14 @@ a reply, and a way to end those requests at once, with the reason, when the engi
 dead, hung or stopped (their clients get an error event instead of waiting for the clean-up).
 
 The gateway opens a ``Flow`` per relayed request and touches it for each piece of the reply
-(one clock read and one store: it is on the relay's path); the supervisor reads ``in_flight``
-and ``last_progress_s`` and calls ``end_all``.
+(one clock read and a few stores: it is on the relay's path); the supervisor reads
+``in_flight`` and ``last_progress_s`` and calls ``end_all``; the gateway's own sweep ends the
+requests whose client stopped reading (``stalled_writers``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -17,8 +19,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-Stop = Callable[[str], None]
-"""Ends one request; the argument says why, in words for its client."""
+End = Callable[[], None]
+"""Ends one request at once (the gateway cancels its relay, which tells the client ``why``)."""
 
 
 @dataclass(eq=False)
@@ -27,11 +29,25 @@ class Flow:
 
     engine: _EngineFlows
     streaming: bool
-    stop: Stop
+    end: End
+    why: str = ""
+    """Why the request was ended from outside its relay, in words for its client ("" while it
+    runs on its own)."""
+    writing_since_s: float = 0.0
+    """When a write to the client started that has not finished (0: none): a client that does
+    not read leaves it pending."""
+    client: asyncio.Transport | None = None
+    """The client's connection (closed by the sweep when the client stopped reading)."""
 
-    def progressed(self) -> None:
-        """A piece of the reply arrived from the engine."""
-        self.engine.last_byte_s = time.monotonic()
+    def progressed(self) -> float:
+        """A piece of the reply arrived from the engine; returns the monotonic time."""
+        now = self.engine.last_byte_s = time.monotonic()
+        return now
+
+    def stop(self, why: str) -> None:
+        if not self.why:
+            self.why = why
+            self.end()
 
     def close(self) -> None:
         self.engine.flows.discard(self)
@@ -60,12 +76,12 @@ class EngineTraffic:
             flows = self._engines[engine_id] = _EngineFlows()
         return flows
 
-    def open(self, engine_id: str, *, streaming: bool, stop: Stop) -> Flow:
+    def open(self, engine_id: str, *, streaming: bool, end: End) -> Flow:
         engine = self._of(engine_id)
         if not engine.flows:
             engine.busy_since_s = time.monotonic()
             engine.ended_why = ""
-        flow = Flow(engine, streaming, stop)
+        flow = Flow(engine, streaming, end)
         engine.flows.add(flow)
         if streaming:
             engine.streams += 1
@@ -99,6 +115,15 @@ class EngineTraffic:
             except Exception:  # boundary: one request failing to end must not keep the others
                 log.exception("ending a request to engine %s failed", engine_id)
         return len(flows)
+
+    def stalled_writers(self, now_s: float, limit_s: float) -> list[Flow]:
+        """Requests whose client has not taken a write for ``limit_s`` (it does not read)."""
+        return [
+            flow
+            for engine in self._engines.values()
+            for flow in engine.flows
+            if flow.writing_since_s and now_s - flow.writing_since_s >= limit_s
+        ]
 
     def ended_why(self, engine_id: str) -> str:
         """Why the engine's requests were last ended (until it gets busy again), or ""."""

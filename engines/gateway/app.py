@@ -187,12 +187,17 @@ def build_app(ctx: GatewayContext) -> web.Application:
     app[GATEWAY] = ctx
     app.router.add_routes(gateway_routes())
 
+    sweep: list[asyncio.Task[None]] = []
+
     async def on_startup(_: web.Application) -> None:
         if ctx.session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=False)
             ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        sweep.append(asyncio.create_task(ctx.sweep_stalled_clients(), name="stalled clients"))
 
     async def on_cleanup(_: web.Application) -> None:
+        for task in sweep:
+            task.cancel()
         if ctx.session is not None:
             await ctx.session.close()
             ctx.session = None

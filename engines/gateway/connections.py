@@ -24,6 +24,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable
+from typing import cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_RETRY_S = 0.5
+CLIENT_SEND_BUFFER_BYTES = 64 * 1024
+"""The kernel's send buffer per client (it doubles it): without a bound it grows to megabytes,
+and a client that does not read would hold its stream that much longer before it is noticed
+(gateway.client_stall_timeout_s)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -76,11 +81,16 @@ class _Guarded(asyncio.Protocol):
         return self._head_timer is not None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         if not self._gate.admit(self, transport):
             return
         self._admitted = True
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a client that stops reading blocks the relay's writes soon
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER_BYTES)
         loop = asyncio.get_running_loop()
         self._head_timer = loop.call_later(self._gate.header_timeout_s, self._head_timed_out)
         self._inner.connection_made(transport)

@@ -23,7 +23,7 @@ from engines.gateway.capabilities import (
     route_problem,
     tools_problem,
 )
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.proxy import ReplySink, Upstream, relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
 from engines.supervisor import ManagedEngine
@@ -92,8 +92,11 @@ async def dispatch(
         if problem is not None:
             ctx.log_refused(path, out.model, problem.status, upstream.name)
             return problem
+    tap = await ctx.chat_reply(request, out.model)
+    if isinstance(tap, web.Response):
+        return tap
     seen = functools.partial(on_reply, upstream.name) if on_reply and engine else None
-    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen)
+    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, tap)
     if resp.prepared or not isinstance(resp, web.Response):
         return resp
     if resp.status < 400:
@@ -125,10 +128,11 @@ async def _relay_in_slot(
     admission: Admission,
     out: Outbound,
     on_reply: Callable[[bytes], None] | None,
+    tap: ReplySink | None,
 ) -> web.StreamResponse:
     g = ctx.settings.gateway
 
-    async def to(target: Upstream) -> web.StreamResponse:
+    async def to(target: Upstream, flow: Flow | None = None) -> web.StreamResponse:
         assert ctx.session is not None
         return await relay(
             request,
@@ -141,16 +145,18 @@ async def _relay_in_slot(
             usage=ctx.usage_sink(request.path, out.model, target),
             content_type=out.content_type,
             on_first_events=on_reply if target is upstream else None,
+            flow=flow,
+            tap=tap if target is upstream else None,
         )
 
     try:
         async with admission.slot():
             flow = _flow(ctx, upstream, streaming=out.payload.get("stream") is True)
+            flow.client = request.transport
             try:
-                return await to(upstream)
+                return await to(upstream, flow)
             finally:
-                if flow is not None:
-                    flow.close()
+                flow.close()
     except QueueFull as exc:
         fallback = ctx.fallback(out.model, "queue_full") if ctx.fallback else None
         if fallback is not None:
@@ -165,15 +171,15 @@ async def _relay_in_slot(
         )
 
 
-def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow | None:
-    """Count the request as in flight to its engine (the supervisor's hang check reads it);
-    when the engine is declared dead or stopped, the request is ended at once."""
-    if upstream.remote:
-        return None
+def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow:
+    """Count the request as in flight to its engine (the supervisor's hang check reads it, the
+    sweep of clients that stopped reading goes through it). When the engine is declared dead or
+    stopped, the request is ended at once: its relay is cancelled and tells the client why."""
     task = asyncio.current_task()
     assert task is not None
+    key = f"remote:{upstream.name}" if upstream.remote else upstream.name
 
-    def stop(_why: str) -> None:
+    def end() -> None:
         task.cancel()
 
-    return ctx.traffic.open(upstream.name, streaming=streaming, stop=stop)
+    return ctx.traffic.open(key, streaming=streaming, end=end)

@@ -82,6 +82,10 @@ def test_folders_0700_files_0600_and_an_old_install_is_fixed(env: dict[str, str]
         started = traylm(env, "start", "f", "--wait", "--timeout", "30")
         assert started.returncode == 0, started.stderr
         assert (paths.logs_dir / "engines" / "f.log").exists()
+        status = json.loads(traylm(env, "status", "--json").stdout)
+        engine_pid = status["engines"][0]["pid"]
+        umask = [x for x in Path(f"/proc/{engine_pid}/status").read_text().splitlines()]
+        assert "Umask:\t0022" in umask  # the engine writes shared caches with the user's modes
         wal = paths.data_dir / (paths.db_path.name + "-wal")
         shm = paths.data_dir / (paths.db_path.name + "-shm")
         assert wal.exists() and shm.exists()  # WAL mode while the daemon runs

@@ -106,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
     p.add_argument(
+        "--bad-utf8",
+        action="store_true",
+        help="stream bytes that are not UTF-8: a euro sign cut between two events, then a "
+        "stray 0xff byte (an engine that detokenizes token by token)",
+    )
+    p.add_argument(
         "--accept-any-model",
         action="store_true",
         help="serve whatever `model` a request names (TensorRT-LLM does not check it)",
@@ -142,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args([*(argv if argv is not None else sys.argv[1:]), *shlex.split(extra)])
 
 
+BAD_UTF8 = (b"a\xe2\x82", b"\xacb", b"c\xffd")
+"""Token texts of --bad-utf8: "a€b" cut inside the euro sign, then "c", a stray byte, "d"."""
 CORE = "import sys\nfor line in sys.stdin:\n    sys.stdout.write('t\\n')\n    sys.stdout.flush()\n"
 
 
@@ -287,7 +295,10 @@ class FakeEngine:
                     "model": body["model"],
                     "choices": [choice],
                 }
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                if self.args.bad_utf8 and i < len(BAD_UTF8):
+                    event = event.replace(f"w{i} ".encode(), BAD_UTF8[i], 1)
+                await resp.write(event)
                 sent += 1
                 self.generated += 1
                 if self.args.crash_after_tokens and sent >= self.args.crash_after_tokens:
