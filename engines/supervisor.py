@@ -304,7 +304,7 @@ class ManagedEngine:
             else:
                 self._set_state(EngineState.STOPPING, f"{verdict}; cleaning up")
             self._end_requests(
-                f"engine {self.engine_id} {verdict.kind} ({verdict.reason}); "
+                f"engine {self.engine_id} stopped in the middle of the reply: {verdict}; "
                 + ("traylm is restarting it: retry shortly" if again else "it is not restarted")
             )
             await self._terminate()

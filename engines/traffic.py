@@ -3,10 +3,10 @@ how many requests are in flight (and whether any streams), when the engine last 
 a reply, and a way to end those requests at once, with the reason, when the engine is declared
 dead, hung or stopped (their clients get an error event instead of waiting for the clean-up).
 
-The gateway opens a ``Flow`` per relayed request and touches it for each piece of the reply
-(one clock read and a few stores: it is on the relay's path); the supervisor reads
-``in_flight`` and ``last_progress_s`` and calls ``end_all``; the gateway's own sweep ends the
-requests whose client stopped reading (``stalled_writers``).
+The gateway opens a ``Flow`` per relayed request and, for each piece of the reply, stores the
+time in it and in its engine's record (one clock read: it is on the relay's path); the
+supervisor reads ``in_flight`` and ``last_progress_s`` and calls ``end_all``; the gateway's own
+sweep ends the requests whose client stopped reading (``stalled_writers``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ End = Callable[[], None]
 class Flow:
     """One request the gateway relays to an engine."""
 
-    engine: _EngineFlows
+    engine: EngineFlows
     streaming: bool
     end: End
     why: str = ""
@@ -38,11 +38,6 @@ class Flow:
     not read leaves it pending."""
     client: asyncio.Transport | None = None
     """The client's connection (closed by the sweep when the client stopped reading)."""
-
-    def progressed(self) -> float:
-        """A piece of the reply arrived from the engine; returns the monotonic time."""
-        now = self.engine.last_byte_s = time.monotonic()
-        return now
 
     def stop(self, why: str) -> None:
         if not self.why:
@@ -56,7 +51,7 @@ class Flow:
 
 
 @dataclass
-class _EngineFlows:
+class EngineFlows:
     flows: set[Flow] = field(default_factory=set)
     streams: int = 0
     busy_since_s: float = 0.0
@@ -68,12 +63,12 @@ class EngineTraffic:
     """Requests in flight per engine (see the module docstring). No I/O."""
 
     def __init__(self) -> None:
-        self._engines: dict[str, _EngineFlows] = {}
+        self._engines: dict[str, EngineFlows] = {}
 
-    def _of(self, engine_id: str) -> _EngineFlows:
+    def _of(self, engine_id: str) -> EngineFlows:
         flows = self._engines.get(engine_id)
         if flows is None:
-            flows = self._engines[engine_id] = _EngineFlows()
+            flows = self._engines[engine_id] = EngineFlows()
         return flows
 
     def open(self, engine_id: str, *, streaming: bool, end: End) -> Flow:

@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any, Protocol
 
 import aiohttp
@@ -232,7 +233,7 @@ async def _stream(
                 chunk, partial = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
-            if not chunk.isascii() or utf8.pending:  # usually ASCII: one check, no copy
+            if not chunk.isascii() or utf8.held:  # usually ASCII: one check, no copy
                 chunk = utf8.clean(chunk)
             if on_first_events is not None:
                 on_first_events(chunk)
@@ -244,8 +245,8 @@ async def _stream(
                 tap.feed(chunk)
             if flow is None:
                 await resp.write(chunk)
-            else:  # a write the client does not take stays pending: the sweep sees it
-                flow.writing_since_s = flow.progressed()
+            else:  # the engine's progress; a write the client does not take stays pending
+                flow.writing_since_s = flow.engine.last_byte_s = monotonic()
                 await resp.write(chunk)
                 flow.writing_since_s = 0.0
         if partial:  # the engine ended without the closing blank line: pass it on as it is

@@ -23,19 +23,16 @@ _CONTINUATION = range(0x80, 0xC0)
 class Utf8Events:
     """One stream's repair state: the start of a character held back per string value."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("held",)
 
     def __init__(self) -> None:
-        self._held: dict[tuple[Any, ...], bytes] = {}
-
-    @property
-    def pending(self) -> bool:
-        """A character start is held back: the next events must go through ``clean``."""
-        return bool(self._held)
+        self.held: dict[tuple[Any, ...], bytes] = {}
+        """Starts of characters held back, per string value: while there are any, the next
+        events must go through ``clean``."""
 
     def clean(self, events: bytes) -> bytes:
         """``events`` (whole events) as valid UTF-8."""
-        if not self._held:
+        if not self.held:
             try:
                 events.decode()
             except UnicodeDecodeError:
@@ -60,7 +57,7 @@ class Utf8Events:
             valid = True
         except UnicodeDecodeError:
             valid = False
-        if valid and not self._held:
+        if valid and not self.held:
             return raw
         try:
             data = json.loads(raw.decode(errors="surrogateescape"))
@@ -83,10 +80,10 @@ class Utf8Events:
         return value
 
     def _text(self, text: str, path: tuple[Any, ...]) -> str:
-        raw = self._held.pop(path, b"") + text.encode(errors="surrogateescape")
+        raw = self.held.pop(path, b"") + text.encode(errors="surrogateescape")
         cut = _cut_character(raw)
         if cut < len(raw):
-            self._held[path] = raw[cut:]
+            self.held[path] = raw[cut:]
         return raw[:cut].decode(errors="replace")
 
 

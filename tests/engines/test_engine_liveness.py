@@ -77,7 +77,7 @@ async def test_a_stopped_engine_core_is_hung_and_restarted(daemon_factory, fake_
             os.kill(core.pid, signal.SIGSTOP)
             await asyncio.wait_for(reading, 60)  # the stream ends: nobody waits forever
         error = json.loads(stream.events[-2][6:])["error"]  # then data: [DONE]
-        assert f"engine fake hung (process {core.pid} is stopped (SIGSTOP))" in error["message"]
+        assert f"reply: hung (process {core.pid} is stopped (SIGSTOP))" in error["message"]
         event = await asyncio.wait_for(sub.get(), 30)
         assert isinstance(event, EngineStateChanged) and event.state == EngineState.STARTING
         assert f"hung (process {core.pid} is stopped (SIGSTOP))" in event.detail, event.detail
