@@ -291,6 +291,8 @@ async def _end_with_error(
     event = sse_error(message, anthropic=is_anthropic(request.path))
     if s.tap is not None:
         s.tap.feed(event)
+    if s.flow is not None:  # a client that reads nothing is ended by the sweep, also here
+        s.flow.writing_since_s = monotonic()
     await resp.write(event)
 
 
