@@ -27,6 +27,7 @@ from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
 from engines.filemodes import private_umask
 from engines.logfilter import RepeatedLineFilter
+from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
@@ -199,6 +200,11 @@ def _feature_parsers(sub: Any) -> None:
 
     add_remote_parsers(sub)
 
+    # models on demand: traylm ps|load|unload|attach|detach
+    from engines.ondemand.cli import add_parsers as add_ondemand_parsers
+
+    add_ondemand_parsers(sub)
+
     # bench: traylm bench run|ls|show|compare|cancel|rm
     from engines.bench.cli import add_parsers as add_bench_parsers
 
@@ -323,6 +329,8 @@ def _engine_line(e: EngineStatus) -> str:
         line += f"\n      {e.detail}"
     if e.supervision:
         line += f"\n      supervision: {e.supervision}"
+    if phase_text(e):
+        line += f"\n      {phase_text(e)}"
     return line
 
 
@@ -349,11 +357,16 @@ async def cmd_start(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         final = await c.wait_for_engine(
-            status.engine_id, (EngineState.READY, EngineState.FAILED), args.timeout
+            status.engine_id,
+            (EngineState.READY, EngineState.FAILED),
+            args.timeout,
+            on_status=PhasePrinter(),
         )
         print(_engine_line(final))
         if final.state == EngineState.FAILED:
             return 1
+        if breakdown(final):
+            print(f"  started in {breakdown(final)}")
         print(f"ready: point apps at {c.info.url}/v1 with model {final.served_names[0]!r}")
     return 0
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -38,6 +38,7 @@ from engines.events.gpu import (
     PowerLimitStatus,
 )
 from engines.events.hub import DownloadStatus, FitResult, LocalModel, ModelDetails, ModelSummary
+from engines.events.models import AttachedServer, LoadedModel, Placement, ServableModel
 from engines.events.registry import from_wire
 from engines.events.remote import RemoteStatus
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
@@ -290,19 +291,113 @@ class DaemonClient:
             raise DaemonUnavailable(f"lost the event stream from {self.info.url}") from None
 
     async def wait_for_engine(
-        self, engine_id: str, states: Iterable[EngineState], timeout_s: float
+        self,
+        engine_id: str,
+        states: Iterable[EngineState],
+        timeout_s: float,
+        on_status: Callable[[EngineStatus], None] | None = None,
     ) -> EngineStatus:
-        """Wait until the engine reaches one of ``states``; returns its status then."""
+        """Wait until the engine reaches one of ``states``; returns its status then.
+        ``on_status`` sees every snapshot on the way (start phases, for a progress line)."""
         wanted = frozenset(states)
 
         async def poll() -> EngineStatus:
             while True:
                 for status in await self.engines():
-                    if status.engine_id == engine_id and status.state in wanted:
+                    if status.engine_id != engine_id:
+                        continue
+                    if status.state in wanted:
                         return status
+                    if on_status is not None:
+                        on_status(status)
                 await asyncio.sleep(0.5)
 
         return await asyncio.wait_for(poll(), timeout_s)
+
+    # ----------------------------------------------------------------- models on demand
+    # engines/ondemand/routes.py. Names may be a served name, an alias, a profile name or a
+    # repo id. Loading is announced as ModelLoading (``model.loading``) events and its end as
+    # ModelStateChanged (``model.state``): ``events(kinds=("model",))``.
+
+    async def servable_models(self) -> list[ServableModel]:
+        """Every model a request may name (the chat window's picker), loaded or not."""
+        data = await self._call("GET", "/api/servable")
+        return [from_plain(ServableModel, m) for m in data["models"]]
+
+    async def catalog_problems(self) -> JSON:
+        """{"ambiguous": {name: why}, "notes": [...], "broken": [...]} of the catalog."""
+        data = await self._call("GET", "/api/servable")
+        return {k: data[k] for k in ("ambiguous", "notes", "broken")}
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        """`traylm ps`: what holds resources now (the tray menu's Unload list)."""
+        return [from_plain(LoadedModel, m) for m in await self._call("GET", "/api/loaded")]
+
+    async def load_model(
+        self,
+        name: str,
+        *,
+        gpus: Iterable[int] | None = None,
+        ttl: str | float | None = None,
+        pin: bool = False,
+    ) -> LoadedModel:
+        """Place and start a model; returns once it is starting (``wait_for_model`` waits for
+        ready). ``ttl``: "10m" or seconds (0: never unload); ``pin``: never unload or evict."""
+        body: JSON = {"model": name, "pin": pin}
+        if gpus is not None:
+            body["gpus"] = list(gpus)
+        if ttl is not None:
+            body["ttl"] = ttl
+        return from_plain(LoadedModel, await self._call("POST", "/api/loaded", json_body=body))
+
+    async def unload_model(self, name: str) -> JSON:
+        """{"name", "engine_id", "unloaded", "deferred", "message"}: deferred while requests
+        still run (it unloads when the last one ends)."""
+        data: JSON = await self._call("DELETE", "/api/loaded", params={"model": name})
+        return data
+
+    async def wait_for_model(self, name: str, timeout_s: float) -> LoadedModel:
+        """Wait until the model serves (its row in `traylm ps` is ready); ControlAPIError
+        with the engine's diagnosis when its load failed."""
+
+        async def poll() -> LoadedModel:
+            while True:
+                rows = {r.engine_id: r for r in await self.loaded_models()}
+                rows |= {r.name: r for r in rows.values()}
+                row = rows.get(name)
+                if row is not None and row.state in ("ready", "sleeping"):
+                    return row
+                if row is None or row.state in ("failed", "stopped"):
+                    models = {m.name: m for m in await self.servable_models()}
+                    models |= {n: m for m in models.values() for n in m.names}
+                    m = models.get(name)
+                    if m is not None and m.state == "failed":
+                        raise ControlAPIError(m.detail, code="model_load_failed", http_status=503)
+                await asyncio.sleep(0.3)
+
+        return await asyncio.wait_for(poll(), timeout_s)
+
+    async def placement(self, name: str, gpus: Iterable[int] | None = None) -> Placement:
+        """Where the planner would load ``name`` now, or exactly why it cannot."""
+        params = {"model": name}
+        if gpus is not None:
+            params["gpus"] = ",".join(str(g) for g in gpus)
+        return from_plain(Placement, await self._call("GET", "/api/placement", params=params))
+
+    async def attached_servers(self) -> list[AttachedServer]:
+        return [from_plain(AttachedServer, a) for a in await self._call("GET", "/api/attached")]
+
+    async def attach(
+        self, name: str, url: str, *, key_env: str = "", key: str = ""
+    ) -> AttachedServer:
+        """Route ``name`` to an OpenAI-compatible server traylm does not run. ``key_env``: the
+        environment variable holding its key (the daemon reads it; ``key`` is its value from
+        this process, kept in the daemon's memory only)."""
+        body = {"name": name, "url": url, "key_env": key_env, "key": key}
+        return from_plain(AttachedServer, await self._call("POST", "/api/attached", json_body=body))
+
+    async def detach(self, name: str) -> AttachedServer:
+        return from_plain(AttachedServer, await self._call("DELETE", f"/api/attached/{name}"))
 
     # ----------------------------------------------------------------- gpu
     # GPU telemetry and control (engines/gpu/routes.py). ``gpu`` is a UUID or an NVML index;

@@ -72,6 +72,11 @@ class Paths:
         return self.envs_override or self.data_dir / "envs"
 
     @property
+    def engine_cache_dir(self) -> Path:
+        """Caches engines rebuild when lost (compiled graphs, per env and model)."""
+        return self.cache_dir / "engines"
+
+    @property
     def trt_engines_dir(self) -> Path:
         return self.data_dir / "trt-engines"
 
@@ -247,6 +252,24 @@ class EngineSettings:
     cpu_kv_cache_gib: int = setting(
         1, "KV cache size for CPU engines (VLLM_CPU_KVCACHE_SPACE, whole GiB).", min=1
     )
+    warm_starts: int = setting(
+        1,
+        "Engine processes kept started ahead, imports done, for the next start of recently "
+        "ready profiles (vLLM: about 5 s less per start; about 0.6 GB of RAM each). 0: off.",
+        min=0,
+        max=8,
+    )
+    jit: bool = setting(
+        True,
+        "Load a model on its first request (any profile, library model or attached server is "
+        "addressable by name). Off: only loaded models are served (`traylm load NAME`).",
+    )
+    idle_ttl_s: float = setting(
+        3600.0,
+        "Unload a model loaded on demand after this many seconds without requests (0: never). "
+        "A profile's idle_ttl_s and a request's keep_alive override it.",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -268,6 +291,11 @@ class GPUSettings:
     replay_file: str = setting(
         "",
         "Replay this JSONL trace instead of reading GPUs (demos; `traylm gpus record` makes one).",
+    )
+    reserved: tuple[int, ...] = setting(
+        (),
+        "GPUs (CUDA indices) models on demand never place a model on, e.g. the card that drives "
+        "the display. Profiles that name a reserved GPU still run there when loaded.",
     )
     helper_socket: str = setting(
         "/run/traylm-gpud/traylm-gpud.sock",
@@ -474,6 +502,7 @@ def replace_setting(settings: Settings, dotted: str, value: Any) -> Settings:
 # --------------------------------------------------------------------------- profiles
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -494,7 +523,11 @@ class Profile:
         "cuda, cpu, or auto (cuda when an NVIDIA GPU is present).",
         choices=("auto", "cuda", "cpu"),
     )
-    gpus: tuple[int, ...] = setting((0,), "CUDA device indices the engine may use.")
+    gpus: tuple[int, ...] = setting(
+        (0,),
+        'CUDA device indices the engine may use, or "auto": the planner picks the card(s) '
+        "when the model loads (one card, the one with the most room; both for tensor parallel).",
+    )
     tensor_parallel_size: int = setting(1, "Tensor-parallel size (GPUs per model copy).", min=1)
     pipeline_parallel_size: int = setting(1, "Pipeline-parallel size.", min=1)
     p2p: bool = setting(
@@ -561,6 +594,17 @@ class Profile:
         (), "More engine flags, checked against the installed version's allow-list."
     )
     env: dict[str, str] = setting({}, "Extra environment variables for the engine process.")
+    idle_ttl_s: float | None = setting(
+        None,
+        "Unload the model after this many seconds without requests (0: never; default: "
+        "engines.idle_ttl_s).",
+        min=0,
+    )
+    sleep_mode: bool = setting(
+        True,
+        "vLLM on CUDA: start with sleep mode, so that when another model needs the GPU this one "
+        "can move its weights to host RAM and wake in seconds instead of a cold start.",
+    )
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -576,10 +620,17 @@ class Profile:
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def gpus_auto(self) -> bool:
+        """``gpus = "auto"`` (held as no indices): placed when the model loads."""
+        return not self.gpus
+
 
 def profile_from_mapping(name: str, data: Mapping[str, Any], where: str = "") -> Profile:
     problems: list[str] = []
     values = {**dict(data), "name": name}
+    if values.get("gpus") == AUTO:
+        values["gpus"] = ()
     profile = _build(Profile, values, "", problems)
     problems.extend(_check_profile(profile))  # also with field errors: report everything at once
     if problems:
@@ -590,6 +641,8 @@ def profile_from_mapping(name: str, data: Mapping[str, Any], where: str = "") ->
 def profile_to_mapping(profile: Profile) -> dict[str, Any]:
     data = _non_default(profile)
     data.pop("name", None)
+    if profile.gpus_auto:
+        data["gpus"] = AUTO
     return data
 
 
@@ -601,7 +654,7 @@ def _check_profile(p: Profile) -> list[str]:
         )
     if not p.model:
         problems.append("model is required: a Hugging Face repo id (org/name) or a local folder")
-    if p.world_size > len(p.gpus) and p.device != "cpu":
+    if p.world_size > len(p.gpus) and p.device != "cpu" and not p.gpus_auto:
         problems.append(
             f"tensor_parallel_size × pipeline_parallel_size = {p.world_size} needs that many GPUs, "
             f"but gpus lists {len(p.gpus)}: set gpus = {list(range(p.world_size))}"
@@ -684,6 +737,37 @@ class ProfileStore:
                 raise ConfigError(f"{name!r} is a shipped preset and cannot be deleted")
             raise ProfileNotFound(f"no profile named {name!r}")
         path.unlink()
+
+
+# --------------------------------------------------------------------------- durations
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)?")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+
+
+def parse_duration(value: object, *, what: str) -> float:
+    """Seconds from a number (seconds) or a duration string as Ollama and Go write them:
+    "300", "90s", "10m", "1h30m", "-1". Negative values are returned as they are (the caller
+    decides what they mean). Raises ConfigError naming ``what``."""
+    if isinstance(value, bool):
+        raise ConfigError(f'{what} must be a duration such as 300, "10m" or "1h", not {value}')
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip().lower()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    total, pos = 0.0, 0
+    for m in _DURATION_PART.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if not body or pos != len(body):
+        raise ConfigError(
+            f"{what} {value!r} is not a duration: write seconds (300) or a number with a unit "
+            "(90s, 10m, 1h, 1h30m)"
+        )
+    return sign * total
 
 
 # --------------------------------------------------------------------------- TOML plumbing

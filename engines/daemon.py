@@ -45,6 +45,8 @@ from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
 from engines.metrics import MetricsRegistry
+from engines.ondemand.routes import ONDEMAND, ondemand_routes
+from engines.ondemand.service import GPUReadings, ModelsOnDemand
 from engines.procs import (
     MAX_CONNECTIONS_CEILING,
     PidRegistry,
@@ -62,6 +64,7 @@ from engines.traffic import EngineTraffic
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ class Daemon:
         self.bus = EventBus()
         self.traffic = EngineTraffic()
         self.supervisor = Supervisor()
+        self.warm = WarmPool(self.live.current.engines.warm_starts)
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
         self.store = Store(paths.db_path)
@@ -128,9 +132,26 @@ class Daemon:
         self.usage = UsageRecorder(self.store, live)
         self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
+        # models on demand is the gateway's router, so it comes first; what it reads of parts
+        # built after it (the GPU feature, the hub library, engine starts) goes through lambdas
+        self.ondemand = ModelsOnDemand(
+            settings=live,
+            engines=self.supervisor,
+            start_engine=lambda p: self.control.start_engine(p, placed=True),
+            profiles=self.profiles,
+            library=lambda: self.hub.library.models(),
+            gpus=GPUReadings(
+                gpus=lambda: self.gpu.inventory.gpus(),
+                latest=lambda: self.gpu.sampler.latest,
+                simulated=lambda: self.gpu.backend.simulated,
+            ),
+            activity=lambda upstream: self.ctx.activity(upstream),
+            publish=publish,
+            attached_file=paths.config_dir / "attached.toml",
+        )
         self.ctx = GatewayContext(
             settings=live,
-            routing=self.supervisor,
+            routing=self.ondemand,
             registry=self.registry,
             control_token=self.token,
             fallback=self.remote,
@@ -157,6 +178,7 @@ class Daemon:
             profiles=self.profiles,
             engines=self.supervisor,
             inventory=inventory,
+            placement=self.ondemand.placer.place_fit,
         )
         self.trt = TRTFeature(
             cache_dir=paths.trt_engines_dir,
@@ -179,11 +201,14 @@ class Daemon:
             envs=self.envs,
             settings=live,
             logs_dir=paths.logs_dir,
+            cache_dir=paths.engine_cache_dir,
+            warm=self.warm,
             pids=self.pids,
             publish=publish,
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
             traffic=self.traffic,
+            place=self.ondemand.placer.place_started,
         )
         self.status = DaemonStatus(
             settings=live,
@@ -196,11 +221,13 @@ class Daemon:
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
+                "models": lambda: to_plain(self.ondemand.ps()),
             },
         )
         self.features: list[Feature] = [
             self.gpu,
             self.hub,
+            self.ondemand,
             self.trt,
             self.remote,
             self.usage,
@@ -228,6 +255,7 @@ class Daemon:
         mount(app, REMOTE, self.remote, remote_routes())
         mount(app, CHATS, self.chats, chats_routes())
         mount(app, BENCH, self.bench, bench_routes())
+        mount(app, ONDEMAND, self.ondemand, ondemand_routes())
         return app
 
     def _connections_status(self) -> dict[str, int]:
@@ -382,6 +410,7 @@ class Daemon:
             await asyncio.wait_for(self.supervisor.stop_all(), deadline)
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
+        await self.warm.close()
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)

@@ -55,6 +55,30 @@ class EngineError(TraylmError):
     http_status = 409
 
 
+class ModelUnavailable(TraylmError):
+    """A request's model cannot be served now: unknown (404), not loaded with JIT off (404), no
+    room on the GPUs (503), or its load failed (503, with the engine's diagnosis). The gateway
+    answers it in the OpenAI error shape; ``retry_after_s`` is sent as Retry-After when set and
+    ``retry`` says whether a client should retry at all (``x-should-retry``)."""
+
+    code = "model_unavailable"
+    http_status = 503
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        http_status: int = 503,
+        retry_after_s: int | None = None,
+        retry: bool = False,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.http_status = http_status
+        self.retry_after_s = retry_after_s
+        self.retry = retry
+
+
 class EngineNotFound(EngineError):
     code = "engine_not_found"
     http_status = 404

@@ -6,6 +6,10 @@ State machine (published as ``EngineStateChanged``)::
     stopped ─start→ starting ─ready→ ready ─stop→ stopping → stopped
         any state ─(start failed | crashed too often)→ failed ─start→ starting
     ready ─crash→ starting (automatic restart, capped exponential backoff)
+    ready ─sleep→ sleeping ─wake→ ready  (engines launched with sleep routes: vLLM on CUDA)
+
+While starting, readiness is probed every 50 ms (a refused connection costs little), so a request
+waiting for a cold model is relayed within a probe period of the engine listening.
 
 Ready means: the process is alive AND ``GET /health`` is 200 AND ``GET /v1/models`` is 200.
 A crash is noticed within 2 s: the leader's exit code is polled every 50 ms, and ``/health``
@@ -22,8 +26,9 @@ import errno
 import logging
 import os
 import re
+import shlex
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -38,12 +43,14 @@ from engines.events.core import (
     Diagnosis,
     EngineDiagnosed,
     EngineLogLine,
+    EngineStartPhase,
     EngineState,
     EngineStateChanged,
     EngineStatus,
 )
 from engines.filemodes import keep_user_umask
 from engines.liveness import Evidence, Health, Liveness, Verdict, progress_counter
+from engines.phase_tracker import PhaseTracker
 from engines.procs import (
     EngineRecord,
     PidRegistry,
@@ -55,11 +62,14 @@ from engines.procs import (
     vitals,
 )
 from engines.traffic import EngineTraffic
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-HEALTH_PERIOD_S = 0.5  # while starting
+HEALTH_PERIOD_S = 0.05  # readiness probe while starting
+DESCENDANTS_PERIOD_S = 0.5  # the process-tree scan while starting (it reads every process)
+SLEEP_TIMEOUT_S = 120.0  # a sleep or wake moves the weights between GPU and host RAM
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
 METRICS_PATH = "/metrics"
@@ -96,11 +106,13 @@ class ManagedEngine:
         publish: Publish,
         prepare: Prepare | None = None,
         traffic: EngineTraffic | None = None,
+        warm: WarmPool | None = None,
     ) -> None:
         """``traffic``: the gateway's requests in flight (progress for the hang check, and
         their clients are told at once when the engine dies or stops)."""
         self.engine_id = engine_id
         self._traffic = traffic
+        self._warm = warm
         self._prepare = prepare
         self.run_dir = log_path.with_suffix(".run")
         self.profile = profile
@@ -125,10 +137,13 @@ class ManagedEngine:
         self._task: asyncio.Task[None] | None = None
         self._want_running = False
         self._ready_event = asyncio.Event()
+        self._state_changed = asyncio.Event()
+        self._spec: LaunchSpec | None = None
         self._log_fh: TextIO | None = None
         self.supervision = ""
         """What keeps the supervisor from watching this engine fully right now (it retries),
         or "" (shown by `traylm status`)."""
+        self._phases = PhaseTracker(engine_id)
 
     # ----------------------------------------------------------------- public API
 
@@ -141,6 +156,7 @@ class ManagedEngine:
         return f"http://127.0.0.1:{self.port}" if self.port else None
 
     def status(self) -> EngineStatus:
+        phase, label, phase_elapsed_s = self._phases.current()
         return EngineStatus(
             self.engine_id,
             self.profile.engine,
@@ -156,7 +172,11 @@ class ManagedEngine:
             self.profile.name,
             self.runtime.device,
             str(self.runtime.version),
-            self.supervision,
+            supervision=self.supervision,
+            phase=phase,
+            phase_label=label,
+            phase_elapsed_s=round(phase_elapsed_s, 3),
+            phases=self._phases.times(),
         )
 
     async def start(self) -> None:
@@ -180,6 +200,60 @@ class ManagedEngine:
 
     async def wait_ready(self, timeout_s: float) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
+
+    async def wait_state(self, states: Collection[EngineState]) -> EngineState:
+        """Return the state as soon as it is one of ``states`` (woken by the transition itself,
+        no polling); the caller bounds the wait."""
+        while self.state not in states:
+            await self._state_changed.wait()
+        return self.state
+
+    @property
+    def can_sleep(self) -> bool:
+        """The running engine has sleep routes (vLLM sleep mode on CUDA)."""
+        return self._spec is not None and self._spec.sleep is not None
+
+    async def sleep(self) -> None:
+        """Ask a ready engine with sleep mode to free its GPU memory (weights to host RAM); it
+        stays alive and is not routed to until ``wake``. Raises EngineError."""
+        routes = self._spec.sleep if self._spec is not None else None
+        if routes is None or self.state != EngineState.READY:
+            raise EngineError(
+                f"engine {self.engine_id!r} cannot sleep ({self.state}"
+                f"{'' if routes else ', started without sleep mode'})"
+            )
+        self._set_state(EngineState.SLEEPING, "asleep: weights in host RAM")
+        try:
+            await self._post(routes.sleep_path)
+        except EngineError:
+            self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            raise
+
+    async def wake(self) -> None:
+        """Wake a sleeping engine (weights back to the GPU); returns once it serves again."""
+        routes = self._spec.sleep if self._spec is not None else None
+        if routes is None or self.state != EngineState.SLEEPING:
+            raise EngineError(f"engine {self.engine_id!r} is {self.state}, not sleeping")
+        self.detail = "waking up: weights back to the GPU"
+        await self._post(routes.wake_path)
+        self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+
+    async def _post(self, path: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.post(f"{self.base_url}{path}") as resp,
+            ):
+                text = await resp.text()
+                if resp.status != 200:
+                    raise EngineError(
+                        f"engine {self.engine_id!r} answered {resp.status} to {path}: {text[:200]}"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(
+                f"engine {self.engine_id!r} did not answer {path} ({type(exc).__name__})"
+            ) from exc
 
     async def stop(self, reason: str = "stopped") -> None:
         """Stop the engine and everything it started; returns when no process of it remains."""
@@ -292,8 +366,10 @@ class ManagedEngine:
                 self._set_state(EngineState.FAILED, self._failure_text("failed to start"))
                 return "start_failed"
             self.ready_at_s = time.time()
+            self._publish_phase(self._phases.ready())
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
+            await self._prepare_warm(spec)
             verdict = await self._watch(spec)
             self._ready_event.clear()
             # At once: the gateway stops routing here and the waiting clients get their error
@@ -318,17 +394,21 @@ class ManagedEngine:
 
     def _spawn_spec(self) -> LaunchSpec:
         self.port = free_loopback_port()
-        return self.adapter.launch(
+        self._spec = self.adapter.launch(
             self.profile, runtime=self.runtime, port=self.port, model=self.model
         )
+        return self._spec
 
     async def _spawn(self, spec: LaunchSpec) -> None:
         spec = self._write_files(spec)
-        argv = strip_ansi(" ".join(spec.argv)).replace("\r", " ").replace("\n", " ")
-        self._open_log([f"===== argv: {argv}"])
-        env = {**os.environ, **spec.env}
-        env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
-        self._proc = await asyncio.create_subprocess_exec(
+        argv = strip_ansi(shlex.join(spec.argv)).replace("\r", " ").replace("\n", " ")
+        env = _engine_env(spec)
+        warm = None
+        if self._warm is not None and spec.warm_argv:
+            warm = await self._warm.take(self.engine_id, spec.warm_argv, env, spec.argv)
+        note = [f"===== traylm: in warm process {warm.pid} (imports done ahead)"] if warm else []
+        self._open_log([f"===== argv: {argv}", *note])
+        self._proc = warm or await asyncio.create_subprocess_exec(
             *spec.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -339,14 +419,28 @@ class ManagedEngine:
         )
         self.started_at_s = time.time()
         self.ready_at_s = None
+        self._phases = PhaseTracker(self.engine_id, spec.phases)
+        self._publish_phase(self._phases.begin())
         leader = TrackedProcess.of(self._proc.pid)
         self._tracked = []
         if leader is not None:
             self._pids.put(EngineRecord(self.engine_id, self._proc.pid, leader))
         log.info("engine %s started: pid %d port %s", self.engine_id, self._proc.pid, self.port)
 
+    async def _prepare_warm(self, spec: LaunchSpec) -> None:
+        """Start the process for this engine's next start now (it is ready: nothing to slow)."""
+        if self._warm is None or not spec.warm_argv:
+            return
+        try:
+            await self._warm.prepare(self.engine_id, spec.warm_argv, _engine_env(spec))
+        except OSError as exc:  # only a later start gets slower: say so, go on serving
+            log.warning("engine %s: no warm process for the next start: %s", self.engine_id, exc)
+
     def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
-        """Write the adapter's files into the run folder; put its path into argv."""
+        """Make the adapter's links; write its files into the run folder, put its path into
+        argv."""
+        for link, target in spec.links.items():
+            make_link(Path(link), Path(target))
         if not spec.files:
             return spec
         for name, text in spec.files.items():
@@ -358,6 +452,7 @@ class ManagedEngine:
         assert self._proc is not None
         deadline = time.monotonic() + self.settings.ready_timeout_s
         timeout = aiohttp.ClientTimeout(total=2)
+        scanned = 0.0
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while time.monotonic() < deadline:
                 if self._proc.returncode is not None:
@@ -367,7 +462,9 @@ class ManagedEngine:
                     and await self._probe(http, spec.models_path) == Health.OK
                 ):
                     return self._proc.returncode is None
-                await self._track_descendants()
+                if time.monotonic() - scanned >= DESCENDANTS_PERIOD_S:
+                    await self._track_descendants()
+                    scanned = time.monotonic()
                 await exit_code(self._proc, HEALTH_PERIOD_S)
         self.diagnosis = self.diagnosis or Diagnosis(
             code="ready_timeout",
@@ -389,6 +486,9 @@ class ManagedEngine:
                 code = await exit_code(proc, WATCH_PERIOD_S)
                 if code is not None:
                     return Verdict("crashed", f"process exited with code {code}")
+                if self.state == EngineState.SLEEPING:  # asleep or waking: no replies, /health
+                    liveness = Liveness(self.settings.stall_timeout_s)  # slow while it moves
+                    continue  # weights; judged afresh once it serves again
                 health = await self._probe(http, spec.health_path)
                 now = time.monotonic()
                 look = Evidence(now, health)
@@ -555,11 +655,17 @@ class ManagedEngine:
             fh.write(line + "\n")
             fh.flush()
         self._publish(EngineLogLine(engine_id=self.engine_id, line=line))
+        self._publish_phase(self._phases.feed(line))
         found = self.adapter.diagnose(line)
         if found is not None:
             if found.severity == "error":
                 self.diagnosis = found
             self._publish(EngineDiagnosed(engine_id=self.engine_id, diagnosis=found))
+
+    def _publish_phase(self, event: EngineStartPhase | None) -> None:
+        if event is not None:
+            log.info("engine %s: %s at %.1f s", self.engine_id, event.phase, event.elapsed_s)
+            self._publish(event)
 
     def _failure_text(self, what: str) -> str:
         if self.diagnosis is not None:
@@ -574,6 +680,8 @@ class ManagedEngine:
         previous = self.state
         self.state = state
         self.detail = detail
+        changed, self._state_changed = self._state_changed, asyncio.Event()
+        changed.set()
         log.info("engine %s: %s → %s (%s)", self.engine_id, previous, state, detail)
         self._publish(
             EngineStateChanged(
@@ -605,6 +713,21 @@ def last_error(lines: list[str]) -> str:
                 text += " " + following.strip()
             return text
     return ""
+
+
+def make_link(link: Path, target: Path) -> None:
+    """``link`` → ``target`` (both folders made), unless ``link`` exists already."""
+    target.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink() and not link.exists():
+        with contextlib.suppress(FileExistsError):  # another start made it meanwhile
+            link.symlink_to(target, target_is_directory=True)
+
+
+def _engine_env(spec: LaunchSpec) -> dict[str, str]:
+    env = {**os.environ, **spec.env}
+    env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
+    return env
 
 
 async def _drain(task: asyncio.Task[None]) -> None:

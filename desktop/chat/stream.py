@@ -256,7 +256,13 @@ class GatewayHTTP:
             return ModelsListed((), self._unreachable(exc))
         except ValueError as exc:
             return ModelsListed((), ChatError("http_error", f"bad /v1/models answer: {exc}"))
-        names = tuple(str(m["id"]) for m in data.get("data", ()) if isinstance(m, dict))
+        # the gateway lists every servable model with its status (models on demand); the
+        # picker shows the loaded ones until it learns to load on send
+        names = tuple(
+            str(m["id"])
+            for m in data.get("data", ())
+            if isinstance(m, dict) and m.get("status", "loaded") == "loaded"
+        )
         return ModelsListed(names, None)
 
     async def stream_chat(self, request: ChatRequest) -> ChatStreamEnded:

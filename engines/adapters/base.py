@@ -16,9 +16,11 @@ from typing import Protocol
 
 from packaging.version import Version
 
+from engines.adapters.memory import MemoryNeed
+from engines.adapters.phases import PhaseRule
 from engines.adapters.routeset import RouteSet
 from engines.config import Profile
-from engines.errors import UnknownFlagError
+from engines.errors import ConfigError, UnknownFlagError
 from engines.events.core import Diagnosis
 
 
@@ -123,11 +125,26 @@ class EngineRuntime:
     flags: FlagSet
     routes: RouteSet | None = None
     """The HTTP routes the engine serves per model task; None when not recorded."""
+    cache_dir: Path | None = None
+    """traylm's cache folder for this engine environment (compile caches, per model below it);
+    None leaves the engine's own default (tests that only build argv)."""
 
 
 RUN_DIR = "{run_dir}"
 """Placeholder in LaunchSpec.argv for the engine's run folder, where the supervisor writes
 LaunchSpec.files before it spawns the engine (adapters are pure and never touch the disk)."""
+
+
+@dataclass(frozen=True)
+class SleepRoutes:
+    """An engine's sleep-mode routes (vLLM with ``--enable-sleep-mode`` and
+    ``VLLM_SERVER_DEV_MODE=1``): POST ``sleep_path`` frees its GPU memory (weights to host RAM),
+    POST ``wake_path`` restores it, GET ``status_path`` says ``{"is_sleeping": bool}``. The
+    gateway never forwards them; only the daemon calls them on the engine's loopback port."""
+
+    sleep_path: str = "/sleep?level=1&mode=wait"
+    wake_path: str = "/wake_up"
+    status_path: str = "/is_sleeping"
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,18 @@ class LaunchSpec:
     files: Mapping[str, str] = field(default_factory=dict)
     """File name → text, written into the run folder (``RUN_DIR`` in argv) before spawning,
     e.g. TensorRT-LLM's --extra_llm_api_options YAML."""
+    phases: tuple[PhaseRule, ...] = ()
+    """The phases of a start in order, with the log lines that begin them (empty: the engine's
+    log is not read for progress)."""
+    links: Mapping[str, str] = field(default_factory=dict)
+    """Symlink path → target folder, made (when missing) before spawning: caches that every
+    model of one engine install shares, inside a per-model cache folder."""
+    warm_argv: tuple[str, ...] = ()
+    """A process that does this launch's slow imports ahead of time, then reads the launch's
+    whole argv from stdin (one JSON line: {"argv": [...]}) and runs it (engines/warm.py); empty
+    when the engine cannot start that way."""
+    sleep: SleepRoutes | None = None
+    """Set when the engine runs with sleep mode (it can free its GPU memory while idle)."""
 
 
 @dataclass(frozen=True)
@@ -208,12 +237,30 @@ class EngineAdapter(Protocol):
         """The diagnosis one (ANSI-stripped) log line means, if any."""
         ...
 
+    def memory_need(
+        self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
+    ) -> MemoryNeed:
+        """What the engine takes on each of its GPUs by its own memory rule
+        (engines/adapters/memory.py): ``total_bytes`` and ``free_bytes`` of one card,
+        ``weights_bytes`` of the whole model (None when unknown)."""
+        ...
+
+
+def weights_per_gpu(profile: Profile, weights_bytes: int | None) -> int | None:
+    """The weights one GPU holds: tensor and pipeline parallel split them."""
+    return None if weights_bytes is None else -(-weights_bytes // max(1, profile.world_size))
+
 
 def tp_env(profile: Profile) -> dict[str, str]:
     """Environment for the profile's GPUs: visible devices and, without P2P on GeForce,
     NCCL's peer-to-peer off (tensor parallel hangs otherwise)."""
     env: dict[str, str] = {}
     if profile.device != "cpu":
+        if profile.gpus_auto:
+            raise ConfigError(
+                f"profile {profile.name!r} has gpus = 'auto', which is placed when the model "
+                "loads: load it with `traylm load NAME` (or name the GPUs in the profile)"
+            )
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         if profile.world_size > 1 and not profile.p2p:

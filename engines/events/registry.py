@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engines.events import bench, chat, core, gpu, hub, remote, trt
+from engines.events import bench, chat, core, gpu, hub, models, remote, trt
 from engines.events.codec import Event, from_plain
 
-MODULES = (core, gpu, hub, trt, remote, chat, bench)
+MODULES = (core, gpu, hub, trt, remote, chat, bench, models)
 """The feature modules, in the order ``engines.events`` looks names up in them."""
 
 

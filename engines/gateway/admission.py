@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 
@@ -26,6 +27,9 @@ class Admission:
         self.queue_timeout_s = queue_timeout_s
         self.in_flight = 0
         self.waiting = 0
+        self.idle_since_s: float | None = None
+        """time.monotonic() when the last request ended with none left running or queued
+        (None: none has ended yet); idle unload reads it."""
         self._cond = asyncio.Condition()
 
     @contextlib.asynccontextmanager
@@ -61,4 +65,6 @@ class Admission:
     async def _release(self) -> None:
         async with self._cond:
             self.in_flight -= 1
+            if self.in_flight == 0 and self.waiting == 0:
+                self.idle_since_s = time.monotonic()
             self._cond.notify(1)

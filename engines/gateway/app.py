@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.connections import is_loopback
-from engines.gateway.proxy import REPLY_COMPLETE
+from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
 from engines.gateway.security import Guard, header_bytes
 from engines.gateway.service import GATEWAY, GatewayContext
@@ -53,6 +53,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             "internal error in the traylm gateway; see the daemon log",
             type_="server_error",
         )
+    if request.get(CLIENT_GONE):  # a write to the client failed: it went away
+        ctx.metrics.requests.inc(route=_route_label(request), status="499")
+        return resp
     if resp.status >= 400:
         ctx.metrics.errors.inc(status=str(resp.status))
     ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))

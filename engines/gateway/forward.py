@@ -1,15 +1,19 @@
 """One request, checked and relayed: the path every forwarded route takes after reading its
 body (OpenAI and Anthropic JSON routes, the Responses routes, multipart audio).
 
-pause → upstream for the model (``upstream_for``, the one call of ``GatewayContext.resolve``) →
-what the engine can serve (capabilities.py) → admission slot → ``relay`` → the engine's terse
-errors explained, in the API's shape. Remote fallbacks are relayed as they are.
+pause → upstream for the model (``upstream_for``, the one call of ``GatewayContext.resolve``;
+a model that is not loaded loads there, and a streaming client meanwhile gets SSE comments
+from ``ColdStream``) → Ollama's keep_alive → what the engine can serve (capabilities.py) →
+admission slot → ``relay`` → the engine's terse errors explained, in the API's shape. Remote
+fallbacks are relayed as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +27,7 @@ from engines.gateway.capabilities import (
     route_problem,
     tools_problem,
 )
+from engines.gateway.loading import ColdStream
 from engines.gateway.proxy import ReplySink, Upstream, relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
@@ -42,13 +47,16 @@ class Outbound:
     payload: Mapping[str, Any] = field(default_factory=dict)
     """The parsed JSON body (empty for multipart)."""
     content_type: str = "application/json"
+    keep_alive_s: float | None = None
+    """Ollama's ``keep_alive`` the request carried (already taken out of ``body``)."""
 
 
 async def upstream_for(
-    ctx: GatewayContext, model: str
+    ctx: GatewayContext, model: str, progress: ColdStream | None = None
 ) -> tuple[Upstream, Admission] | web.Response:
-    """The upstream for ``model`` or the error to answer with: every route asks here."""
-    return ctx.resolve(model)
+    """The upstream for ``model`` or the error to answer with: every route asks here. A model
+    that is not loaded loads first; ``progress`` then keeps a streaming client informed."""
+    return await ctx.resolve(model, progress=progress)
 
 
 def engine_of(ctx: GatewayContext, upstream: Upstream) -> ManagedEngine | None:
@@ -80,23 +88,29 @@ async def dispatch(
             type_="paused",
             headers={"Retry-After": str(ctx.pause.retry_after_s)},
         )
-    target = await upstream_for(ctx, out.model)
+    cold = ColdStream(request) if out.payload.get("stream") is True else None
+    target = await upstream_for(ctx, out.model, cold)
     if isinstance(target, web.Response):
         ctx.log_refused(path, out.model, target.status)
-        return shaped(request, target)
+        return await _refuse(request, cold, shaped(request, target))
     upstream, admission = target
+    if out.keep_alive_s is not None:
+        ctx.routing.keep_alive(upstream, out.keep_alive_s)
+    if upstream.model_name is not None and upstream.model_name != out.model and out.payload:
+        renamed = json.dumps({**out.payload, "model": upstream.model_name}).encode()
+        out = dataclasses.replace(out, body=renamed)  # an attached server's own model id
     engine = engine_of(ctx, upstream)
     caps = await ctx.capabilities.of(engine) if engine is not None else None
     if caps is not None:
         problem = _problem(caps, request, route, out)
         if problem is not None:
             ctx.log_refused(path, out.model, problem.status, upstream.name)
-            return problem
+            return await _refuse(request, cold, problem)
     tap = await ctx.chat_reply(request, out.model)
     if isinstance(tap, web.Response):
-        return tap
+        return await _refuse(request, cold, tap)
     seen = functools.partial(on_reply, upstream.name) if on_reply and engine else None
-    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, tap)
+    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, tap, cold)
     if resp.prepared or not isinstance(resp, web.Response):
         return resp
     if resp.status < 400:
@@ -107,6 +121,15 @@ async def dispatch(
         caps, resp, method=request.method, route=route, path=path, model=out.model
     )
     return shaped(request, resp)
+
+
+async def _refuse(
+    request: web.Request, cold: ColdStream | None, error: web.Response
+) -> web.StreamResponse:
+    """The error, or, when a cold start already began the stream, its error event."""
+    if cold is not None and cold.response is not None:
+        return await cold.fail(error)
+    return error
 
 
 def _problem(
@@ -129,6 +152,7 @@ async def _relay_in_slot(
     out: Outbound,
     on_reply: Callable[[bytes], None] | None,
     tap: ReplySink | None,
+    cold: ColdStream | None,
 ) -> web.StreamResponse:
     g = ctx.settings.gateway
 
@@ -147,6 +171,7 @@ async def _relay_in_slot(
             on_first_events=on_reply if target is upstream else None,
             flow=flow,
             tap=tap if target is upstream else None,
+            prepared=cold.response if cold is not None else None,
         )
 
     try:
@@ -162,13 +187,14 @@ async def _relay_in_slot(
         if fallback is not None:
             return await to(fallback)
         ctx.log_refused(request.path, out.model, 429, upstream.name)
-        return api_error(
+        refused = api_error(
             request.path,
             429,
             f"too many requests for {out.model}: {exc.reason}; retry later",
             type_="rate_limit_exceeded",
             headers={"Retry-After": str(g.retry_after_s)},
         )
+        return await _refuse(request, cold, refused)
 
 
 def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow:

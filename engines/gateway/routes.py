@@ -10,11 +10,13 @@ engine's capabilities whether it serves the route at all.
 from __future__ import annotations
 
 import asyncio
-import time
+import json
 from typing import Any
 
 from aiohttp import web
 
+from engines.config import parse_duration
+from engines.errors import ConfigError
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
@@ -52,25 +54,35 @@ OPEN_ROUTES = frozenset({"/health"})
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": _model_list(request.app[GATEWAY])})
+    return web.json_response({"object": "list", "data": await _model_list(request.app[GATEWAY])})
 
 
-def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
+async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
+    """Every servable model (loaded or not) with traylm's extras: ``status`` (loaded |
+    loading | unloaded) and ``gpus`` (where it is, or would go now)."""
     data = []
-    for name, engine in ctx.routing.served_models():
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": int(engine.ready_at_s or time.time()),
-                "owned_by": "traylm",
-                "traylm": {
-                    "engine_id": engine.engine_id,
-                    "engine": engine.profile.engine,
-                    "device": engine.runtime.device,
-                },
-            }
-        )
+    models = await ctx.routing.listing()
+    for m in models:
+        extras = {
+            "engine_id": m.engine_id,
+            "engine": m.engine,
+            "kind": m.kind,
+            "state": m.state,
+            "external": m.external,
+            "gpus_planned": m.gpus_planned,
+        }
+        for name in (m.name, *m.aliases):
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "traylm",
+                    "status": str(m.status),
+                    "gpus": list(m.gpus),
+                    "traylm": extras,
+                }
+            )
     return data
 
 
@@ -78,10 +90,11 @@ async def retrieve_model(request: web.Request) -> web.Response:
     """GET /v1/models/{model_id}: the openai SDK's ``models.retrieve``."""
     ctx = request.app[GATEWAY]
     model_id = request.match_info["model_id"]
-    for item in _model_list(ctx):
+    items = await _model_list(ctx)
+    for item in items:
         if item["id"] == model_id:
             return web.json_response(item)
-    served = ", ".join(sorted({name for name, _ in ctx.routing.served_models()})) or "none"
+    served = ", ".join(sorted({str(item["id"]) for item in items})) or "none"
     return openai_error(
         404,
         f"the model {model_id!r} is not served; served models: {served}",
@@ -114,8 +127,15 @@ async def forward_json(request: web.Request) -> web.StreamResponse:
         invalid = check_openai(payload, g)
     if invalid:
         return api_error(path, 400, invalid[1], param=invalid[0])
+    keep_alive = None
+    if "keep_alive" in payload:  # Ollama's field: how long the model stays loaded after this
+        try:
+            keep_alive = parse_duration(payload.pop("keep_alive"), what="keep_alive")
+        except ConfigError as exc:
+            return api_error(path, 400, exc.message, param="keep_alive")
+        body = json.dumps(payload).encode()  # the engines do not know it
     on_reply = ctx.responses.record if path == RESPONSES_ROUTE else None
-    out = Outbound(body, payload["model"], payload)
+    out = Outbound(body, payload["model"], payload, keep_alive_s=keep_alive)
     return await dispatch(request, out, on_reply=on_reply)
 
 

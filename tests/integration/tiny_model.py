@@ -28,7 +28,17 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(out: Path, *, layers: int, kv_heads: int, max_len: int, vocab: int) -> None:
+def build(
+    out: Path,
+    *,
+    layers: int,
+    kv_heads: int,
+    max_len: int,
+    vocab: int,
+    hidden: int = 128,
+    heads: int = 2,
+    intermediate: int = 256,
+) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -59,10 +69,10 @@ def build(out: Path, *, layers: int, kv_heads: int, max_len: int, vocab: int) ->
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=2,
+        num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=64,
         max_position_embeddings=max_len,
@@ -92,9 +102,20 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=1)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=500)
+    # a larger (still small) shape, for benchmarks that need real matrix work: head_dim stays 64
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=256)
     args = ap.parse_args()
     build(
-        args.out, layers=args.layers, kv_heads=args.kv_heads, max_len=args.max_len, vocab=args.vocab
+        args.out,
+        layers=args.layers,
+        kv_heads=args.kv_heads,
+        max_len=args.max_len,
+        vocab=args.vocab,
+        hidden=args.hidden,
+        heads=args.heads,
+        intermediate=args.intermediate,
     )
 
 

@@ -50,7 +50,8 @@ def test_registry_has_vllm() -> None:
 
 def test_always_loopback_and_given_port() -> None:
     argv, env = launch(profile())
-    assert argv[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[:2] == ["/env/bin/python", "-c"]
+    assert "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__')" in argv[2]
     assert flag_value(argv, "--host") == "127.0.0.1"
     assert flag_value(argv, "--port") == "41234"
     assert flag_value(argv, "--model") == "org/model"

@@ -38,19 +38,18 @@ def launch(version: str) -> list[str]:
 @pytest.mark.parametrize("version", ["0.33.0", "0.33.0rc1", "0.34.2"])
 def test_from_0_33_the_cli_serve_entry_takes_the_model_as_its_argument(version: str) -> None:
     argv = launch(version)
-    assert argv[:5] == ["/env/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "org/model"]
+    # run from -c code (vllm_start.api_server_command): the same module as `-m` would run
+    assert argv[:2] == ["/env/bin/python", "-c"]
+    assert "run_module('vllm.entrypoints.cli.main', run_name='__main__')" in argv[2]
+    assert argv[3:5] == ["serve", "org/model"]
     assert "--model" not in argv  # `vllm serve --model` is deprecated too
 
 
 def test_before_0_33_the_module_entry_takes_model_as_a_flag() -> None:
     argv = launch("0.32.0")
-    assert argv[:5] == [
-        "/env/bin/python",
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        "org/model",
-    ]
+    assert argv[:2] == ["/env/bin/python", "-c"]
+    assert "run_module('vllm.entrypoints.openai.api_server', run_name='__main__')" in argv[2]
+    assert argv[3:5] == ["--model", "org/model"]
 
 
 async def test_a_0_33_env_is_served_through_its_cli_entry(daemon_factory, paths) -> None:  # type: ignore[no-untyped-def]
@@ -64,7 +63,8 @@ async def test_a_0_33_env_is_served_through_its_cli_entry(daemon_factory, paths)
     argv = shlex.split(
         [ln for ln in log.splitlines() if ln.startswith("===== argv: ")][-1].split(": ", 1)[1]
     )
-    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/new"]
+    assert argv[1] == "-c" and "run_module('vllm.entrypoints.cli.main'" in argv[2]
+    assert argv[3:5] == ["serve", "org/new"]
     body = {"model": "new", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     async with (
         aiohttp.ClientSession() as http,

@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
+import socket
+import struct
 import time
 import urllib.request
 from collections.abc import Callable
 
 import aiohttp
 import openai
+import pytest
 
 from engines.events import EngineState
 from engines.procs import free_loopback_port
@@ -169,3 +173,54 @@ async def test_a_stopped_engine_tells_a_waiting_non_streamed_request(
         data = await r.json()
     assert r.status == 503
     assert "engine fake was stopped" in data["error"]["message"]
+
+
+async def _reset_mid_stream(d: RunningDaemon, read_bytes: int) -> None:
+    """A client that reads ``read_bytes`` of a fast stream and then resets its connection
+    (RST: SO_LINGER 0), so that the relay's next writes to it fail."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
+    body = json.dumps(
+        {"model": "fake", "messages": [], "max_tokens": 1_000_000, "stream": True}
+    ).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    await writer.drain()
+    await reader.readexactly(read_bytes)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def test_clients_that_go_away_mid_stream_are_not_the_engines_fault(
+    daemon_factory: DaemonFactory, fake_env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Clients reset their connections while the relay writes a fast stream to them (aiohttp
+    then raises "Cannot write to closing transport", a ClientConnectionError, before it cancels
+    the handler): every request counts as 499 (client closed request) and its engine request
+    is aborted; none is a 502 or logged as the engine breaking off, and the engine is left
+    alone."""
+    caplog.set_level(logging.INFO, logger="engines")
+    clients = 12
+    d: RunningDaemon = await daemon_factory(fast_settings(free_loopback_port()))
+    await start_fake(d, args="--chunk-bytes 8192")
+    engine = d.daemon.engine("fake")
+    leader = engine.pid
+    for _ in range(clients):
+        await _reset_mid_stream(d, 256 * 1024)
+    await wait_until(lambda: fake_stats(d)["aborted"] >= clients, "the engine requests to end")
+    metrics = d.daemon.ctx.metrics
+    route = (("route", "/v1/chat/completions"),)
+
+    def counted(status: str) -> float:
+        return metrics.requests.values.get((*route, ("status", status)), 0.0)
+
+    await wait_until(lambda: counted("499") + counted("200") >= clients, "the requests to end")
+    assert counted("499") == clients, metrics.requests.values
+    assert not metrics.errors.values, metrics.errors.values
+    assert not [r for r in caplog.records if "broke off" in r.getMessage()]
+    assert engine.state == EngineState.READY and engine.pid == leader

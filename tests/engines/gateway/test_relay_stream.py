@@ -5,6 +5,7 @@ bytes unchanged, and the token counts taken from the engine's usage (not the chu
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -182,3 +183,42 @@ async def test_usage_of_the_messages_and_responses_streams_is_counted(
             ):
                 assert await resp.read() == stream
     assert records == [(200, *counts)]
+
+
+async def test_a_client_that_goes_away_is_not_an_engine_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client closes its connection mid-stream while the relay's handler runs on (aiohttp
+    cancels it only with handler_cancellation), so the next write to it raises "Cannot write to
+    closing transport", a ClientConnectionError like the engine's own failures: the request is
+    recorded as 499 (client closed request) and the engine's response is closed (its next
+    write fails: the engine aborts the request); no 502 is counted and nothing says the engine
+    broke off the stream."""
+    caplog.set_level(logging.INFO, logger="engines")
+    engine_gone = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(TOKEN)
+                await asyncio.sleep(0.01)  # a token now and then; asserts no timing
+        except ConnectionError:
+            engine_gone.set()
+        return resp
+
+    upstream = web.Application()
+    upstream.router.add_post("/v1/chat/completions", endless)
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream):
+        app, registry = gateway_app(up, records)
+        async for gw in serve(app):
+            async with aiohttp.ClientSession() as http:
+                resp = await http.post(gw + "/v1/chat/completions", json={"stream": True})
+                await resp.content.readuntil(b"\n\n")
+                resp.close()  # the client goes away mid-stream
+                await asyncio.wait_for(engine_gone.wait(), 30)
+    assert records == [(499, None, None)]
+    assert "traylm_errors_total{" not in registry.render()
+    assert not [r for r in caplog.records if "broke off" in r.getMessage()]

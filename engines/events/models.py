@@ -1,0 +1,145 @@
+"""Models on demand (engines/ondemand/): the servable catalog, loaded models (`traylm ps`),
+placements, attached servers, and their events.
+
+``status`` is the three-word answer every client can show (loaded | loading | unloaded);
+``state`` is the finer one (stopped, starting, ready, sleeping, stopping, failed, and for an
+attached server ready | unreachable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import ClassVar
+
+from engines.events.codec import Event
+
+
+class ModelStatus(enum.StrEnum):
+    LOADED = "loaded"
+    LOADING = "loading"
+    UNLOADED = "unloaded"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServableModel:
+    """One model a request may name at :8000 (a profile, a library model, an attached server)."""
+
+    name: str
+    """The name clients send (listed in /v1/models)."""
+    aliases: tuple[str, ...]
+    """More names listed in /v1/models for it (a profile's aliases, a server's model ids)."""
+    names: tuple[str, ...]
+    """Every name that routes here: ``name``, the aliases, the repo id, the profile name."""
+    kind: str  # profile | library | attached
+    engine_id: str
+    engine: str  # vllm | trtllm | sglang | external
+    model: str  # repo id, local folder, or the attached server's URL
+    status: ModelStatus
+    state: str
+    gpus: tuple[int, ...]
+    """CUDA indices it is on (loaded) or would go to now (``gpus_planned``)."""
+    gpus_planned: bool = False
+    external: bool = False
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """One row of `traylm ps`: a model that holds (or is taking) resources now."""
+
+    name: str
+    engine_id: str
+    engine: str
+    state: str
+    origin: str  # jit (a request) | load (traylm load) | start (traylm start) | attached
+    gpus: tuple[int, ...]
+    vram_bytes: int
+    """Booked on its GPUs together, by the engine's memory rule (asleep: what sleep keeps)."""
+    in_flight: int
+    waiting: int
+    idle_for_s: float | None
+    """Seconds since its last request ended; None while requests run (or never served)."""
+    unloads_in_s: float | None
+    """Seconds until the idle unload; None: not while busy, pinned, or never."""
+    ttl_s: float
+    """Idle TTL in force (0: never)."""
+    pinned: bool
+    external: bool = False
+    url: str = ""
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Eviction:
+    """A model the planner frees memory from: ``sleep`` (vLLM sleep mode) or ``stop``."""
+
+    engine_id: str
+    action: str
+    frees_bytes: int
+    gpus: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the planner puts a model now, or exactly why it cannot."""
+
+    model: str
+    fits: bool
+    gpus: tuple[int, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    need_bytes_per_gpu: int = 0
+    free_bytes_per_gpu: tuple[int, ...] = ()
+    """Free (for traylm) on each chosen GPU before the evictions."""
+    reason: str = ""
+    retry_later: bool = False
+    """Only busy models stand in the way: it may fit once their requests finish."""
+    on_cpu: bool = False
+    """The engine runs on the CPU: no GPU placement."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttachedServer:
+    """An OpenAI-compatible server traylm did not start: routed, health-checked, never started
+    or stopped by traylm. The key is read from ``key_env`` and never stored."""
+
+    name: str
+    url: str
+    key_env: str
+    state: str  # ready | unreachable
+    models: tuple[str, ...]
+    detail: str = ""
+    checked_at_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelStateChanged(Event):
+    """A servable model was loaded, unloaded, put to sleep, woken, or failed to load."""
+
+    kind: ClassVar[str] = "model.state"
+    name: str
+    engine_id: str
+    status: ModelStatus
+    state: str
+    gpus: tuple[int, ...] = ()
+    reason: str = ""
+    """asked | request | idle | keep_alive | evicted | failed | crashed | attached"""
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelLoading(Event):
+    """A load in progress (at each phase change and every few seconds)."""
+
+    kind: ClassVar[str] = "model.loading"
+    name: str
+    engine_id: str
+    phase: str
+    elapsed_s: float
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttachedChanged(Event):
+    kind: ClassVar[str] = "attached.state"
+    server: AttachedServer

@@ -1,0 +1,304 @@
+"""The servable catalog: every model a request may name at :8000 without it being loaded.
+
+Sources plug in (``Source``): the profiles, the verified models of the hub library, the attached
+servers, and whatever comes next (registered local folders) with the same two members. Each
+source is read in a worker thread; the catalog keeps a name index that the gateway reads with
+one dict lookup.
+
+Names and precedence. Each entry claims names at one of three levels:
+
+1. explicit names: a profile's ``served_name`` and ``aliases``, an attached server's name;
+2. profile names (the engine id: ``traylm load PROFILE``);
+3. implicit names: repo ids (a profile's model, a library model), a library model's short
+   name, the model ids an attached server reports.
+
+A name goes to the entry that claims it at the lowest level (an alias beats a repo id, and the
+shadowed claim is listed in ``notes``). Two entries claiming one name at the same level make the
+name ambiguous: it routes nowhere and a request for it gets a 409 that names both and the fix.
+A library model that a profile already runs is not listed twice: the profile is its entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from engines.config import Profile, ProfileStore, profile_from_mapping
+from engines.errors import ConfigError
+from engines.events.hub import LocalModel, ModelDetails
+from engines.hub.names import repo_id_from_cache_folder
+from engines.hub.search import Listing, details_from
+from engines.hub.selection import RepoEntry
+from engines.hub.shape import parse_config
+
+log = logging.getLogger(__name__)
+
+EXPLICIT, PROFILE_NAME, IMPLICIT = 1, 2, 3
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One servable model."""
+
+    name: str
+    """The name /v1/models lists first (a profile's served name, a library repo id)."""
+    kind: str  # profile | library | attached | (a new source's kind)
+    engine_id: str
+    claims: tuple[tuple[str, int], ...]
+    """(name, level) for every name it answers to (see the module docstring)."""
+    listed: tuple[str, ...] = ()
+    """More names /v1/models lists for it (aliases)."""
+    profile: Profile | None = None
+    """How to run it (None for an attached server)."""
+    repo_id: str | None = None
+    weights_bytes: int | None = None
+    details: ModelDetails | None = None
+    """The model's shape, for the fit estimate that picks 1 or 2 GPUs (library models)."""
+    url: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for name, _ in self.claims))
+
+
+class Source(Protocol):
+    """A kind of servable model. ``entries`` runs in a worker thread (it may read files)."""
+
+    kind: str
+
+    def entries(self) -> list[Entry]: ...
+
+
+@dataclass
+class Index:
+    by_name: dict[str, Entry] = field(default_factory=dict)
+    ambiguous: dict[str, str] = field(default_factory=dict)
+    """name → why it routes nowhere (and how to fix it)."""
+    notes: list[str] = field(default_factory=list)
+    """Names resolved by precedence, said once (they are shown in `traylm models ls`)."""
+    entries: list[Entry] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+
+
+def build_index(entries: Sequence[Entry], broken: Sequence[str] = ()) -> Index:
+    """The name index with the precedence rules of the module docstring."""
+    claims: dict[str, dict[int, list[Entry]]] = {}
+    for entry in entries:
+        for name, level in entry.claims:
+            holders = claims.setdefault(name, {}).setdefault(level, [])
+            if entry not in holders:
+                holders.append(entry)
+    index = Index(entries=list(entries), broken=list(broken))
+    for name, levels in claims.items():
+        top = min(levels)
+        winners = levels[top]
+        if len(winners) > 1:
+            index.ambiguous[name] = _ambiguity(name, top, winners)
+            continue
+        index.by_name[name] = winners[0]
+        shadowed = [e for lv, es in levels.items() if lv > top for e in es if e is not winners[0]]
+        if shadowed:
+            others = ", ".join(f"{e.kind} {e.engine_id}" for e in shadowed)
+            index.notes.append(
+                f"{name!r} goes to {winners[0].kind} {winners[0].engine_id} (an explicit name "
+                f"wins over a profile name, which wins over a repo id), not to {others}"
+            )
+    return index
+
+
+def _ambiguity(name: str, level: int, winners: Sequence[Entry]) -> str:
+    who = " and ".join(f"{e.kind} {e.engine_id!r}" for e in winners)
+    if level == EXPLICIT:
+        return (
+            f"{name!r} is a served name or alias of both {who}; give one of them another "
+            "served_name or alias (or detach the server), then ask again"
+        )
+    choices = ", ".join(e.name for e in winners)
+    return f"{name!r} could mean {who}; ask for one of them by its name: {choices}"
+
+
+class Catalog:
+    """The entries of every source and the name index (no I/O until ``refresh``)."""
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        self._sources = list(sources)
+        self.index = Index()
+        self._refreshing: asyncio.Future[None] | None = None
+        self._started_s = -1.0
+
+    def find(self, name: str) -> Entry | None:
+        return self.index.by_name.get(name)
+
+    async def refresh(self) -> None:
+        """Re-read every source (concurrent callers share one read)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._start_read()
+        assert self._refreshing is not None
+        await asyncio.shield(self._refreshing)
+
+    async def refresh_fresh(self) -> None:
+        """Wait for a read that began after this call (a profile written a moment ago is
+        found); callers arriving together share it. For a name the index does not know, and
+        for the model list."""
+        asked = time.monotonic()
+        while self._started_s < asked:
+            if self._refreshing is not None and not self._refreshing.done():
+                await asyncio.shield(self._refreshing)
+            else:
+                self._start_read()
+        assert self._refreshing is not None
+        await asyncio.shield(self._refreshing)
+
+    def _start_read(self) -> None:
+        self._started_s = time.monotonic()
+        self._refreshing = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        entries, broken = await asyncio.to_thread(self._collect)
+        self.index = build_index(entries, broken)
+
+    def _collect(self) -> tuple[list[Entry], list[str]]:
+        found: list[Entry] = []
+        broken: list[str] = []
+        for source in self._sources:
+            try:
+                found.extend(source.entries())
+            except (OSError, ConfigError) as exc:  # one bad source must not hide the rest
+                log.warning("catalog source %s failed: %s", source.kind, exc)
+                broken.append(f"{source.kind}: {exc}")
+        run_by_profile = {e.repo_id for e in found if e.kind == "profile" and e.repo_id}
+        kept = [e for e in found if not (e.kind == "library" and e.repo_id in run_by_profile)]
+        return kept, broken
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class ProfileSource:
+    """Every loadable profile (presets and the user's)."""
+
+    kind = "profile"
+
+    def __init__(self, profiles: ProfileStore, weights: Callable[[str], int | None]) -> None:
+        """``weights``: repo id → its weights' size when the library has it (else None)."""
+        self._profiles = profiles
+        self._weights = weights
+
+    def entries(self) -> list[Entry]:
+        good, broken = self._profiles.load_all()
+        for problem in broken:
+            log.info("profile not servable: %s", problem)
+        return [self._entry(p) for p in good]
+
+    def _entry(self, p: Profile) -> Entry:
+        repo = repo_of(p.model)
+        claims = [(p.effective_served_name, EXPLICIT), *((a, EXPLICIT) for a in p.aliases)]
+        claims.append((p.name, PROFILE_NAME))
+        if repo:
+            claims.append((repo, IMPLICIT))
+        return Entry(
+            name=p.effective_served_name,
+            kind=self.kind,
+            engine_id=p.name,
+            claims=tuple(claims),
+            listed=p.aliases,
+            profile=p,
+            repo_id=repo,
+            weights_bytes=self._weights(repo) if repo else None,
+        )
+
+
+class LibrarySource:
+    """The verified models of the hub library, each runnable without a profile: vLLM (or the
+    first engine that can run it), ``gpus = "auto"``, from its snapshot folder (no network)."""
+
+    kind = "library"
+
+    def __init__(self, models: Callable[[], list[LocalModel]], taken: Callable[[], set[str]]):
+        """``models``: the library (blocking); ``taken``: engine ids in use by profiles."""
+        self._models = models
+        self._taken = taken
+
+    def entries(self) -> list[Entry]:
+        taken = set(self._taken())
+        newest: dict[str, LocalModel] = {}
+        for m in self._models():
+            if m.verified != "verified" or not m.engines:
+                continue
+            if m.repo_id not in newest or m.last_modified_s > newest[m.repo_id].last_modified_s:
+                newest[m.repo_id] = m
+        out = []
+        for repo, m in sorted(newest.items()):
+            engine_id = _engine_id(repo, taken)
+            taken.add(engine_id)
+            out.append(self._entry(m, engine_id))
+        return out
+
+    def _entry(self, m: LocalModel, engine_id: str) -> Entry:
+        short = m.repo_id.rsplit("/", 1)[-1]
+        fields: dict[str, Any] = {
+            "engine": m.engines[0],
+            "model": m.snapshot_path,
+            "served_name": m.repo_id,
+            "aliases": [short],
+            "gpus": "auto",
+            "description": f"library model {m.repo_id}",
+            "trust_remote_code": m.needs_remote_code and m.trust_remote_code,
+        }
+        profile = profile_from_mapping(engine_id, fields, f"library model {m.repo_id}")
+        details = details_from_snapshot(m)
+        return Entry(
+            name=m.repo_id,
+            kind=self.kind,
+            engine_id=engine_id,
+            claims=((m.repo_id, IMPLICIT), (short, IMPLICIT), (engine_id, PROFILE_NAME)),
+            profile=profile,
+            repo_id=m.repo_id,
+            weights_bytes=details.weights_bytes if details else m.size_bytes,
+            details=details,
+        )
+
+
+def _engine_id(repo_id: str, taken: set[str]) -> str:
+    base = _UNSAFE.sub("-", repo_id.rsplit("/", 1)[-1])[:56].lstrip(".-_") or "model"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    return name
+
+
+def repo_of(model: str) -> str | None:
+    """The repo id a profile's model names: ``org/name`` itself, or a snapshot folder inside
+    the Hugging Face cache; None for any other folder."""
+    if "/models--" in model:
+        return repo_id_from_cache_folder("models--" + model.split("/models--", 1)[1].split("/")[0])
+    if model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        return None
+    return model
+
+
+def details_from_snapshot(m: LocalModel) -> ModelDetails | None:
+    """The model's shape from its snapshot's config.json and its files' sizes (what the hub's
+    details give from the Hub's metadata; here nothing leaves the machine)."""
+    folder = Path(m.snapshot_path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        files = tuple(
+            RepoEntry(f.relative_to(folder).as_posix(), f.stat().st_size, "", None)
+            for f in sorted(folder.rglob("*"))
+            if f.is_file()
+        )
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    listing = Listing(m.repo_id, m.commit_sha, m.commit_sha, files, "", False, "", {})
+    return details_from(listing, parse_config(config))

@@ -1,0 +1,153 @@
+"""The planner's picture of the machine now: the cards (from the GPU inventory and the
+sampler's latest snapshots) and the traylm models on them (from the engines and what each was
+booked for when it loaded).
+
+Memory held by other programs is what NVML reports used on a card minus what traylm's own
+engine processes hold (the sampler marks them in each snapshot's process list). A ready engine
+whose processes the (slower) process list does not show yet is subtracted by its booking, so a
+fresh engine is not counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from engines.adapters import adapter_for
+from engines.adapters.memory import GIB, MemoryNeed
+from engines.events.core import EngineState
+from engines.events.gpu import GPUInfo, GPUSnapshot
+from engines.gpu.backend import cuda_order
+from engines.ondemand.planner import Card, Resident
+from engines.supervisor import ManagedEngine
+
+HOLDING = frozenset(
+    {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
+)
+"""Engine states in which an engine holds (or is taking) GPU memory."""
+
+Activity = Callable[[str], tuple[int, int, float | None]]
+"""engine id → (in flight, queued, monotonic time idle since or None): GatewayContext.activity."""
+
+
+@dataclass(frozen=True)
+class Booking:
+    """What the planner booked for an engine when it loaded."""
+
+    hold_bytes: int  # per GPU
+    weights_bytes: int | None
+    loaded_at_s: float  # monotonic
+
+
+def cards(
+    infos: Sequence[GPUInfo],
+    snapshots: Iterable[GPUSnapshot],
+    engines: Iterable[ManagedEngine],
+    bookings: Mapping[str, Booking],
+    reserved: Sequence[int],
+) -> list[Card]:
+    """Each GPU in CUDA order with what other programs hold on it."""
+    latest = {s.uuid: s for s in snapshots}
+    running = [e for e in engines if e.state in HOLDING]
+    out = []
+    for index, info in enumerate(cuda_order(infos)):
+        total = info.memory_total_bytes or 0
+        snap = latest.get(info.uuid)
+        other, names = _other(snap, index, total, running, bookings)
+        out.append(Card(index, info.name, total, other, names, index in reserved))
+    return out
+
+
+def residents(
+    engines: Iterable[ManagedEngine],
+    bookings: Mapping[str, Booking],
+    cards: Sequence[Card],
+    activity: Activity,
+    pinned: Collection[str],
+    host_bytes: Callable[[ManagedEngine], int],
+) -> list[Resident]:
+    """The traylm models on the cards: busy when requests run or queue, or while they start
+    or stop."""
+    total = max((c.total_bytes for c in cards), default=0)
+    out = []
+    for e in engines:
+        gpus = tuple(i for i in e.profile.gpus if i < len(cards))
+        if e.state not in HOLDING or not gpus:
+            continue
+        booking = bookings.get(e.engine_id)
+        in_flight, waiting, idle_since = activity(e.engine_id)
+        need = _need(e, booking, total, total)
+        busy = bool(in_flight or waiting) or e.state in (EngineState.STARTING, EngineState.STOPPING)
+        loaded_at = booking.loaded_at_s if booking else 0.0
+        residual = need.sleep_residual_bytes
+        hold = hold_of(e, bookings, total, total)
+        out.append(
+            Resident(
+                e.engine_id,
+                gpus,
+                hold,
+                busy,
+                e.engine_id in pinned,
+                max(idle_since or 0.0, loaded_at),
+                e.state == EngineState.SLEEPING,
+                hold - residual if residual is not None and e.can_sleep else None,
+                host_bytes(e),
+            )
+        )
+    return out
+
+
+def _other(
+    snap: GPUSnapshot | None,
+    index: int,
+    total: int,
+    running: Sequence[ManagedEngine],
+    bookings: Mapping[str, Booking],
+) -> tuple[int, tuple[str, ...]]:
+    if snap is None or snap.memory_used_bytes is None:
+        return 0, ()
+    procs = snap.processes or ()
+    ours = {p.engine_id for p in procs if p.engine_id}
+    listed = sum(p.used_memory_bytes or 0 for p in procs if p.engine_id)
+    unlisted = sum(
+        hold_of(e, bookings, total, total)
+        for e in running
+        if index in e.profile.gpus
+        and e.engine_id not in ours
+        and e.state in (EngineState.READY, EngineState.SLEEPING)
+    )
+    foreign = sorted(
+        (p for p in procs if not p.engine_id and (p.used_memory_bytes or 0) > 0),
+        key=lambda p: -(p.used_memory_bytes or 0),
+    )
+    names = tuple(
+        f"pid {p.pid}{f' ({p.name})' if p.name else ''} {(p.used_memory_bytes or 0) / GIB:.1f} GiB"
+        for p in foreign[:3]
+    )
+    return max(0, snap.memory_used_bytes - listed - unlisted), names
+
+
+def hold_of(
+    engine: ManagedEngine, bookings: Mapping[str, Booking], total_bytes: int, free_bytes: int
+) -> int:
+    """Per GPU: the booking (or the engine's rule when traylm did not book it); asleep: what
+    sleep mode keeps."""
+    booking = bookings.get(engine.engine_id)
+    if engine.state == EngineState.SLEEPING:
+        residual = _need(engine, booking, total_bytes, free_bytes).sleep_residual_bytes
+        if residual is not None:
+            return residual
+    if booking is not None:
+        return booking.hold_bytes
+    return _need(engine, booking, total_bytes, free_bytes).hold_bytes
+
+
+def _need(
+    engine: ManagedEngine, booking: Booking | None, total_bytes: int, free_bytes: int
+) -> MemoryNeed:
+    return adapter_for(engine.profile.engine).memory_need(
+        engine.profile,
+        total_bytes=total_bytes,
+        free_bytes=free_bytes,
+        weights_bytes=booking.weights_bytes if booking else None,
+    )

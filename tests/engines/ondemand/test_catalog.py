@@ -1,0 +1,140 @@
+"""The servable catalog: names and their precedence (an explicit name beats a profile name,
+which beats a repo id), ambiguous names refused with the fix, library models servable by repo
+id and short name (FAKE Hub download, FAKE engine), and the catalog's pluggable sources."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from engines.config import ProfileStore, write_toml_atomic
+from engines.events import DownloadState
+from engines.ondemand.catalog import Catalog, Entry, ProfileSource, build_index
+from tests.conftest import DaemonFactory, RunningDaemon
+from tests.engines.hub.conftest import hub_settings, wait_download
+from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
+from tests.fakes.hub_server import FakeHub
+
+REPO = "traylm-test/tiny-llama"
+
+
+def store(tmp_path: Path, **profiles: dict[str, object]) -> ProfileStore:
+    presets = tmp_path / "presets"
+    presets.mkdir(exist_ok=True)
+    for name, fields in profiles.items():
+        write_toml_atomic(tmp_path / "profiles" / f"{name}.toml", fields)
+    return ProfileStore(tmp_path / "profiles", presets)
+
+
+def index_of(tmp_path: Path, **profiles: dict[str, object]):
+    return build_index(ProfileSource(store(tmp_path, **profiles), lambda repo: None).entries())
+
+
+def test_an_alias_wins_over_a_repo_id_and_the_choice_is_said(tmp_path: Path) -> None:
+    index = index_of(
+        tmp_path,
+        fast={"model": "org/small", "served_name": "fast", "aliases": ["org/big"]},
+        big={"model": "org/big", "served_name": "big"},
+    )
+    assert index.by_name["org/big"].engine_id == "fast"
+    assert (
+        index.by_name["big"].engine_id == "big" and index.by_name["org/small"].engine_id == "fast"
+    )
+    [note] = index.notes
+    assert "'org/big' goes to profile fast" in note and "not to profile big" in note
+
+
+def test_a_name_claimed_twice_at_one_level_is_ambiguous_with_the_fix(tmp_path: Path) -> None:
+    index = index_of(
+        tmp_path,
+        one={"model": "org/m", "served_name": "chat"},
+        two={"model": "org/m", "served_name": "chat2", "aliases": ["chat"]},
+    )
+    assert "chat" not in index.by_name and "org/m" not in index.by_name
+    assert "give one of them another served_name or alias" in index.ambiguous["chat"]
+    assert "ask for one of them by its name: chat, chat2" in index.ambiguous["org/m"]
+    assert index.by_name["one"].engine_id == "one"  # profile names still route
+
+
+async def test_sources_plug_in_and_a_broken_one_does_not_hide_the_rest(tmp_path: Path) -> None:
+    class Folders:
+        kind = "folder"
+
+        def entries(self) -> list[Entry]:
+            return [Entry("mine", self.kind, "mine", (("mine", 1),))]
+
+    class Broken:
+        kind = "broken"
+
+        def entries(self) -> list[Entry]:
+            raise OSError("disk gone")
+
+    catalog = Catalog(
+        [ProfileSource(store(tmp_path, p={"model": "org/p"}), lambda r: None), Folders(), Broken()]
+    )
+    await catalog.refresh()
+    assert catalog.find("mine") is not None and catalog.find("p") is not None
+    assert catalog.index.broken == ["broken: disk gone"]
+
+
+async def test_an_ambiguous_request_gets_409_naming_both(od: RunningDaemon) -> None:
+    fake_profile(od, "x1", aliases=["shared"])
+    fake_profile(od, "x2", aliases=["shared"])
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "shared", "messages": []}
+        async with http.post(od.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 409
+            message = (await r.json())["error"]["message"]
+    assert "'shared' is a served name or alias of both profile 'x1' and profile 'x2'" in message
+    problems = await od.client.catalog_problems()
+    assert "shared" in problems["ambiguous"]
+
+
+async def test_a_verified_library_model_is_servable_by_repo_id_and_short_name(
+    daemon_factory: DaemonFactory, fake_env: object, fake_hub: FakeHub, hf_home: Path
+) -> None:
+    import dataclasses
+
+    d = await daemon_factory(dataclasses.replace(settings(gpus=2), hub=hub_settings()))
+    status = await d.client.pull(REPO)
+    await wait_download(d, status.id, (DownloadState.READY,))
+    models = {m.name: m for m in await d.client.servable_models()}
+    entry = models[REPO]
+    assert entry.kind == "library" and entry.status == "unloaded"
+    assert entry.gpus_planned and entry.gpus == (0,)  # where it would go now
+    assert "tiny-llama" in entry.names
+    client = sdk(d, timeout=60)
+    assert await ask(client, REPO) == "w0 w1"
+    assert await ask(client, "tiny-llama") == "w0 w1"
+    [row] = await d.client.loaded_models()
+    assert row.name == REPO and row.gpus == (0,) and row.origin == "jit"
+    listed = {m.id: m for m in (await client.models.list()).data}
+    assert listed[REPO].status == "loaded"  # type: ignore[attr-defined]
+    with pytest.raises(openai.NotFoundError):
+        await ask(client, "traylm-test/other")
+    await client.close()
+
+
+async def test_fit_badges_carry_the_planners_placement_now(
+    daemon_factory: DaemonFactory, fake_env: object, fake_hub: FakeHub, hf_home: Path
+) -> None:
+    import dataclasses
+
+    from engines.gpu.sim import SimulatedBackend
+
+    d = await daemon_factory(dataclasses.replace(settings(gpus=2), hub=hub_settings()))
+    backend = d.daemon.gpu.backend
+    assert isinstance(backend, SimulatedBackend)
+    backend.hold_memory("0", pid=4242, used_memory_bytes=8 << 30, name="game")
+    while not any(p.pid == 4242 for p in d.daemon.gpu.sampler.latest[0].processes or ()):
+        await asyncio.sleep(0.05)
+    rows = await d.client.model_fit(REPO)
+    one = [r for r in rows if r.tensor_parallel == 1 and r.engine == "vllm"]
+    two = [r for r in rows if r.tensor_parallel == 2 and r.engine == "vllm"]
+    assert one[0].placement is not None and one[0].placement.gpus == (1,)  # GPU 0 is busy
+    assert two[0].placement is not None and not two[0].placement.fits
+    assert "pid 4242 (game) 8.0 GiB" in two[0].placement.reason

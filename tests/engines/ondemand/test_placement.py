@@ -1,0 +1,183 @@
+"""Placement on two simulated RTX 4090s through the real daemon (FAKE engines): the card with
+the most room, memory another program holds, the reserved card, LRU eviction of idle models
+(never busy or pinned ones), the 503 that says why, and vLLM's sleep mode as the first
+eviction step (a FAKE CUDA env whose engine implements /sleep and /wake_up)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import openai
+import pytest
+
+from engines.errors import ControlAPIError
+from engines.events import EngineState, ModelStateChanged
+from engines.gpu.sim import SimulatedBackend
+from tests.conftest import DaemonFactory, RunningDaemon
+from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
+
+GIB = 1 << 30
+
+
+def sim(d: RunningDaemon) -> SimulatedBackend:
+    backend = d.daemon.gpu.backend
+    assert isinstance(backend, SimulatedBackend)
+    return backend
+
+
+async def until_sampled(d: RunningDaemon, check) -> None:
+    """Wait until the sampler's latest snapshots show what ``check`` looks for."""
+    while not check(d.daemon.gpu.sampler.latest):
+        await asyncio.sleep(0.05)
+
+
+def foreign_on(gpu: int):
+    def check(snaps) -> bool:
+        procs = snaps[gpu].processes if len(snaps) > gpu else None
+        return bool(procs) and any(p.pid == 4242 for p in procs)
+
+    return check
+
+
+@pytest.fixture
+async def two_gpus(daemon_factory: DaemonFactory, fake_env: object) -> RunningDaemon:
+    d: RunningDaemon = await daemon_factory(settings(gpus=2))
+    return d
+
+
+def gpus_of(d: RunningDaemon, engine_id: str) -> tuple[int, ...]:
+    return d.daemon.engine(engine_id).profile.gpus
+
+
+async def test_auto_goes_to_the_card_another_program_leaves_free(two_gpus: RunningDaemon) -> None:
+    d = two_gpus
+    sim(d).hold_memory("0", pid=4242, used_memory_bytes=6 * GIB, name="game")
+    await asyncio.wait_for(until_sampled(d, foreign_on(0)), 30)
+    fake_profile(d, "auto1", gpus="auto")
+    client = sdk(d)
+    assert await ask(client, "auto1") == "w0 w1"
+    assert gpus_of(d, "auto1") == (1,)  # GPU 0 has 6 GiB held: 0.9 of the card does not fit
+    [row] = await d.client.loaded_models()
+    assert row.gpus == (1,) and row.vram_bytes == int(24564 * 2**20 * 0.9)
+    await d.client.load_model("auto1", pin=True)
+    fake_profile(d, "auto2", gpus="auto")
+    with pytest.raises(openai.InternalServerError) as err:
+        await ask(client, "auto2")
+    message = str(err.value)
+    assert "auto2 needs 21.6 GiB free on one of 1 GPU(s)" in message
+    assert "GPU 0 (24.0 GiB): 17.6 GiB free" in message
+    assert "held by other programs and the driver (pid 4242 (game) 6.0 GiB)" in message
+    assert "auto1 21.6 GiB (pinned)" in message
+    assert "traylm unload NAME" in message  # what to do
+    await client.close()
+
+
+async def test_the_reserved_card_stays_out(daemon_factory: DaemonFactory, fake_env: object) -> None:
+    d = await daemon_factory(settings(gpus=2, reserved=(0,)))
+    fake_profile(d, "r1", gpus="auto", gpu_memory_utilization=0.3)
+    fake_profile(d, "r2", gpus="auto", gpu_memory_utilization=0.3)
+    client = sdk(d)
+    assert await ask(client, "r1") == "w0 w1"
+    assert await ask(client, "r2") == "w0 w1"
+    assert gpus_of(d, "r1") == gpus_of(d, "r2") == (1,)  # both on GPU 1; GPU 0 stays free
+    with pytest.raises(ControlAPIError, match="GPU 3 does not exist; the GPUs here are 0, 1"):
+        await d.client.load_model("r1", gpus=[3])
+    fixed = await d.client.placement("r1", gpus=[0])  # a named GPU may be a reserved one
+    assert fixed.fits and fixed.gpus == (0,)
+    await client.close()
+
+
+async def test_eviction_takes_the_lru_idle_model_never_busy_or_pinned(
+    two_gpus: RunningDaemon, events_of
+) -> None:
+    d = two_gpus
+    for name in ("a", "b", "c", "e"):
+        fake_profile(d, name, gpus="auto", args="--token-delay 0.05")
+    events = events_of(d, "model.state")
+    client = sdk(d, timeout=60)
+    assert await ask(client, "a") == "w0 w1"
+    assert await ask(client, "b") == "w0 w1"
+    assert {gpus_of(d, "a"), gpus_of(d, "b")} == {(0,), (1,)}
+    assert await ask(client, "a") == "w0 w1"  # b is now the least recently used
+    assert await ask(client, "c") == "w0 w1"
+    evicted = await events.wait(
+        lambda e: isinstance(e, ModelStateChanged) and e.reason == "evicted"
+    )
+    assert evicted.name == "b"
+    assert d.daemon.engine("a").state == EngineState.READY
+    # now: a busy with a stream, c pinned → e has no room, and the 503 says why
+    await d.client.load_model("c", pin=True)
+    stream = await client.chat.completions.create(
+        model="a", messages=[{"role": "user", "content": "x"}], max_tokens=200, stream=True
+    )
+    async for _ in stream:
+        break
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(d.url + "/v1/chat/completions", json={"model": "e", "messages": []}) as r,
+    ):
+        assert r.status == 503
+        assert r.headers["Retry-After"] == "5" and r.headers["x-should-retry"] == "true"
+        message = (await r.json())["error"]["message"]
+    assert "a 21.6 GiB (busy)" in message and "c 21.6 GiB (pinned)" in message
+    assert "retry shortly" in message
+    await stream.close()
+    assert d.daemon.engine("a").state == EngineState.READY
+    assert d.daemon.engine("c").state == EngineState.READY
+    await client.close()
+
+
+async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
+    daemon_factory: DaemonFactory, paths, events_of
+) -> None:
+    make_fake_vllm_env(paths.envs_dir, device="cuda")
+    d = await daemon_factory(settings(gpus=1))
+    d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
+    fake_profile(d, "s1", device="cuda", gpus="auto")
+    fake_profile(d, "s2", device="cuda", gpus="auto")
+    events = events_of(d, "model.state")
+    client = sdk(d)
+    assert await ask(client, "s1") == "w0 w1"
+    assert await ask(client, "s2") == "w0 w1"  # s1 goes to sleep to make room
+    slept = await events.wait(
+        lambda e: isinstance(e, ModelStateChanged) and e.name == "s1" and e.reason == "evicted"
+    )
+    assert slept.state == "sleeping"
+    s1 = d.daemon.engine("s1")
+    assert s1.state == EngineState.SLEEPING and s1.pid is not None  # the process lives on
+    async with aiohttp.ClientSession() as http, http.get(f"{s1.base_url}/fake/stats") as r:
+        assert (await r.json())["sleeping"] == 1
+    rows = {r.engine_id: r for r in await d.client.loaded_models()}
+    assert rows["s1"].vram_bytes == GIB  # what sleep mode keeps
+    assert await ask(client, "s1") == "w0 w1"  # s2 sleeps, s1 wakes (no cold start)
+    assert s1.state == EngineState.READY and d.daemon.engine("s2").state == EngineState.SLEEPING
+    async with aiohttp.ClientSession() as http, http.get(f"{s1.base_url}/fake/stats") as r:
+        stats = await r.json()
+    assert stats["wakes"] == 1 and stats["sleeping"] == 0
+    await client.close()
+
+
+async def test_an_engine_asleep_or_waking_is_not_taken_for_dead(
+    daemon_factory: DaemonFactory, paths
+) -> None:
+    """vLLM's /health may not answer while its EngineCore sleeps or moves the weights back
+    (here the FAKE engine's does not, and its wake takes 8 s): the supervisor judges a
+    sleeping or waking engine by its exit code only, so the engine wakes and serves, neither
+    declared crashed nor restarted (awake, two unanswered probes in a row with no sign of life
+    would be)."""
+    make_fake_vllm_env(paths.envs_dir, device="cuda")
+    d = await daemon_factory(settings(gpus=1))
+    d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
+    fake_profile(d, "s1", device="cuda", gpus="auto", args="--silent-asleep 8")
+    client = sdk(d)
+    assert await ask(client, "s1") == "w0 w1"
+    s1 = d.daemon.engine("s1")
+    leader = s1.pid
+    await s1.sleep()
+    assert await ask(client, "s1") == "w0 w1"  # wakes it: 8 s without an answer to /health
+    assert s1.state == EngineState.READY and s1.pid == leader and s1.restarts == 0
+    async with aiohttp.ClientSession() as http, http.get(f"{s1.base_url}/fake/stats") as r:
+        assert (await r.json())["wakes"] == 1
+    await client.close()
