@@ -59,9 +59,11 @@ async def test_bytes_that_are_not_utf8_reach_the_client_as_utf8(daemon: RunningD
     assert raw.count(b"data: ") == 6 and raw.endswith(b"data: [DONE]\n\n")
 
 
-async def _non_reading_client(d: RunningDaemon, max_tokens: int) -> asyncio.StreamWriter:
-    """A client that sends a streamed request and then never reads a byte."""
-    _reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
+async def _raw_stream_request(
+    d: RunningDaemon, max_tokens: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client connection that has sent a streamed chat request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
     body = json.dumps(
         {"model": "fake", "messages": [], "max_tokens": max_tokens, "stream": True}
     ).encode()
@@ -73,6 +75,12 @@ async def _non_reading_client(d: RunningDaemon, max_tokens: int) -> asyncio.Stre
         + body
     )
     await writer.drain()
+    return reader, writer
+
+
+async def _non_reading_client(d: RunningDaemon, max_tokens: int) -> asyncio.StreamWriter:
+    """A client that sends a streamed request and then never reads a byte."""
+    _reader, writer = await _raw_stream_request(d, max_tokens)
     writer.transport.pause_reading()  # nothing read from here on
     return writer
 
@@ -178,18 +186,7 @@ async def test_a_stopped_engine_tells_a_waiting_non_streamed_request(
 async def _reset_mid_stream(d: RunningDaemon, read_bytes: int) -> None:
     """A client that reads ``read_bytes`` of a fast stream and then resets its connection
     (RST: SO_LINGER 0), so that the relay's next writes to it fail."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
-    body = json.dumps(
-        {"model": "fake", "messages": [], "max_tokens": 1_000_000, "stream": True}
-    ).encode()
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-        b"Content-Type: application/json\r\nContent-Length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
-    await writer.drain()
+    reader, writer = await _raw_stream_request(d, 1_000_000)
     await reader.readexactly(read_bytes)
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
