@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from engines.gateway.loading import ColdStream, LoadProgress
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.proxy import CLIENT_GONE, Upstream, relay
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
@@ -222,3 +223,40 @@ async def test_a_client_that_goes_away_is_not_an_engine_failure(
     assert records == [(499, None, None)]
     assert "traylm_errors_total{" not in registry.render()
     assert not [r for r in caplog.records if "broke off" in r.getMessage()]
+
+
+async def test_a_cold_stream_whose_client_went_away_only_notes_it() -> None:
+    """While a model loads, a streaming client gets SSE comments (ColdStream); when it goes away
+    meanwhile, the next comment fails to write: that is noted (CLIENT_GONE, counted as 499 by
+    the gateway), not raised into the load that other requests may wait for (which would be a
+    500 with a traceback)."""
+    outcome: dict[str, object] = {}
+    comments_sent = asyncio.Event()
+
+    async def loading(request: web.Request) -> web.StreamResponse:
+        cold = ColdStream(request)
+        await cold(LoadProgress("m", "weights", 1.0))
+        comments_sent.set()
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.01)  # until the client is gone; asserts no timing
+        try:
+            await cold(LoadProgress("m", "compile", 4.0))
+            await cold(LoadProgress("m", "ready", 7.0))
+        except Exception as exc:  # what the load would have seen
+            outcome["raised"] = exc
+        outcome["gone"] = request.get(CLIENT_GONE)
+        assert cold.response is not None
+        return cold.response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", loading)
+    async for gw in serve(app):
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(gw + "/v1/chat/completions", json={"stream": True})
+            assert await resp.content.readuntil(b"\n\n") == b": loading m (weights, 1 s)\n\n"
+            await comments_sent.wait()
+            resp.close()  # the client goes away while the model loads
+            while "gone" not in outcome:
+                await asyncio.sleep(0.01)
+    assert "raised" not in outcome
+    assert outcome["gone"] is True
