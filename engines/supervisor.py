@@ -61,7 +61,7 @@ from engines.procs import (
     free_loopback_port,
     vitals,
 )
-from engines.traffic import EngineTraffic
+from engines.traffic import ENGINE_ERROR, TRAYLM_STOPPING, EngineTraffic
 from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
@@ -265,11 +265,15 @@ class ManagedEngine:
                 await task
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
-            self._end_requests(
-                "traylm is stopping, so the reply was cut off; retry once it runs again"
-                if reason == DAEMON_STOPPING
-                else f"engine {self.engine_id} was stopped ({reason}) in the middle of the reply"
-            )
+            if reason == DAEMON_STOPPING:
+                self._end_requests(
+                    "traylm is stopping, so the reply was cut off; retry once it runs again",
+                    TRAYLM_STOPPING,
+                )
+            else:
+                self._end_requests(
+                    f"engine {self.engine_id} was stopped ({reason}) in the middle of the reply"
+                )
             await self._terminate()
         if self.state not in (EngineState.FAILED, EngineState.STOPPED):
             self._set_state(EngineState.STOPPED, reason)
@@ -572,8 +576,9 @@ class ManagedEngine:
             return False
         return True
 
-    def _end_requests(self, why: str) -> None:
-        if self._traffic is not None and (ended := self._traffic.end_all(self.engine_id, why)):
+    def _end_requests(self, why: str, type_: str = ENGINE_ERROR) -> None:
+        traffic = self._traffic
+        if traffic is not None and (ended := traffic.end_all(self.engine_id, why, type_)):
             log.info("engine %s: ended %d request(s) in flight: %s", self.engine_id, ended, why)
 
     def _trouble(self, what: str, exc: BaseException) -> None:

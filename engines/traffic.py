@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
+ENGINE_ERROR = "engine_error"
+TRAYLM_STOPPING = "traylm_stopping"
+"""The error type of a reply cut off because traylm itself stops (the chat window keeps it as
+interrupted and offers Retry once the daemon is back, as for a lost connection)."""
 End = Callable[[], None]
 """Ends one request at once (the gateway cancels its relay, which tells the client ``why``)."""
 
@@ -38,10 +42,12 @@ class Flow:
     not read leaves it pending."""
     client: asyncio.Transport | None = None
     """The client's connection (closed by the sweep when the client stopped reading)."""
+    why_type: str = ENGINE_ERROR
+    """The error type its client is told (``TRAYLM_STOPPING``: not the engine's fault)."""
 
-    def stop(self, why: str) -> None:
+    def stop(self, why: str, type_: str = ENGINE_ERROR) -> None:
         if not self.why:
-            self.why = why
+            self.why, self.why_type = why, type_
             self.end()
 
     def close(self) -> None:
@@ -96,7 +102,7 @@ class EngineTraffic:
         engine = self._engines.get(engine_id)
         return max(engine.last_byte_s, engine.busy_since_s) if engine is not None else 0.0
 
-    def end_all(self, engine_id: str, why: str) -> int:
+    def end_all(self, engine_id: str, why: str, type_: str = ENGINE_ERROR) -> int:
         """End every request in flight to the engine, telling each client ``why``. Returns how
         many were ended."""
         engine = self._engines.get(engine_id)
@@ -106,7 +112,7 @@ class EngineTraffic:
         flows = list(engine.flows)
         for flow in flows:
             try:
-                flow.stop(why)
+                flow.stop(why, type_)
             except Exception:  # boundary: one request failing to end must not keep the others
                 log.exception("ending a request to engine %s failed", engine_id)
         return len(flows)

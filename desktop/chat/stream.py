@@ -142,7 +142,10 @@ class _Collector:
             return True
         if "error" in chunk:
             err = chunk["error"] or {}
-            self.error = ChatError("engine_error", str(err.get("message", "engine error")), 502)
+            # traylm itself stopping cut the reply off: kept as interrupted, like a lost
+            # connection (Retry once the daemon is back), not an engine's failure
+            kind = "connection_lost" if err.get("type") == "traylm_stopping" else "engine_error"
+            self.error = ChatError(kind, str(err.get("message", "engine error")), 502)
             return True
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):

@@ -29,7 +29,7 @@ from engines.gateway.shapes import is_anthropic
 from engines.gateway.sse import EVENT_ENDS, count_usage, error_text, sse_error, whole_events
 from engines.gateway.utf8 import Utf8Events
 from engines.http import openai_error
-from engines.traffic import Flow
+from engines.traffic import ENGINE_ERROR, Flow
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ async def _stream(
             if not ended_from_outside(request, s.flow):
                 raise
             assert s.flow is not None
-            await _end_with_error(request, resp, s, s.flow.why)
+            await _end_with_error(request, resp, s, s.flow.why, s.flow.why_type)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             log.warning(
                 "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
@@ -305,10 +305,14 @@ async def _to_client(write: Coroutine[Any, Any, None]) -> None:
 
 
 async def _end_with_error(
-    request: web.Request, resp: web.StreamResponse, s: _Stream, message: str
+    request: web.Request,
+    resp: web.StreamResponse,
+    s: _Stream,
+    message: str,
+    type_: str = ENGINE_ERROR,
 ) -> None:
     s.metrics.errors.inc(status="502")
-    event = sse_error(message, anthropic=is_anthropic(request.path))
+    event = sse_error(message, type_=type_, anthropic=is_anthropic(request.path))
     if s.tap is not None:
         s.tap.feed(event)
     if s.flow is not None:  # a client that reads nothing is ended by the sweep, also here

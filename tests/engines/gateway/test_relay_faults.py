@@ -131,6 +131,7 @@ async def test_the_daemon_stopping_mid_stream_says_so(daemon_factory, fake_env) 
                 d.daemon.request_stop("test")
     except openai.APIError as exc:
         assert "traylm is stopping" in str(exc) and "restarting" not in str(exc)
+        assert exc.type == "traylm_stopping"  # not the engine's fault: the app keeps it
     else:
         raise AssertionError("the stream ended without saying why")
     finally:
