@@ -106,8 +106,15 @@ def test_history_survives_a_restart_of_the_app(
 def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread)
     _send(qtbot, chat, "first question", 2)
-    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
-    assert chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+    # the daemon keeps the reply as it streams (shown as interrupted meanwhile); once it is
+    # stored complete, Regenerate is offered
+    qtbot.waitUntil(
+        lambda: (
+            len(chat.transcript.messages) == 2
+            and chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+        ),
+        timeout=10000,
+    )
     chat.max_tokens.setValue(4)
     chat.controller.options = chat.options()
     chat.transcript.messages[1].buttons["regenerate"].click()
