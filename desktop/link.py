@@ -176,6 +176,7 @@ class DaemonLink:
         self.client = client
         url = str(status.get("url", client.info.url))
         self.gateway.base_url = url
+        self.gateway.control_token = client.info.token
         version = str(status.get("version", client.info.version))
         spawned = self.spawned is not None and self.spawned.pid == client.info.pid
         if version == __version__:

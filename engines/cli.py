@@ -7,35 +7,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import logging.handlers
+import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from engines import __version__
-from engines.client import DaemonClient
+from engines import __version__, daemon_lock
+from engines.client import DaemonClient, pid_alive
 from engines.config import Paths, load_settings, replace_setting, save_settings
 from engines.control.cli import InstallPrinter, follow_start
 from engines.envs import EnvManager, has_nvidia_gpu, load_flags
 from engines.errors import DaemonUnavailable, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import EngineLogLine, EngineState, EngineStateChanged, EngineStatus
+from engines.filemodes import private_umask
+from engines.logfilter import RepeatedLineFilter
 from engines.phase_text import breakdown, phase_text
 from engines.trt import cli as trt_cli
 
 log = logging.getLogger("traylm")
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
+SHUTDOWN_WAIT_S = 60.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     words = list(sys.argv[1:] if argv is None else argv)
     if _for_desktop(words):
         sys.exit(_open_desktop(words))
+    private_umask()  # what traylm writes (database, logs, settings) is its user's alone
     args = build_parser().parse_args(words)
     if not getattr(args, "func", None):
         sys.exit(_open_desktop(words))
@@ -108,7 +115,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
             logs / "daemon.log", maxBytes=10_000_000, backupCount=3
         )
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        repeats = RepeatedLineFilter()  # one filter: a line held back is held back everywhere
+        for each in root.handlers:
+            each.addFilter(repeats)
 
 
 # --------------------------------------------------------------------------- parser
@@ -296,9 +307,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(data, indent=1))
             return 0
         key = "API key required" if data["api_key_required"] else "no API key"
+        lan = "LAN sharing on" if data["lan_sharing"] else "this computer only"
         print(
             f"traylm {data['version']} daemon pid {data['pid']}: {data['url']}/v1 "
-            f"(bound to {data['bind_host']}, {key})"
+            f"(listening on {', '.join(data['bound']) or 'nothing'}; {lan}, {key})"
         )
         if data.get("paused"):
             print(f"  PAUSED: {data['paused']}")
@@ -322,6 +334,8 @@ def _engine_line(e: EngineStatus) -> str:
         line += f"  restarts {e.restarts}"
     if e.state in (EngineState.FAILED, EngineState.STARTING) and e.detail:
         line += f"\n      {e.detail}"
+    if e.supervision:
+        line += f"\n      supervision: {e.supervision}"
     if phase_text(e):
         line += f"\n      {phase_text(e)}"
     return line
@@ -404,20 +418,34 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def cmd_shutdown(args: argparse.Namespace) -> int:
+    paths = Paths.from_env()
     try:
-        c = await _client()
-    except DaemonUnavailable:
-        print("the daemon is not running")
-        return 0
-    async with c:
-        pid = c.info.pid
-        await c.shutdown(close_apps=True)  # the tray app closes with it
-    from engines.client import _pid_alive
-
-    deadline = time.monotonic() + 60
-    while _pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process
+        async with await _client() as c:
+            pid = c.info.pid
+            await c.shutdown(close_apps=True)  # the tray app closes with it
+    except DaemonUnavailable as exc:
+        running = daemon_lock.holder(paths.daemon_lock)
+        if running is None:
+            print("the daemon is not running")
+            return 0
+        # it holds the lock but its control API cannot be reached: stop it by signal (and
+        # let a stopped one run, or the SIGTERM would wait for it forever)
+        print(f"traylm: {exc.message}; sending it SIGTERM", file=sys.stderr)
+        pid = running.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    while pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process
         await asyncio.sleep(0.2)
-    print("daemon stopped" if not _pid_alive(pid) else f"daemon (pid {pid}) is still stopping")
+    if pid_alive(pid):
+        print(
+            f"traylm: the daemon (pid {pid}) has not stopped after {SHUTDOWN_WAIT_S:.0f} s; "
+            f"see {paths.logs_dir / 'daemon.log'}, or end it with `kill -9 {pid}`",
+            file=sys.stderr,
+        )
+        return 1
+    print("daemon stopped")
     return 0
 
 
@@ -570,8 +598,13 @@ async def _save_setting(key: str, value: Any) -> str:
         async with await _client() as c:
             await c.update_settings({key: value})
             return "saved, and applied to the running daemon"
-    except DaemonUnavailable:
-        return "saved; the daemon reads it when it starts"
+    except DaemonUnavailable as exc:
+        if daemon_lock.holder(paths.daemon_lock) is None:
+            return "saved; the daemon reads it when it starts"
+        raise TraylmError(
+            f"saved to {paths.config_file}, but not applied to the running daemon: "
+            f"{exc.message}. It takes the change at its next start"
+        ) from None
 
 
 async def cmd_keys_add(args: argparse.Namespace) -> int:

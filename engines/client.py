@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
+import psutil
 
-from engines import __version__
+from engines import __version__, daemon_lock
 from engines.config import Paths
 from engines.errors import ControlAPIError, DaemonUnavailable
 from engines.events.bench import BenchConfig, BenchProgress, BenchRun, BenchRunSummary
@@ -50,6 +51,8 @@ from engines.events.remote import RemoteStatus
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 
 JSON = dict[str, Any]
+DAEMON_JSON_WAIT_S = 6.0
+"""How long a client waits for a running daemon to write its deleted daemon.json again."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,13 @@ class DaemonInfo:
                 float(data["started_at_s"]),
             )
         except FileNotFoundError:
+            running = daemon_lock.holder(paths.daemon_lock)
+            if running is not None:
+                raise DaemonUnavailable(
+                    f"a traylm daemon is running ({running.where}) but {paths.daemon_json} is "
+                    "missing; it writes the file again within seconds: retry, or stop it with "
+                    f"`kill {running.pid}`"
+                ) from None
             raise DaemonUnavailable(
                 "the traylm daemon is not running; start it with `traylm serve` "
                 "(or open the tray app with `traylm`)"
@@ -84,7 +94,7 @@ class DaemonInfo:
             raise DaemonUnavailable(
                 f"{paths.daemon_json} is unreadable ({exc}); restart the daemon with `traylm serve`"
             ) from None
-        if not _pid_alive(info.pid):
+        if not pid_alive(info.pid):
             raise DaemonUnavailable(
                 f"the traylm daemon (pid {info.pid}) is no longer running; start it with "
                 "`traylm serve`"
@@ -92,14 +102,28 @@ class DaemonInfo:
         return info
 
 
-def _pid_alive(pid: int) -> bool:
+async def find_daemon(paths: Paths, *, wait_s: float = DAEMON_JSON_WAIT_S) -> DaemonInfo:
+    """The running daemon's daemon.json. While a daemon holds the lock but its daemon.json is
+    missing (deleted by hand), wait up to ``wait_s`` for the daemon to write it again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await asyncio.to_thread(DaemonInfo.read, paths)
+        except DaemonUnavailable:
+            running = await asyncio.to_thread(daemon_lock.holder, paths.daemon_lock)
+            if running is None or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process runs (a zombie, exited but not yet reaped, is not running)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    return True
 
 
 def api_error(status: int, data: Any) -> ControlAPIError:
@@ -121,7 +145,7 @@ class DaemonClient:
 
     @classmethod
     async def connect(cls, paths: Paths | None = None, *, timeout_s: float = 30.0) -> DaemonClient:
-        info = await asyncio.to_thread(DaemonInfo.read, paths or Paths.from_env())
+        info = await find_daemon(paths or Paths.from_env())
         client = cls(info, timeout_s=timeout_s)
         try:
             await client.status()

@@ -98,6 +98,10 @@ class Paths:
         return self.state_dir / "daemon.json"
 
     @property
+    def daemon_lock(self) -> Path:
+        return self.state_dir / "daemon.lock"
+
+    @property
     def engine_pids_json(self) -> Path:
         return self.state_dir / "engine-pids.json"
 
@@ -193,6 +197,38 @@ class GatewaySettings:
     retry_after_s: int = setting(
         5, "Retry-After seconds sent with 503 while an engine starts and with 429.", min=1
     )
+    max_connections: int = setting(
+        4096,
+        "Open client connections at once; past it the oldest one still sending its request "
+        "is closed, else new ones get 503. Lowered to fit the open-files limit.",
+        min=16,
+    )
+    header_timeout_s: float = setting(
+        10.0,
+        "Time a new connection has to send its request head; slower ones are closed.",
+        min=0.5,
+        max=600,
+    )
+    body_timeout_s: float = setting(
+        60.0, "Time a request body has to arrive once its head has; slower gets 408.", min=1
+    )
+    client_stall_timeout_s: float = setting(
+        60.0,
+        "A streamed reply its client does not read for this long is ended, and the engine's "
+        "request aborted (the concurrency slot is freed).",
+        min=1,
+    )
+    keepalive_timeout_s: float = setting(
+        60.0,
+        "Idle keep-alive connections are closed after this long (from the next start).",
+        min=1,
+    )
+    usage_days: float = setting(
+        90.0, "How long the usage log (one row per request) is kept.", min=0.01
+    )
+    usage_max_rows: int = setting(
+        1_000_000, "Most rows the usage log keeps; the oldest go first.", min=100
+    )
 
 
 @dataclass(frozen=True)
@@ -205,6 +241,12 @@ class EngineSettings:
     )
     restart_max: int = setting(
         3, "Automatic restarts after crashes before the engine is marked failed.", min=0, max=100
+    )
+    stall_timeout_s: float = setting(
+        120.0,
+        "An engine with requests in flight that produces no token for this long is hung: "
+        "its requests end with an error and it is restarted.",
+        min=1,
     )
     restart_backoff_s: float = setting(2.0, "First restart delay; doubles each time.", min=0.0)
     restart_backoff_max_s: float = setting(60.0, "Cap on the restart delay.", min=0.0)
@@ -245,6 +287,9 @@ class GPUSettings:
         10.0, "Resolution of the telemetry history kept in the database.", min=1
     )
     history_days: float = setting(7.0, "How long telemetry history is kept.", min=0.01)
+    history_max_rows: int = setting(
+        1_000_000, "Most telemetry history rows kept (all GPUs); the oldest go first.", min=100
+    )
     process_interval_s: float = setting(
         5.0, "Period of the (slow) per-GPU process list read.", min=1
     )
@@ -748,13 +793,20 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the file or delete it") from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 text (line {line} has the byte {exc.object[exc.start]:#04x}); "
+            "save it as UTF-8, or delete it"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from exc
 
 
 def write_toml_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write TOML so that a crash at any moment leaves either the old or the new file."""
-    write_bytes_atomic(path, tomli_w.dumps(dict(data)).encode())
+    """Write TOML so that a crash at any moment leaves either the old or the new file. Settings
+    and profiles are the user's own: readable by nobody else (0600)."""
+    write_bytes_atomic(path, tomli_w.dumps(dict(data)).encode(), mode=0o600)
 
 
 def write_bytes_atomic(path: Path, payload: bytes, mode: int = 0o644) -> None:

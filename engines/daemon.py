@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from typing import IO, Protocol
 
 from aiohttp import web
 
-from engines import __version__
+from engines import __version__, daemon_lock
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
 from engines.bus import EventBus
@@ -35,7 +34,9 @@ from engines.envs import EnvManager
 from engines.errors import PortInUseError, TraylmError
 from engines.events.codec import to_plain
 from engines.events.core import DaemonStopping
+from engines.filemodes import make_private
 from engines.gateway.app import build_app
+from engines.gateway.connections import ConnectionGate, Listener, http_logger
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
@@ -47,18 +48,28 @@ from engines.metrics import MetricsRegistry
 from engines.ondemand.catalog import FolderSource
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
 from engines.ondemand.service import GPUReadings, ModelsOnDemand
-from engines.procs import PidRegistry, port_holder, reap_orphans
+from engines.procs import (
+    MAX_CONNECTIONS_CEILING,
+    PidRegistry,
+    connections_for,
+    port_holder,
+    raise_open_files_limit,
+    reap_orphans,
+)
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback
 from engines.settings import LiveSettings
 from engines.store import Store
 from engines.supervisor import ManagedEngine, Supervisor
+from engines.traffic import EngineTraffic
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
 from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
+
+DAEMON_JSON_CHECK_S = 2.0
 
 
 class DaemonAlreadyRunning(TraylmError):
@@ -90,6 +101,7 @@ class Daemon:
             else LiveSettings(settings, config_file=paths.config_file)
         )
         self.bus = EventBus()
+        self.traffic = EngineTraffic()
         self.supervisor = Supervisor()
         self.warm = WarmPool(self.live.current.engines.warm_starts)
         self.registry = MetricsRegistry()
@@ -102,13 +114,25 @@ class Daemon:
         self._close_apps = False
         self._lock_fh: IO[str] | None = None
         self._runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
+        self._fd_connections = MAX_CONNECTIONS_CEILING
+        g = self.live.current.gateway
+        self.gate = ConnectionGate(
+            max_connections=g.max_connections,
+            header_timeout_s=g.header_timeout_s,
+            lan=g.lan_sharing,
+        )
+        self.live.subscribe(self._listen_settings)
+        self._info: dict[str, object] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._build()
 
     def _build(self) -> None:
         """Every part, each given what it uses. Order matters only where one part is another's
         dependency (the gateway before the GPU feature, the GPU inventory before hub and trt)."""
         live, paths, publish = self.live, self.paths, self.bus.publish
-        self.usage = UsageRecorder(self.store)
+        self.usage = UsageRecorder(self.store, live)
+        self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         # models on demand is the gateway's router, so it comes first; what it reads of parts
         # built after it (the GPU feature, the hub library, engine starts) goes through lambdas
@@ -138,6 +162,8 @@ class Daemon:
             control_token=self.token,
             fallback=self.remote,
             usage=self.usage.record,
+            traffic=self.traffic,
+            replies=self.chats.tap_reply,
         )
         self.gpu = GPUFeature(
             settings=live,
@@ -177,7 +203,6 @@ class Daemon:
             logs_dir=paths.logs_dir,
             publish=publish,
         )
-        self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.control = EngineControl(
             supervisor=self.supervisor,
             envs=self.envs,
@@ -190,6 +215,7 @@ class Daemon:
             launch_hooks={"trtllm": self.trt.launcher},
             check_trust=self.hub.require_trust,
             check_available=self.hub.require_available,
+            traffic=self.traffic,
             place=self.ondemand.placer.place_started,
         )
         self.status = DaemonStatus(
@@ -197,7 +223,9 @@ class Daemon:
             engines=self.supervisor,
             paused=lambda: self.ctx.paused,
             reaped=lambda: self.reaped,
+            bound=lambda: self.listener.addresses() if self.listener is not None else [],
             providers={
+                "connections": self._connections_status,
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
@@ -240,6 +268,46 @@ class Daemon:
         mount(app, ONDEMAND, self.ondemand, ondemand_routes())
         return app
 
+    def _connections_status(self) -> dict[str, int]:
+        gate = self.gate
+        return {
+            "open": gate.open,
+            "max": gate.max_connections,
+            "refused_total": gate.refused_total,
+            "evicted_total": gate.evicted_total,
+            "head_timeouts_total": gate.timed_out_total,
+            "foreign_refused_total": gate.foreign_total,
+        }
+
+    def _listen_settings(self, settings: Settings) -> None:
+        """Connection limits apply at once; LAN sharing turned on or off moves the socket
+        (and, off, closes the connections other computers hold)."""
+        g = settings.gateway
+        self.gate.configure(
+            max_connections=min(g.max_connections, self._fd_connections),
+            header_timeout_s=g.header_timeout_s,
+            lan=g.lan_sharing,
+        )
+        if not g.lan_sharing and (closed := self.gate.close_foreign()):
+            log.warning("LAN sharing is off: closed %d connections from other computers", closed)
+        listener = self.listener
+        if listener is not None and listener.host != settings.bind_host:
+            task = asyncio.create_task(self._rebind(listener, settings.bind_host))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _rebind(self, listener: Listener, host: str) -> None:
+        try:
+            await listener.rebind(host)
+        except OSError as exc:
+            log.error(
+                "the gateway could not move to %s:%d (%s); it still listens on %s",
+                host,
+                listener.port,
+                exc.strerror,
+                ", ".join(listener.addresses()) or "nothing",
+            )
+
     @property
     def settings(self) -> Settings:
         """The settings in use now (config.toml's values under the overrides)."""
@@ -265,17 +333,23 @@ class Daemon:
         self, *, ready: asyncio.Event | None = None, install_signal_handlers: bool = True
     ) -> None:
         self.bus.bind_loop(asyncio.get_running_loop())
+        for line in await asyncio.to_thread(make_private, self.paths):
+            log.warning("made private (was readable by others): %s", line)
         self._take_lock()
+        self._fd_connections = connections_for(raise_open_files_limit())
+        self._listen_settings(self.settings)
         try:
+            if install_signal_handlers:  # from here on: a SIGTERM during start-up stops cleanly
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, self.request_stop, sig.name)
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
             await asyncio.to_thread(self.store.open)
             await self._serve()
             for feature in self.features:
                 await feature.start()
-            if install_signal_handlers:
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(sig, self.request_stop, sig.name)
+            keeper = asyncio.create_task(self._keep_daemon_json(), name="daemon.json")
+            self._background.add(keeper)
             if ready is not None:
                 ready.set()
             log.info("traylm %s serving on %s", __version__, self.url)
@@ -286,15 +360,18 @@ class Daemon:
     async def _serve(self) -> None:
         g = self.settings.gateway
         runner = web.AppRunner(
-            self._app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+            self._app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=2.0,
+            logger=http_logger(),
+            keepalive_timeout=g.keepalive_timeout_s,
         )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(
-            runner, self.settings.bind_host, g.port, reuse_address=True, backlog=1024
-        )
+        self.listener = Listener(runner, port=g.port, gate=self.gate)
         try:
-            await site.start()
+            await self.listener.bind(self.settings.bind_host)
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 holder = port_holder(self.settings.bind_host, g.port) or "another process"
@@ -303,7 +380,7 @@ class Daemon:
                     f"`traylm config set gateway.port {g.port + 1}`"
                 ) from exc
             raise
-        info = {
+        self._info = {
             "pid": os.getpid(),
             "url": f"http://127.0.0.1:{g.port}",
             "port": g.port,
@@ -311,9 +388,28 @@ class Daemon:
             "version": __version__,
             "started_at_s": self.status.started_at_s,
         }
-        write_bytes_atomic(self.paths.daemon_json, json.dumps(info).encode(), mode=0o600)
+        self._write_daemon_json()
+        if self._lock_fh is not None:
+            daemon_lock.note(self._lock_fh, port=g.port)
+
+    def _write_daemon_json(self) -> None:
+        write_bytes_atomic(self.paths.daemon_json, json.dumps(self._info).encode(), mode=0o600)
+
+    async def _keep_daemon_json(self) -> None:
+        """Write daemon.json again when it was deleted or overwritten while the daemon runs
+        (every client finds the daemon and its token through it)."""
+        while True:
+            await asyncio.sleep(DAEMON_JSON_CHECK_S)
+            try:
+                if not await asyncio.to_thread(self._daemon_json_intact):
+                    await asyncio.to_thread(self._write_daemon_json)
+                    log.warning("%s was removed or changed; wrote it again", self.paths.daemon_json)
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.paths.daemon_json, exc.strerror)
 
     async def _shutdown(self) -> None:
+        for task in self._background:
+            task.cancel()
         self.bus.publish(DaemonStopping(reason="daemon stopping", close_apps=self._close_apps))
         await self.control.stop()  # a running env install removes its half-made venv
         for feature in reversed(self.features):
@@ -336,6 +432,12 @@ class Daemon:
         self.store.close()
         self._release_lock()
 
+    def _daemon_json_intact(self) -> bool:
+        try:
+            return bool(json.loads(self.paths.daemon_json.read_text()) == self._info)
+        except (OSError, ValueError):
+            return False
+
     def _owns_daemon_json(self) -> bool:
         try:
             return bool(json.loads(self.paths.daemon_json.read_text())["pid"] == os.getpid())
@@ -343,16 +445,10 @@ class Daemon:
             return False
 
     def _take_lock(self) -> None:
-        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
-        fh = (self.paths.state_dir / "daemon.lock").open("a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            running = ""
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                info = json.loads(self.paths.daemon_json.read_text())
-                running = f" (pid {info['pid']}, {info['url']})"
+        fh = daemon_lock.take(self.paths.daemon_lock)
+        if fh is None:
+            other = daemon_lock.holder(self.paths.daemon_lock)
+            running = f" ({other.where})" if other is not None else ""
             raise DaemonAlreadyRunning(
                 f"a traylm daemon is already running{running}; use it, or stop it with "
                 "`traylm shutdown`"

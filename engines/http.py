@@ -58,11 +58,21 @@ def traylm_errors(handler: Handler) -> Handler:
     return wrapped
 
 
+def loads(body: bytes | str) -> Any:
+    """Parse a request's JSON; ValueError says what is wrong with it, also for text that is not
+    UTF-8 and for nesting deeper than the parser's recursion limit (which Python's json raises
+    as RecursionError: a client's input, never the gateway's fault)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def parse_json_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(the JSON object, None) or (None, what is wrong with it), for the OpenAI routes."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = loads(body)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         return None, f"the request body is not valid JSON ({exc})"
     if not isinstance(data, dict):
         return None, "the request body must be a JSON object"
@@ -73,12 +83,9 @@ async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict[str
     """The request's JSON object; ConfigError says what is wrong. ``empty_ok``: no body is {}."""
     if empty_ok and not request.can_read_body:
         return {}
-    try:
-        data = await request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("the request body must be a JSON object")
+    data, problem = parse_json_body(await request.read())
+    if data is None:
+        raise ConfigError(problem or "the request body must be a JSON object")
     return data
 
 

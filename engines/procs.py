@@ -13,9 +13,11 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +28,31 @@ from engines.config import write_bytes_atomic
 log = logging.getLogger(__name__)
 
 EXIT_POLL_S = 0.05
+
+
+FD_RESERVE = 256
+"""Open files kept for everything but client connections (engine pipes, logs, SQLite, scans)."""
+MAX_CONNECTIONS_CEILING = 1 << 20
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft open-files limit to its hard limit (a default soft limit of
+    1024 is what a thousand idle connections exhaust). Returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else MAX_CONNECTIONS_CEILING
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, target, exc)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_CONNECTIONS_CEILING if soft == resource.RLIM_INFINITY else soft
+
+
+def connections_for(open_files: int) -> int:
+    """Client connections an open-files limit leaves room for: each relayed request holds two
+    descriptors (the client's and the engine's), after a reserve for everything else."""
+    return max(16, (open_files - FD_RESERVE) // 2)
 
 
 def free_loopback_port() -> int:
@@ -132,11 +159,98 @@ def kill_tracked(processes: list[TrackedProcess], sig: signal.Signals) -> None:
                 os.kill(p.pid, sig)
 
 
+def vitals(pid: int, tracked: Iterable[TrackedProcess]) -> tuple[float | None, list[int]]:
+    """The leader's CPU seconds so far (None once it is gone), and the pids of the engine's
+    processes that are stopped (SIGSTOP: they run again only after SIGCONT)."""
+    cpu_s: float | None = None
+    stopped: list[int] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        leader = psutil.Process(pid)
+        times = leader.cpu_times()
+        cpu_s = times.user + times.system
+        if leader.status() == psutil.STATUS_STOPPED:
+            stopped.append(pid)
+    for p in tracked:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.pid != pid and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
+                stopped.append(p.pid)
+    return cpu_s, stopped
+
+
+def is_stopped(pid: int) -> bool:
+    """True when the process is stopped (SIGSTOP)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+    except psutil.NoSuchProcess:
+        return False
+
+
 def survivors(pgid: int, tracked: list[TrackedProcess]) -> list[int]:
     alive = [p.pid for p in tracked if p.alive()]
     if group_alive(pgid) and pgid not in alive:
         alive.append(pgid)
     return alive
+
+
+Trouble = Callable[[str, BaseException], None]
+"""Told when a check of the processes failed (it is retried): (what failed, the error)."""
+
+
+async def end_group(
+    proc: asyncio.subprocess.Process,
+    tracked: list[TrackedProcess],
+    *,
+    grace_s: float,
+    trouble: Trouble,
+) -> list[int]:
+    """End an engine's process group: SIGTERM the leader and wait (60 % of ``grace_s``), SIGTERM
+    the group and every tracked descendant and wait (the rest), then SIGKILL them all and check.
+    No grace for what cannot use it: a stopped process (SIGSTOP; a SIGTERM would wait for a
+    SIGCONT that never comes) is SIGKILLed first, and a stopped leader means SIGKILL for all at
+    once. Returns the pids still alive after the SIGKILL (none, normally)."""
+    pgid = proc.pid
+    try:
+        stopped = await asyncio.to_thread(vitals, pgid, tracked)
+    except (OSError, psutil.Error) as exc:
+        trouble("cannot read the state of the engine's processes", exc)
+        stopped = (None, [])
+    for pid in stopped[1]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if pgid not in stopped[1]:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            await exit_code(proc, grace_s * 0.6)
+        signal_group(pgid, signal.SIGTERM)
+        kill_tracked(tracked, signal.SIGTERM)
+        if await _wait_gone(pgid, tracked, grace_s * 0.4, trouble):
+            return []
+    signal_group(pgid, signal.SIGKILL)
+    kill_tracked(tracked, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    if await _wait_gone(pgid, tracked, 5.0, trouble):
+        return []
+    try:
+        return await asyncio.to_thread(survivors, pgid, tracked)
+    except (OSError, psutil.Error):
+        return [pgid]
+
+
+async def _wait_gone(
+    pgid: int, tracked: list[TrackedProcess], timeout_s: float, trouble: Trouble
+) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if not await asyncio.to_thread(survivors, pgid, tracked):
+                return True
+        except (OSError, psutil.Error) as exc:  # not known: look again
+            trouble("cannot check that the engine's processes are gone", exc)
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,18 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import re
 import shlex
-import signal
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
 import aiohttp
+import psutil
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings, Profile, write_bytes_atomic
@@ -52,18 +53,20 @@ from engines.events.core import (
     EngineStateChanged,
     EngineStatus,
 )
+from engines.filemodes import keep_user_umask
+from engines.liveness import Evidence, Health, Liveness, Verdict, progress_counter
 from engines.phase_tracker import PhaseTracker
 from engines.procs import (
     EngineRecord,
     PidRegistry,
     TrackedProcess,
     descendants,
+    end_group,
     exit_code,
     free_loopback_port,
-    kill_tracked,
-    signal_group,
-    survivors,
+    vitals,
 )
+from engines.traffic import ENGINE_ERROR, TRAYLM_STOPPING, EngineTraffic
 from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,10 @@ DESCENDANTS_PERIOD_S = 0.5  # the process-tree scan while starting (it reads eve
 SLEEP_TIMEOUT_S = 120.0  # a sleep or wake moves the weights between GPU and host RAM
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
 LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
+METRICS_PATH = "/metrics"
+DAEMON_STOPPING = "daemon stopping"
+LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Errors that say the daemon is short of resources, not that the engine is unwell."""
 
 Publish = Callable[[Event], None]
 LogSink = Callable[[str], None]
@@ -103,9 +110,13 @@ class ManagedEngine:
         pids: PidRegistry,
         publish: Publish,
         prepare: Prepare | None = None,
+        traffic: EngineTraffic | None = None,
         warm: WarmPool | None = None,
     ) -> None:
+        """``traffic``: the gateway's requests in flight (progress for the hang check, and
+        their clients are told at once when the engine dies or stops)."""
         self.engine_id = engine_id
+        self._traffic = traffic
         self._warm = warm
         self._prepare = prepare
         self.run_dir = log_path.with_suffix(".run")
@@ -134,6 +145,9 @@ class ManagedEngine:
         self._changed = asyncio.Event()
         self._spec: LaunchSpec | None = None
         self._log_fh: TextIO | None = None
+        self.supervision = ""
+        """What keeps the supervisor from watching this engine fully right now (it retries),
+        or "" (shown by `traylm status`)."""
         self._phases = PhaseTracker(engine_id)
 
     # ----------------------------------------------------------------- public API
@@ -169,6 +183,7 @@ class ManagedEngine:
             self.profile.name,
             self.runtime.device,
             str(self.runtime.version),
+            supervision=self.supervision,
             phase=phase,
             phase_label=label,
             phase_elapsed_s=round(phase_elapsed_s, 3),
@@ -187,6 +202,12 @@ class ManagedEngine:
         self._ready_event.clear()
         self._set_state(EngineState.STARTING, "launching")
         self._task = asyncio.create_task(self._run(), name=f"engine:{self.engine_id}")
+        self._task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """The supervision task never ends silently: whatever escaped it is logged."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("engine %s: supervision ended", self.engine_id, exc_info=exc)
 
     async def wait_ready(self, timeout_s: float) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout_s)
@@ -260,6 +281,15 @@ class ManagedEngine:
                 await task
         if self._proc is not None:
             self._set_state(EngineState.STOPPING, reason)
+            if reason == DAEMON_STOPPING:
+                self._end_requests(
+                    "traylm is stopping, so the reply was cut off; retry once it runs again",
+                    TRAYLM_STOPPING,
+                )
+            else:
+                self._end_requests(
+                    f"engine {self.engine_id} was stopped ({reason}) in the middle of the reply"
+                )
             await self._terminate()
         if self.state != EngineState.STOPPED:  # a stop also clears a failure
             self._set_state(EngineState.STOPPED, reason)
@@ -284,6 +314,11 @@ class ManagedEngine:
                     return
                 if outcome == "start_failed":
                     return
+                if outcome == "spawn_failed":  # the daemon's trouble, not a crash: no count
+                    delay = self.settings.restart_backoff_max_s
+                    self._set_state(EngineState.STARTING, f"{self.supervision}; in {delay:.0f} s")
+                    await asyncio.sleep(delay)
+                    continue
                 # crashed after having been ready: restart with backoff, up to restart_max
                 if self.restarts >= self.settings.restart_max:
                     self._set_state(
@@ -307,8 +342,11 @@ class ManagedEngine:
             raise
         except Exception as exc:  # boundary: a bug here must become an event, not a dead task
             log.exception("engine %s supervisor task failed", self.engine_id)
-            await self._terminate()
             self._set_state(EngineState.FAILED, f"internal error: {exc}")
+            try:
+                await self._terminate()
+            except Exception:  # boundary: the clean-up of a failure must not fail silently
+                log.exception("engine %s: cleaning up after the failure failed", self.engine_id)
 
     async def _prepare_launch(self) -> bool:
         if self._prepare is None:
@@ -325,13 +363,19 @@ class ManagedEngine:
         return True
 
     async def _one_life(self) -> str:
-        """Spawn, wait for ready, watch until exit. Returns stopped|start_failed|crashed."""
+        """Spawn, wait for ready, watch until exit. Returns start_failed|crashed, or
+        spawn_failed when no process could be started."""
         spec = self._spawn_spec()
         if self.state != EngineState.STARTING:
             self._set_state(EngineState.STARTING, f"starting on 127.0.0.1:{self.port}")
         else:
             self.detail = f"starting on 127.0.0.1:{self.port}"
-        await self._spawn(spec)
+        try:
+            await self._spawn(spec)
+        except OSError as exc:  # no process: out of descriptors or memory, a missing binary
+            self._close_log()
+            self._trouble("cannot start the engine process", exc)
+            return "spawn_failed"
         assert self._proc is not None
         # the port and pid exist now: say so (every view shows them while it starts)
         self._set_state(EngineState.STARTING, self.detail)
@@ -348,17 +392,23 @@ class ManagedEngine:
             self._ready_event.set()
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
             await self._prepare_warm(spec)
-            why = await self._watch(spec)
+            verdict = await self._watch(spec)
             self._ready_event.clear()
-            # Flip the state at once (the gateway stops routing here), then clean up the remains.
-            if self.restarts < self.settings.restart_max:
-                self._set_state(EngineState.STARTING, f"crashed ({why}); restarting")
+            # At once: the gateway stops routing here and the waiting clients get their error
+            # (not after the clean-up); then the remains are cleaned up.
+            again = self.restarts < self.settings.restart_max
+            if again:
+                self._set_state(EngineState.STARTING, f"{verdict}; restarting")
             else:
-                self._set_state(EngineState.STOPPING, f"crashed ({why}); cleaning up")
+                self._set_state(EngineState.STOPPING, f"{verdict}; cleaning up")
+            self._end_requests(
+                f"engine {self.engine_id} stopped in the middle of the reply: {verdict}; "
+                + ("traylm is restarting it: retry shortly" if again else "it is not restarted")
+            )
             await self._terminate()
             await _drain(reader)
-            self.detail = why
-            log.warning("engine %s crashed: %s", self.engine_id, why)
+            self.detail = str(verdict)
+            log.warning("engine %s %s", self.engine_id, verdict)
             return "crashed"
         except asyncio.CancelledError:
             reader.cancel()
@@ -387,6 +437,7 @@ class ManagedEngine:
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=keep_user_umask(),  # its caches (HF, compile) keep the user's modes
         )
         self.started_at_s = time.time()
         self.ready_at_s = None
@@ -428,8 +479,9 @@ class ManagedEngine:
             while time.monotonic() < deadline:
                 if self._proc.returncode is not None:
                     return False
-                if await self._probe(http, spec.health_path) and await self._probe(
-                    http, spec.models_path
+                if (
+                    await self._probe(http, spec.health_path) == Health.OK
+                    and await self._probe(http, spec.models_path) == Health.OK
                 ):
                     return self._proc.returncode is None
                 if time.monotonic() - scanned >= DESCENDANTS_PERIOD_S:
@@ -444,23 +496,38 @@ class ManagedEngine:
         )
         return False
 
-    async def _watch(self, spec: LaunchSpec) -> str:
-        """Return (with the reason) when the ready engine dies or stops answering /health."""
-        assert self._proc is not None
-        failures = 0
-        timeout = aiohttp.ClientTimeout(total=1.5)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+    async def _watch(self, spec: LaunchSpec) -> Verdict:
+        """Return why, once the ready engine exits, fails /health, hangs or is stopped
+        (engines/liveness.py)."""
+        proc = self._proc
+        assert proc is not None
+        liveness = Liveness(self.settings.stall_timeout_s)
+        traffic, engine_id = self._traffic, self.engine_id
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as http:
             while True:
-                code = await exit_code(self._proc, WATCH_PERIOD_S)
+                code = await exit_code(proc, WATCH_PERIOD_S)
                 if code is not None:
-                    return f"process exited with code {code}"
-                if await self._probe(http, spec.health_path):
-                    failures = 0
-                else:
-                    failures += 1
-                    if failures >= 2:
-                        return "/health stopped answering 200 (engine core died)"
-                await self._track_descendants()
+                    return Verdict("crashed", f"process exited with code {code}")
+                if self.state == EngineState.SLEEPING:  # asleep or waking: no replies, /health
+                    liveness = Liveness(self.settings.stall_timeout_s)  # slow while it moves
+                    continue  # weights; judged afresh once it serves again
+                health = await self._probe(http, spec.health_path)
+                now = time.monotonic()
+                look = Evidence(now, health)
+                if traffic is not None:
+                    look.in_flight = traffic.in_flight(engine_id)
+                    look.streams = traffic.streams(engine_id)
+                    look.last_reply_byte_s = traffic.last_progress_s(engine_id)
+                if health == Health.SILENT or liveness.wants_counters(
+                    now, in_flight=look.in_flight, last_reply_byte_s=look.last_reply_byte_s
+                ):
+                    look.counters = await self._counters(http)
+                look.leader_cpu_s, look.stopped = await self._vitals(proc.pid)
+                verdict = liveness.look(look)
+                if verdict is not None:
+                    return verdict
+                if await self._track_descendants() and health != Health.UNKNOWN:
+                    self._trouble_over()
                 if (
                     self.restarts
                     and self.ready_at_s
@@ -468,65 +535,96 @@ class ManagedEngine:
                 ):
                     self.restarts = 0
 
-    async def _probe(self, http: aiohttp.ClientSession, path: str) -> bool:
+    async def _probe(self, http: aiohttp.ClientSession, path: str) -> Health:
+        """OK: 200. BAD: another answer. SILENT: no answer in time. UNKNOWN: the daemon itself
+        could not ask (out of descriptors), which says nothing about the engine."""
         try:
             async with http.get(f"{self.base_url}{path}") as resp:
                 await resp.read()
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+                return Health.OK if resp.status == 200 else Health.BAD
+        except aiohttp.ClientConnectorError as exc:
+            return self._probe_failed(path, exc.os_error)
+        except OSError as exc:
+            return self._probe_failed(path, exc)
+        except (aiohttp.ClientError, TimeoutError):
+            return Health.SILENT
 
-    async def _track_descendants(self) -> None:
+    def _probe_failed(self, path: str, exc: OSError) -> Health:
+        if exc.errno in LOCAL_RESOURCE_ERRNOS:
+            self._trouble(f"cannot probe {path}", exc)
+            return Health.UNKNOWN
+        return Health.SILENT
+
+    async def _counters(self, http: aiohttp.ClientSession) -> float | None:
+        """The engine's token counters (its Prometheus /metrics), or None."""
+        try:
+            async with http.get(f"{self.base_url}{METRICS_PATH}") as resp:
+                if resp.status != 200:
+                    return None
+                return progress_counter(await resp.text(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
+
+    async def _vitals(self, pid: int) -> tuple[float | None, list[int]]:
+        try:
+            return await asyncio.to_thread(vitals, pid, self._tracked)
+        except (OSError, psutil.Error) as exc:
+            self._trouble("cannot read the state of the engine's processes", exc)
+            return None, []
+
+    async def _track_descendants(self) -> bool:
+        """Record the engine's child processes (the reaper needs them after a daemon crash).
+        False when the scan failed (it is retried on the next tick)."""
         proc = self._proc
         if proc is None:
-            return
-        # a scan of every process on the machine: off the loop that relays the tokens
-        found = await asyncio.to_thread(descendants, proc.pid)
-        known = {(p.pid, p.create_time) for p in self._tracked}
-        new = [p for p in found if (p.pid, p.create_time) not in known]
-        if new:
-            self._tracked.extend(new)
-            leader = TrackedProcess.of(proc.pid)
-            if leader is not None:
-                self._pids.put(EngineRecord(self.engine_id, proc.pid, leader, tuple(self._tracked)))
+            return True
+        try:
+            # a scan of every process on the machine: off the loop that relays the tokens
+            found = await asyncio.to_thread(descendants, proc.pid)
+            known = {(p.pid, p.create_time) for p in self._tracked}
+            new = [p for p in found if (p.pid, p.create_time) not in known]
+            if new:
+                self._tracked.extend(new)
+                leader = TrackedProcess.of(proc.pid)
+                if leader is not None:
+                    record = EngineRecord(self.engine_id, proc.pid, leader, tuple(self._tracked))
+                    await asyncio.to_thread(self._pids.put, record)
+        except (OSError, psutil.Error) as exc:
+            self._trouble("cannot scan the engine's processes", exc)
+            return False
+        return True
+
+    def _end_requests(self, why: str, type_: str = ENGINE_ERROR) -> None:
+        traffic = self._traffic
+        if traffic is not None and (ended := traffic.end_all(self.engine_id, why, type_)):
+            log.info("engine %s: ended %d request(s) in flight: %s", self.engine_id, ended, why)
+
+    def _trouble(self, what: str, exc: BaseException) -> None:
+        """Something the supervisor needs failed; it goes on and retries. Logged once per
+        distinct trouble, and shown in the engine's status until it passes."""
+        text = f"{what}: {exc} (retrying)"
+        if text != self.supervision:
+            log.warning("engine %s: %s", self.engine_id, text)
+            self.supervision = text
+
+    def _trouble_over(self) -> None:
+        if self.supervision:
+            log.info("engine %s: supervision is back to normal", self.engine_id)
+            self.supervision = ""
 
     async def _terminate(self) -> None:
-        """SIGTERM the leader, wait; SIGTERM the group, wait; SIGKILL the group and every
-        tracked descendant; then verify that nothing of it is left."""
+        """End the engine's process group (engines.procs.end_group) and forget it."""
         proc = self._proc
         if proc is None:
             return
         await self._track_descendants()
-        pgid = proc.pid
-        grace = self.settings.stop_timeout_s
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            await exit_code(proc, grace * 0.6)
-        signal_group(pgid, signal.SIGTERM)
-        kill_tracked(self._tracked, signal.SIGTERM)
-        if await self._wait_gone(pgid, grace * 0.4):
-            self._finish_terminate()
-            return
-        signal_group(pgid, signal.SIGKILL)
-        kill_tracked(self._tracked, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        if not await self._wait_gone(pgid, 5.0):
-            left = survivors(pgid, self._tracked)
+        left = await end_group(
+            proc, self._tracked, grace_s=self.settings.stop_timeout_s, trouble=self._trouble
+        )
+        if left:
             log.error("engine %s: processes %s survived SIGKILL", self.engine_id, left)
             self.detail = f"processes {left} survived SIGKILL"
         self._finish_terminate()
-
-    async def _wait_gone(self, pgid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = await asyncio.to_thread(survivors, pgid, self._tracked)
-            if not left:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.1)
 
     def _finish_terminate(self) -> None:
         proc = self._proc
@@ -731,5 +829,5 @@ class Supervisor:
             for name in e.served_names
         ]
 
-    async def stop_all(self, reason: str = "daemon stopping") -> None:
+    async def stop_all(self, reason: str = DAEMON_STOPPING) -> None:
         await asyncio.gather(*(e.stop(reason) for e in self.engines.values()))

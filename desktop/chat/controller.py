@@ -235,7 +235,7 @@ class ChatController(QObject):
         elif messages:
             self._stream(len(messages))
 
-    retry = regenerate  # after an error the last message is the user's: stream a reply to it
+    retry = regenerate  # an unanswered or interrupted last message gets a (new) reply
 
     def _stream(self, position: int) -> None:
         assert self.transcript is not None
@@ -253,6 +253,8 @@ class ChatController(QObject):
             options.temperature,
             options.top_p,
             options.max_tokens,
+            chat_id=self.transcript.chat.chat_id,
+            position=position,
         )
         call_id = self.bridge.call_gateway(lambda g: g.stream_chat(request), self._on_stream_done)
         self.streaming = Streaming(

@@ -30,6 +30,8 @@ class ChatRequest:
     temperature: float
     top_p: float
     max_tokens: int
+    chat_id: int = 0  # with position: the daemon keeps the reply there as it streams
+    position: int = -1
 
     def payload(self) -> dict[str, object]:
         return {
@@ -84,7 +86,7 @@ class ChatStreamEnded:
     request_id: int
     model: str
     content: str
-    finish_reason: str  # stop | length | stopped | error
+    finish_reason: str  # stop | length | stopped | error | interrupted
     ttft_s: float | None
     tokens_per_s: float | None
     completion_tokens: int
@@ -161,7 +163,12 @@ class _Collector:
         if "error" in chunk:
             err = chunk["error"] or {}
             type_ = str(err.get("type", ""))  # a cold model's failed load ends the stream so
-            kind = _ERROR_KINDS.get(type_, "engine_error")
+            # traylm itself stopping cut the reply off: kept as interrupted, like a lost
+            # connection (Retry once the daemon is back), not an engine's failure
+            if type_ == "traylm_stopping":
+                kind = "connection_lost"
+            else:
+                kind = _ERROR_KINDS.get(type_, "engine_error")
             self.error = ChatError(kind, str(err.get("message", "engine error")), 502, type_)
             return True
         usage = chunk.get("usage")
@@ -204,13 +211,20 @@ class _Collector:
             request_id=self.request.request_id,
             model=self.request.model,
             content="".join(self.parts),
-            finish_reason="error" if error else (finish or self.finish or "stop"),
+            finish_reason=_finish_reason(error, finish or self.finish or "stop"),
             ttft_s=ttft,
             tokens_per_s=rate,
             completion_tokens=tokens,
             duration_s=end - self.started,
             error=error,
         )
+
+
+def _finish_reason(error: ChatError | None, finish: str) -> str:
+    """A reply cut off on its way (lost connection) is interrupted: the window offers Retry."""
+    if error is None:
+        return finish
+    return "interrupted" if error.kind == "connection_lost" else "error"
 
 
 class GatewayHTTP:
@@ -220,6 +234,7 @@ class GatewayHTTP:
         self._post = post
         self.base_url = ""
         self.api_key = ""
+        self.control_token = ""  # lets the daemon keep a chat reply as it streams
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -231,6 +246,16 @@ class GatewayHTTP:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _keep_reply(self, request: ChatRequest) -> dict[str, str]:
+        """Ask the daemon to keep the reply in the conversation as it streams (it survives the
+        app being killed mid-reply)."""
+        if not request.chat_id or request.position < 0 or not self.control_token:
+            return {}
+        return {
+            "X-Traylm-Chat-Reply": f"{request.chat_id}:{request.position}",
+            "X-Traylm-Token": self.control_token,
+        }
 
     def _unreachable(self, exc: BaseException) -> ChatError:
         where = self.base_url or "the gateway (no daemon connected yet)"
@@ -275,7 +300,7 @@ class GatewayHTTP:
             async with self._http().post(
                 self.base_url + "/v1/chat/completions",
                 json=request.payload(),
-                headers=self._headers(),
+                headers={**self._headers(), **self._keep_reply(request)},
             ) as resp:
                 if resp.status != 200:
                     return collector.ended("error", error_from_body(resp.status, await resp.read()))

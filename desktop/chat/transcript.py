@@ -46,7 +46,7 @@ def stats_text(stats: Mapping[str, float], finish: str) -> str:
         parts.append("stopped")
     elif finish == "length":
         parts.append("cut at max tokens")
-    elif finish == "error":
+    elif finish in ("error", "interrupted"):
         parts.append("interrupted")
     return " · ".join(parts)
 
@@ -135,7 +135,12 @@ class MessageView(QFrame):
         header.addWidget(self.stats)
         header.addStretch(1)
         self.buttons: dict[str, QToolButton] = {}
-        for name, text in (("copy", "Copy"), ("edit", "Edit"), ("regenerate", "Regenerate")):
+        for name, text in (
+            ("copy", "Copy"),
+            ("edit", "Edit"),
+            ("regenerate", "Regenerate"),
+            ("retry", "Retry"),
+        ):
             button = QToolButton()
             button.setText(text)
             button.setObjectName(f"{name}Message")
@@ -147,9 +152,10 @@ class MessageView(QFrame):
         self.buttons["copy"].setVisible(True)
         self.buttons["copy"].clicked.connect(self.on_copy_clicked)
         self.buttons["edit"].clicked.connect(lambda: self.edit_requested.emit(self.position))
-        self.buttons["regenerate"].clicked.connect(
-            lambda: self.regenerate_requested.emit(self.position)
-        )
+        for name in ("regenerate", "retry"):
+            self.buttons[name].clicked.connect(
+                lambda: self.regenerate_requested.emit(self.position)
+            )
         outer.addLayout(header)
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
@@ -187,9 +193,10 @@ class MessageView(QFrame):
     def set_stats(self, text: str) -> None:
         self.stats.setText(text)
 
-    def allow(self, *, edit: bool = False, regenerate: bool = False) -> None:
+    def allow(self, *, edit: bool = False, regenerate: bool = False, retry: bool = False) -> None:
         self.buttons["edit"].setVisible(edit)
-        self.buttons["regenerate"].setVisible(regenerate)
+        self.buttons["regenerate"].setVisible(regenerate and not retry)
+        self.buttons["retry"].setVisible(retry)
 
     def on_copy_clicked(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
@@ -275,6 +282,7 @@ class TranscriptView(QScrollArea):
         self.column.addStretch(1)
         self.setWidget(inner)
         self.messages: list[MessageView] = []
+        self.retry_view: MessageView | None = None
         self.streaming: MessageView | None = None
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self.on_range_changed)
@@ -290,6 +298,7 @@ class TranscriptView(QScrollArea):
         self.messages = []
         last_user = max((m.position for m in messages if m.role == "user"), default=-1)
         last = messages[-1].position if messages else -1
+        self.retry_view = None
         for msg in messages:
             title = "You" if msg.role == "user" else (msg.model or assistant_name or msg.role)
             if msg.role == "system":
@@ -297,16 +306,29 @@ class TranscriptView(QScrollArea):
             view = MessageView(msg.role, title, msg.position)
             view.set_text(msg.content)
             view.set_stats(stats_text(msg.stats, msg.finish_reason))
+            # the last message unanswered (the app or the daemon died before the reply) or
+            # answered only in part: Retry asks for a (new) reply
+            unfinished = msg.position == last and (
+                msg.role == "user" or msg.finish_reason == "interrupted"
+            )
             view.allow(
                 edit=msg.role == "user" and msg.position == last_user,
                 regenerate=msg.role == "assistant" and msg.position == last,
+                retry=unfinished,
             )
+            if unfinished:
+                self.retry_view = view
             view.edit_requested.connect(self.edit_requested)
             view.regenerate_requested.connect(self.regenerate_requested)
             self._insert(view)
             self.messages.append(view)
         self.placeholder.setVisible(not messages)
         self._follow = True
+
+    def offer_retry(self, on: bool) -> None:
+        """Retry is offered only while no reply streams."""
+        if self.retry_view is not None:
+            self.retry_view.buttons["retry"].setVisible(on)
 
     def hide_from(self, position: int) -> None:
         """While regenerating, the old reply at ``position`` and after is hidden."""

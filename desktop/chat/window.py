@@ -488,6 +488,7 @@ class ChatWindow(QMainWindow):
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         self.new_button.setEnabled(not streaming)
+        self.transcript.offer_retry(not streaming)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """Enter sends and Shift+Enter starts a new line in the composer (as in LM Studio and

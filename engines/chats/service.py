@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engines.chats.replies import ReplyTap
 from engines.chats.store import ChatStore, NewMessage
 from engines.events.chat import ChatChanged, ChatSummary, ChatTranscript
 from engines.events.codec import Event
@@ -56,6 +57,13 @@ class ChatsFeature:
     async def delete(self, chat_id: int) -> None:
         await asyncio.to_thread(self._chats.delete, chat_id)
         self._changed(chat_id, "deleted")
+
+    async def tap_reply(self, chat_id: int, position: int, model: str) -> ReplyTap:
+        """Keep the reply the gateway is about to stream for the conversation, from its first
+        token (engines/chats/replies.py). Raises ChatNotFound or ConfigError."""
+        message_id = await asyncio.to_thread(self._chats.begin_reply, chat_id, position, model)
+        self._changed(chat_id, "messages")
+        return ReplyTap(self._chats, message_id, lambda: self._changed(chat_id, "messages"))
 
     async def add_messages(
         self, chat_id: int, messages: list[NewMessage], *, truncate_from: int | None

@@ -27,7 +27,10 @@ PARAM_BOUNDS: Mapping[str, tuple[float, float]] = {
     "max_tokens": (1.0, 1_048_576.0),
 }
 STAT_NAMES = frozenset({"ttft_s", "tokens_per_s", "completion_tokens", "duration_s"})
-FINISH_REASONS = frozenset({"", "stop", "length", "stopped", "error"})
+INTERRUPTED = "interrupted"
+"""A reply that did not complete: still streaming, or cut off (app or daemon killed, engine
+died). The chat window offers Retry for it."""
+FINISH_REASONS = frozenset({"", "stop", "length", "stopped", "error", INTERRUPTED})
 UPDATABLE = ("title", "model", "system_prompt", "params")
 
 _SUMMARY_SQL = (
@@ -218,6 +221,32 @@ class ChatStore:
                 "UPDATE chats SET updated_s = ?, title = ? WHERE id = ?", (now, title, chat_id)
             )
         return self.get(chat_id)
+
+    def begin_reply(self, chat_id: int, position: int, model: str) -> int:
+        """A reply starts streaming at ``position``: the messages from there on are replaced by
+        an empty assistant message marked interrupted until the reply completes. Returns its
+        message id (for ``save_reply``)."""
+        transcript = self.add_messages(
+            chat_id,
+            [NewMessage("assistant", "", model[:TITLE_MAX_CHARS], finish_reason=INTERRUPTED)],
+            truncate_from=position,
+        )
+        return transcript.messages[-1].message_id
+
+    def save_reply(
+        self, message_id: int, content: str, *, finish_reason: str = INTERRUPTED
+    ) -> bool:
+        """Write a reply in progress (or its end). Only while it is still marked interrupted:
+        once the chat window stored the reply itself (with its own figures), that one stays.
+        Returns whether it was written."""
+        finish = {"finish": finish_reason} if finish_reason else {}
+        with self._store.transaction() as db:
+            cur = db.execute(
+                "UPDATE messages SET content = ?, stats_json = ? WHERE id = ? "
+                "AND json_extract(stats_json, '$.finish') = ?",
+                (content[:CONTENT_MAX_CHARS], dumps(finish), message_id, INTERRUPTED),
+            )
+            return cur.rowcount > 0
 
 
 def _checked_fields(changes: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from engines.pip_progress import PipStatus
 from engines.procs import PidRegistry
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
+from engines.traffic import EngineTraffic
 from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class EngineControl:
         launch_hooks: Mapping[str, LaunchHook],
         check_trust: TrustCheck,
         check_available: TrustCheck = _always,
+        traffic: EngineTraffic | None = None,
         cache_dir: Path | None = None,
         warm: WarmPool | None = None,
         place: Place | None = None,
@@ -90,7 +92,8 @@ class EngineControl:
         """``cache_dir``: where engines keep their compile caches (one folder per engine env);
         ``warm``: the processes started ahead for the next start of a profile; ``place``: puts a
         profile on GPUs before it starts (models on demand: resolves ``gpus = "auto"``, making
-        room by unloading idle models, and books the engine)."""
+        room by unloading idle models, and books the engine); ``traffic``: the gateway's requests
+        in flight, which each engine's supervision reads and ends (engines/traffic.py)."""
         self._supervisor = supervisor
         self._envs = envs
         self._settings = settings
@@ -101,6 +104,7 @@ class EngineControl:
         self._publish = publish
         self._launch_hooks = dict(launch_hooks)
         self._check_trust = check_trust
+        self._traffic = traffic
         self._place = place
         self._check_available = check_available
         """(profile name, model) → None, or an error when the engine could not get the model
@@ -144,6 +148,7 @@ class EngineControl:
             pids=self._pids,
             publish=self._publish,
             prepare=prepare,
+            traffic=self._traffic,
             warm=self._warm,
         )
         self._supervisor.add(engine)
@@ -282,23 +287,28 @@ class DaemonStatus:
         engines: EngineView,
         paused: Callable[[], str | None],
         reaped: Callable[[], list[str]],
+        bound: Callable[[], list[str]],
         providers: Mapping[str, Callable[[], object]],
     ) -> None:
-        """``providers``: extra keys (e.g. "remote", "bench") → their value now."""
+        """``bound``: the gateway's listening sockets now ("127.0.0.1:8000");
+        ``providers``: extra keys (e.g. "remote", "bench") → their value now."""
         self._settings = settings
         self._engines = engines
         self._paused = paused
         self._reaped = reaped
+        self._bound = bound
         self._providers = dict(providers)
         self.started_at_s = time.time()
 
     def report(self) -> dict[str, Any]:
         s = self._settings.current
+        bound = self._bound()
         return {
             "version": __version__,
             "pid": os.getpid(),
             "url": f"http://127.0.0.1:{s.gateway.port}",
-            "bind_host": s.bind_host,
+            "bind_host": bound[0].rsplit(":", 1)[0].strip("[]") if bound else "",
+            "bound": bound,
             "lan_sharing": s.gateway.lan_sharing,
             "api_key_required": bool(s.gateway.api_key_sha256),
             "started_at_s": self.started_at_s,

@@ -28,7 +28,8 @@ class ChatSummary:
 @dataclasses.dataclass(frozen=True)
 class ChatMessage:
     """One message of a conversation. ``stats`` holds per-reply figures (ttft_s, tokens_per_s,
-    completion_tokens); ``finish_reason`` is stop, length, stopped (by the user) or error."""
+    completion_tokens); ``finish_reason`` is stop, length, stopped (by the user), error, or
+    interrupted (still streaming, or cut off: the app or the daemon was killed mid-reply)."""
 
     message_id: int
     chat_id: int

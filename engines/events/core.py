@@ -65,6 +65,9 @@ class EngineStatus:
     profile: str
     device: str
     version: str
+    supervision: str = ""
+    """What keeps the supervisor from watching the engine fully right now (it retries), or
+    "" when nothing does."""
     phase: str = ""
     """The start phase (import, config, engine, weights, compile, kv_cache, warmup, graphs,
     server, ready) of the last launch; "" before the first spawn and for engines without phase

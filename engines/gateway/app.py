@@ -17,9 +17,10 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from engines.gateway.proxy import REPLY_COMPLETE
+from engines.gateway.connections import is_loopback
+from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
-from engines.gateway.security import Guard
+from engines.gateway.security import Guard, header_bytes
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.gateway.shapes import api_error
 
@@ -52,6 +53,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             "internal error in the traylm gateway; see the daemon log",
             type_="server_error",
         )
+    if request.get(CLIENT_GONE):  # a write to the client failed: it went away
+        ctx.metrics.requests.inc(route=_route_label(request), status="499")
+        return resp
     if resp.status >= 400:
         ctx.metrics.errors.inc(status=str(resp.status))
     ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))
@@ -91,6 +95,16 @@ async def security_middleware(request: web.Request, handler: Handler) -> web.Str
     ctx = request.app[GATEWAY]
     guard = ctx.guard
     path = request.path
+    if not guard.lan and not is_loopback(request.remote):
+        # whatever the socket is bound to: a connection made while LAN sharing was on, or
+        # gateway.host set to a LAN address, never serves another computer once it is off
+        return api_error(
+            path,
+            403,
+            "this traylm serves only this computer: LAN sharing is off (turn it on with "
+            "`traylm config set gateway.lan_sharing true` after `traylm keys add`)",
+            type_="forbidden",
+        )
     problem = guard.path_problem(request.raw_path)
     if problem:
         return api_error(path, 400, problem)
@@ -146,7 +160,7 @@ def _key_ok(request: web.Request, guard: Guard) -> bool:
 def _token_ok(request: web.Request, token: str) -> bool:
     auth = request.headers.get("Authorization", "")
     given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    return bool(token) and secrets.compare_digest(given.encode(), token.encode())
+    return bool(token) and secrets.compare_digest(header_bytes(given), token.encode())
 
 
 def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> web.StreamResponse:
@@ -176,12 +190,17 @@ def build_app(ctx: GatewayContext) -> web.Application:
     app[GATEWAY] = ctx
     app.router.add_routes(gateway_routes())
 
+    sweep: list[asyncio.Task[None]] = []
+
     async def on_startup(_: web.Application) -> None:
         if ctx.session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=False)
             ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        sweep.append(asyncio.create_task(ctx.sweep_stalled_clients(), name="stalled clients"))
 
     async def on_cleanup(_: web.Application) -> None:
+        for task in sweep:
+            task.cancel()
         if ctx.session is not None:
             await ctx.session.close()
             ctx.session = None

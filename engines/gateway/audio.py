@@ -9,6 +9,7 @@ is relayed as received (same boundary).
 
 from __future__ import annotations
 
+import asyncio
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from engines.gateway.forward import Outbound, dispatch
 from engines.gateway.service import GATEWAY
+from engines.gateway.shapes import body_too_slow
 from engines.http import openai_error
 
 READ_CHUNK_BYTES = 64 * 1024
@@ -34,7 +36,10 @@ async def audio(request: web.Request) -> web.StreamResponse:
     declared = request.content_length
     if declared is not None and declared > limit:
         return _too_big(limit, declared)
-    body = await _read_at_most(request, limit)
+    try:
+        body = await _read_at_most(request, limit, ctx.settings.gateway.body_timeout_s)
+    except TimeoutError:
+        return body_too_slow(request.path, ctx.settings.gateway.body_timeout_s)
     if body is None:
         return _too_big(limit, None)
     model, problem = _form_fields(ctype, body)
@@ -43,14 +48,19 @@ async def audio(request: web.Request) -> web.StreamResponse:
     return await dispatch(request, Outbound(body, model, content_type=ctype))
 
 
-async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None as soon as it passes ``limit`` bytes (the rest is never read)."""
+async def _read_at_most(request: web.Request, limit: int, idle_s: float) -> bytes | None:
+    """The body, or None as soon as it passes ``limit`` bytes (the rest is never read).
+    TimeoutError when no byte of it came for ``idle_s`` (an upload may be long, not stuck)."""
     buf = bytearray()
-    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+    chunks = request.content.iter_chunked(READ_CHUNK_BYTES)
+    while True:
+        async with asyncio.timeout(idle_s):
+            chunk = await anext(chunks, b"")
+        if not chunk:
+            return bytes(buf)
         buf += chunk
         if len(buf) > limit:
             return None
-    return bytes(buf)
 
 
 def _too_big(limit: int, declared: int | None) -> web.Response:

@@ -10,6 +10,7 @@ fallbacks are relayed as they are.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -27,10 +28,11 @@ from engines.gateway.capabilities import (
     tools_problem,
 )
 from engines.gateway.loading import ColdStream
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.proxy import ReplySink, Upstream, relay
 from engines.gateway.service import GATEWAY, GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
 from engines.supervisor import ManagedEngine
+from engines.traffic import Flow
 
 ReplyHook = Callable[[str, bytes], None]
 """(engine id, the first bytes of a successful reply from that engine)."""
@@ -104,8 +106,11 @@ async def dispatch(
         if problem is not None:
             ctx.log_refused(path, out.model, problem.status, upstream.name)
             return await _refuse(request, cold, problem)
+    tap = await ctx.chat_reply(request, out.model)
+    if isinstance(tap, web.Response):
+        return await _refuse(request, cold, tap)
     seen = functools.partial(on_reply, upstream.name) if on_reply and engine else None
-    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, cold)
+    resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, tap, cold)
     if resp.prepared or not isinstance(resp, web.Response):
         return resp
     if resp.status < 400:
@@ -146,11 +151,12 @@ async def _relay_in_slot(
     admission: Admission,
     out: Outbound,
     on_reply: Callable[[bytes], None] | None,
+    tap: ReplySink | None,
     cold: ColdStream | None,
 ) -> web.StreamResponse:
     g = ctx.settings.gateway
 
-    async def to(target: Upstream) -> web.StreamResponse:
+    async def to(target: Upstream, flow: Flow | None = None) -> web.StreamResponse:
         assert ctx.session is not None
         return await relay(
             request,
@@ -163,12 +169,19 @@ async def _relay_in_slot(
             usage=ctx.usage_sink(request.path, out.model, target),
             content_type=out.content_type,
             on_first_events=on_reply if target is upstream else None,
+            flow=flow,
+            tap=tap if target is upstream else None,
             prepared=cold.response if cold is not None else None,
         )
 
     try:
         async with admission.slot():
-            return await to(upstream)
+            flow = _flow(ctx, upstream, streaming=out.payload.get("stream") is True)
+            flow.client = request.transport
+            try:
+                return await to(upstream, flow)
+            finally:
+                flow.close()
     except QueueFull as exc:
         fallback = ctx.fallback(out.model, "queue_full") if ctx.fallback else None
         if fallback is not None:
@@ -182,3 +195,17 @@ async def _relay_in_slot(
             headers={"Retry-After": str(g.retry_after_s)},
         )
         return await _refuse(request, cold, refused)
+
+
+def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow:
+    """Count the request as in flight to its engine (the supervisor's hang check reads it, the
+    sweep of clients that stopped reading goes through it). When the engine is declared dead or
+    stopped, the request is ended at once: its relay is cancelled and tells the client why."""
+    task = asyncio.current_task()
+    assert task is not None
+    key = f"remote:{upstream.name}" if upstream.remote else upstream.name
+
+    def end() -> None:
+        task.cancel()
+
+    return ctx.traffic.open(key, streaming=streaming, end=end)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from engines.gateway.proxy import end_with_error, error_text
+from engines.gateway.proxy import CLIENT_GONE, CLIENT_WRITE_ERRORS, end_with_error
+from engines.gateway.sse import error_text
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,27 @@ class ColdStream:
         self.response: web.StreamResponse | None = None
 
     async def __call__(self, progress: LoadProgress) -> None:
-        resp = self.response
-        if resp is None:
-            resp = self.response = web.StreamResponse(
-                status=200,
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Accel-Buffering": "no",
-                },
-            )
-            await resp.prepare(self.request)
+        """Write the comment line. A client that went away is only noted (CLIENT_GONE): the
+        load goes on for the other waiters, and the relay then ends this request as a client
+        disconnect, not as an error of the gateway."""
+        if self.request.get(CLIENT_GONE):
+            return
         line = f": loading {progress.model} ({progress.words}, {progress.elapsed_s:.0f} s)\n\n"
-        await resp.write(line.encode())
+        try:
+            resp = self.response
+            if resp is None:
+                resp = self.response = web.StreamResponse(
+                    status=200,
+                    headers={
+                        "Content-Type": "text/event-stream",
+                        "Cache-Control": "no-cache",
+                        "X-Accel-Buffering": "no",
+                    },
+                )
+                await resp.prepare(self.request)
+            await resp.write(line.encode())
+        except CLIENT_WRITE_ERRORS:
+            self.request[CLIENT_GONE] = True
 
     async def fail(self, error: web.Response) -> web.StreamResponse:
         """End the started stream with ``error`` (an error response) as the error event of

@@ -3,34 +3,59 @@
 Server-sent events pass through unbuffered: each event the engine sends is written to the client
 as soon as its last byte arrives (a chunk that ends mid-event keeps that event's start back until
 the rest comes). If the client goes away the handler is cancelled and the upstream
-connection is closed, so the engine aborts the request instead of generating for nobody. If the
+connection is closed, so the engine aborts the request instead of generating for nobody; a
+write to a client that is gone counts as that (499), never as the engine's fault. If the
 engine dies mid-stream, the client gets an OpenAI-shaped error event (which the openai SDK raises
-as ``APIError``) and a clean end of stream instead of a hung connection.
+as ``APIError``) and a clean end of stream instead of a hung connection; the same at once when
+the supervisor declares the engine dead, hung or stopped (``Flow.stop``: the event says why).
+Events reach the client as valid UTF-8 (gateway/utf8.py).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from time import monotonic
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.shapes import is_anthropic
+from engines.gateway.sse import EVENT_ENDS, count_usage, error_text, sse_error, whole_events
+from engines.gateway.utf8 import Utf8Events
 from engines.http import openai_error
+from engines.traffic import ENGINE_ERROR, Flow
 
 log = logging.getLogger(__name__)
 
-# OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
-_PROMPT_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_COMPLETION_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 REPLY_COMPLETE = web.RequestKey("traylm.reply_complete", bool)
 """Request key set once the last byte of a streamed reply was written (see error_middleware)."""
+CLIENT_GONE = web.RequestKey("traylm.client_gone", bool)
+"""Request key set when a write to the client failed because it went away (error_middleware
+counts the request as 499, client closed request)."""
+CLIENT_WRITE_ERRORS = (ConnectionError, aiohttp.ClientConnectionError)
+"""What a write to the client raises once its connection is gone (aiohttp: "Cannot write to
+closing transport", a ConnectionResetError and a ClientConnectionError at once)."""
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClientGone(Exception):
+    """A write to the client failed: it went away, or was closed for reading nothing."""
+
+
+class ReplySink(Protocol):
+    """Sees every event of a streamed reply (engines/chats/replies.py ReplyTap)."""
+
+    def feed(self, events: bytes) -> None: ...
+
+    async def finish(self) -> None: ...
+
+
 HOP_HEADERS = frozenset(
     {
         "content-length",
@@ -42,19 +67,6 @@ HOP_HEADERS = frozenset(
         "date",
     }
 )
-
-
-def sse_error(
-    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
-) -> bytes:
-    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
-    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
-    if anthropic:
-        data = {"type": "error", "error": {"type": "api_error", "message": message}}
-        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
-    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
-
 
 UsageSink = Callable[[int, int | None, int | None, float], None]
 """Called once per relayed request: (status, prompt tokens, completion tokens, seconds)."""
@@ -73,6 +85,25 @@ class Upstream:
     attached server asked for by its attach name): the route rewrites the body's ``model``."""
 
 
+@dataclass
+class _Stream:
+    """What a relay needs besides the request and the engine's response."""
+
+    upstream: Upstream
+    model: str
+    started: float
+    metrics: GatewayMetrics
+    usage: UsageSink | None
+    on_first_events: Callable[[bytes], None] | None
+    flow: Flow | None
+    tap: ReplySink | None
+    prepared: web.StreamResponse | None
+
+    def record(self, status: int, prompt: int | None = None, completion: int | None = None) -> None:
+        if self.usage is not None:
+            self.usage(status, prompt, completion, time.perf_counter() - self.started)
+
+
 async def relay(
     request: web.Request,
     *,
@@ -85,13 +116,19 @@ async def relay(
     usage: UsageSink | None = None,
     content_type: str = "application/json",
     on_first_events: Callable[[bytes], None] | None = None,
+    flow: Flow | None = None,
+    tap: ReplySink | None = None,
     prepared: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
-    whole events of a stream (the Responses route reads the response id there). ``prepared``: a
-    stream already answered with 200 and SSE comments while the model loaded (``ColdStream``);
+    whole events of a stream (the Responses route reads the response id there). ``flow``: the
+    request in flight (its engine's progress; when it is ended from outside, its client is told
+    why); ``tap``: sees every event relayed (a chat reply kept as it streams); ``prepared``: a
+    stream already answered with 200 and SSE comments while the model loaded (``ColdStream``):
     the reply, or an error event, goes into it."""
-    started = time.perf_counter()
+    s = _Stream(
+        upstream, model, time.perf_counter(), metrics, usage, on_first_events, flow, tap, prepared
+    )
     headers = {
         "Content-Type": content_type,
         "Accept": request.headers.get("Accept", "*/*"),
@@ -101,18 +138,20 @@ async def relay(
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        resp_cm = session.request(
+        upstream_resp = await session.request(
             request.method,
             upstream.base_url + request.path_qs,
             data=body or None,
             headers=headers,
             timeout=timeout,
         )
-        upstream_resp = await resp_cm
+    except asyncio.CancelledError:
+        if not ended_from_outside(request, flow):
+            raise
+        return await _answer_ended(request, s)
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
         log.warning("upstream %s unreachable: %s", upstream.name, exc)
-        if usage is not None:
-            usage(502, None, None, time.perf_counter() - started)
+        s.record(502)
         message = (
             f"engine {upstream.name} did not answer ({type(exc).__name__}); "
             "it may be restarting: retry shortly"
@@ -121,36 +160,38 @@ async def relay(
             return await end_with_error(request, prepared, message, type_="engine_unavailable")
         return openai_error(502, message, type_="engine_unavailable", headers={"Retry-After": "2"})
     try:
-        ctype = upstream_resp.headers.get("Content-Type", "")
-        if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
-            return await _stream(
-                request,
-                upstream_resp,
-                upstream,
-                model,
-                started,
-                metrics,
-                usage,
-                on_first_events,
-                prepared,
-            )
-        data = await upstream_resp.read()
-        counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
-        prompt, completion = _count_usage(counts, model, metrics, chunks=0)
-        if usage is not None:
-            usage(upstream_resp.status, prompt, completion, time.perf_counter() - started)
-        if prepared is not None:  # an answer that is not a stream, after the stream began
-            return await end_with_error(request, prepared, error_text(data, upstream_resp.status))
-        return _whole(upstream_resp, upstream, data)
+        return await _reply(request, upstream_resp, s)
+    except asyncio.CancelledError:
+        if not ended_from_outside(request, flow):
+            raise
+        return await _answer_ended(request, s)
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        if usage is not None:
-            usage(502, None, None, time.perf_counter() - started)
-        return openai_error(
-            502, f"engine {upstream.name} failed mid-request: {exc}", type_="engine_error"
-        )
+        s.record(502)
+        message = f"engine {upstream.name} failed mid-request: {exc}"
+        if prepared is not None:
+            return await end_with_error(request, prepared, message)
+        return openai_error(502, message, type_="engine_error")
     finally:
-        metrics.latency.observe(time.perf_counter() - started, route=route)
+        metrics.latency.observe(time.perf_counter() - s.started, route=route)
         upstream_resp.close()
+
+
+async def _reply(
+    request: web.Request, upstream_resp: aiohttp.ClientResponse, s: _Stream
+) -> web.StreamResponse:
+    ctype = upstream_resp.headers.get("Content-Type", "")
+    if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
+        return await _stream(request, upstream_resp, s)
+    data = await upstream_resp.read()
+    counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
+    s.record(upstream_resp.status, *count_usage(counts, s.model, s.metrics, chunks=0))
+    if s.prepared is not None:  # an answer that is not a stream, after the stream began
+        return await end_with_error(request, s.prepared, error_text(data, upstream_resp.status))
+    out_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS}
+    out_headers["X-Traylm-Engine"] = s.upstream.name
+    if s.upstream.remote:
+        out_headers["X-Traylm-Route"] = "remote"
+    return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
 
 
 class EventStreamResponse(web.StreamResponse):
@@ -163,25 +204,66 @@ class EventStreamResponse(web.StreamResponse):
 
 
 async def _stream(
-    request: web.Request,
-    upstream_resp: aiohttp.ClientResponse,
-    upstream: Upstream,
-    model: str,
-    started: float,
-    metrics: GatewayMetrics,
-    usage: UsageSink | None = None,
-    on_first_events: Callable[[bytes], None] | None = None,
-    prepared: web.StreamResponse | None = None,
+    request: web.Request, upstream_resp: aiohttp.ClientResponse, s: _Stream
 ) -> web.StreamResponse:
-    resp = prepared or await _open_stream(request, upstream_resp, upstream)
-    first = True
-    chunks = 0
-    counted = b""  # the last events that carried token counts (usage)
-    partial = b""  # the start of an event whose end has not arrived yet
+    resp = s.prepared or await _open_stream(request, upstream_resp, s.upstream)
+    state = _Relayed()
+    try:
+        try:
+            await _pump(upstream_resp, resp, s, state)
+        except asyncio.CancelledError:
+            if not ended_from_outside(request, s.flow):
+                raise
+            assert s.flow is not None
+            await _end_with_error(request, resp, s, s.flow.why, s.flow.why_type)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
+            log.warning(
+                "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
+                s.upstream.name,
+                exc,
+                state.partial,
+            )
+            await _end_with_error(
+                request,
+                resp,
+                s,
+                f"engine {s.upstream.name} stopped in the middle of the reply "
+                f"({type(exc).__name__}); retry shortly (`traylm status` says whether it restarts)",
+            )
+        s.record(200, *count_usage(state.counted, s.model, s.metrics, chunks=state.chunks))
+        await _to_client(resp.write_eof())
+    except ClientGone as exc:
+        request[CLIENT_GONE] = True
+        log.info("client of a stream from %s went away: %s", s.upstream.name, exc.__cause__)
+        s.record(CLIENT_CLOSED_REQUEST)
+        return resp  # the relay closes the engine's response: the engine aborts the request
+    finally:
+        if s.tap is not None:
+            keep(s.tap.finish())
+    request[REPLY_COMPLETE] = True
+    return resp
+
+
+@dataclass
+class _Relayed:
+    """How far a stream got (for its usage, and for the log when the engine breaks it off)."""
+
+    chunks: int = 0
+    counted: bytes = b""  # the last events that carried token counts (usage)
+    partial: int = 0  # bytes of an unfinished event when the engine broke off
+
+
+async def _pump(
+    upstream_resp: aiohttp.ClientResponse, resp: web.StreamResponse, s: _Stream, state: _Relayed
+) -> None:
+    """Relay the engine's events to the client as they come. Raises ClientGone when a write
+    to the client fails; what the engine's side raises passes through."""
+    first, chunks, partial = True, 0, b""  # partial: the start of an event not yet whole
+    utf8, flow, tap, on_first_events = Utf8Events(), s.flow, s.tap, s.on_first_events
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
-                metrics.ttft.observe(time.perf_counter() - started, model=model)
+                s.metrics.ttft.observe(time.perf_counter() - s.started, model=s.model)
                 first = False
             if partial:
                 chunk, partial = partial + chunk, b""
@@ -190,65 +272,84 @@ async def _stream(
                 chunk, partial = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
+            if not chunk.isascii() or utf8.held:  # usually ASCII: one check, no copy
+                chunk = utf8.clean(chunk)
             if on_first_events is not None:
                 on_first_events(chunk)
                 on_first_events = None
             chunks += chunk.count(b"data: {")
             if b'_tokens"' in chunk:  # usage: OpenAI's prompt/completion, Anthropic's input/output
-                counted = (counted + chunk)[-8192:]
-            await resp.write(chunk)
+                state.counted = (state.counted + chunk)[-8192:]
+            if tap is not None:
+                tap.feed(chunk)
+            try:
+                if flow is None:
+                    await resp.write(chunk)
+                else:  # the engine's progress; a write the client does not take stays pending
+                    flow.writing_since_s = flow.engine.last_byte_s = monotonic()
+                    await resp.write(chunk)
+                    flow.writing_since_s = 0.0
+            except CLIENT_WRITE_ERRORS as exc:
+                raise ClientGone(str(exc)) from exc
         if partial:  # the engine ended without the closing blank line: pass it on as it is
-            await resp.write(partial)
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        log.warning(
-            "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
-            upstream.name,
-            exc,
-            len(partial),
-        )
-        metrics.errors.inc(status="502")
-        await resp.write(
-            sse_error(
-                f"engine {upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); traylm is restarting it: retry shortly",
-                anthropic=is_anthropic(request.path),
-            )
-        )
-    prompt, completion = _count_usage(counted, model, metrics, chunks=chunks)
-    if usage is not None:
-        usage(200, prompt, completion, time.perf_counter() - started)
-    await resp.write_eof()
-    request[REPLY_COMPLETE] = True
-    return resp
+            await _to_client(resp.write(utf8.clean(partial)))
+    finally:
+        state.chunks, state.partial = chunks, len(partial)
 
 
-def _whole(upstream_resp: aiohttp.ClientResponse, upstream: Upstream, data: bytes) -> web.Response:
-    out_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS}
-    out_headers["X-Traylm-Engine"] = upstream.name
-    if upstream.remote:
-        out_headers["X-Traylm-Route"] = "remote"
-    return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+async def _to_client(write: Coroutine[Any, Any, None]) -> None:
+    try:
+        await write
+    except CLIENT_WRITE_ERRORS as exc:
+        raise ClientGone(str(exc)) from exc
+
+
+async def _end_with_error(
+    request: web.Request,
+    resp: web.StreamResponse,
+    s: _Stream,
+    message: str,
+    type_: str = ENGINE_ERROR,
+) -> None:
+    s.metrics.errors.inc(status="502")
+    event = sse_error(message, type_=type_, anthropic=is_anthropic(request.path))
+    if s.tap is not None:
+        s.tap.feed(event)
+    if s.flow is not None:  # a client that reads nothing is ended by the sweep, also here
+        s.flow.writing_since_s = monotonic()
+    await _to_client(resp.write(event))
 
 
 async def end_with_error(
     request: web.Request, resp: web.StreamResponse, message: str, *, type_: str = "engine_error"
 ) -> web.StreamResponse:
     """End a stream that already began (SSE comments while the model loaded) with an error
-    event in the shape of the request's API."""
-    await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
-    await resp.write_eof()
+    event in the shape of the request's API; a client that is gone is only noted."""
+    try:
+        await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
+        await resp.write_eof()
+    except CLIENT_WRITE_ERRORS:
+        request[CLIENT_GONE] = True
     return resp
 
 
-def error_text(data: bytes, status: int) -> str:
-    """The message of an error body (OpenAI's or Anthropic's shape), or the body itself."""
-    try:
-        error = json.loads(data).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    return f"HTTP {status}: {data[:300].decode(errors='replace')}"
+def ended_from_outside(request: web.Request, flow: Flow | None) -> bool:
+    """The CancelledError being handled was the flow's own end (its engine died or stopped),
+    and its client is still there to be told why: the cancel is taken back."""
+    if flow is None or not flow.why or request.transport is None:
+        return False
+    if request.transport.is_closing():
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.uncancel() == 0
+
+
+async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
+    """The answer of a request ended from outside before its reply began."""
+    assert s.flow is not None
+    if s.prepared is not None:
+        return await end_with_error(request, s.prepared, s.flow.why, type_="engine_unavailable")
+    return openai_error(503, s.flow.why, type_="engine_unavailable", headers={"Retry-After": "5"})
 
 
 async def _open_stream(
@@ -267,29 +368,11 @@ async def _open_stream(
     return resp
 
 
-EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+_KEPT: set[asyncio.Task[None]] = set()
 
 
-def whole_events(data: bytes) -> int:
-    """The length of the part of ``data`` made of whole server-sent events (each ends with a
-    blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
-    the client half an event glued to the error event that follows."""
-    ends = [i + len(sep) for sep in EVENT_ENDS if (i := data.rfind(sep)) >= 0]
-    return max(ends, default=0)
-
-
-def _count_usage(
-    data: bytes, model: str, metrics: GatewayMetrics, *, chunks: int
-) -> tuple[int | None, int | None]:
-    prompt = _PROMPT_RE.findall(data)
-    completion = _COMPLETION_RE.findall(data)
-    prompt_tokens = int(prompt[-1]) if prompt else None
-    completion_tokens = int(completion[-1]) if completion else None
-    if prompt_tokens is not None:
-        metrics.tokens_in.inc(float(prompt_tokens), model=model)
-    if completion_tokens is not None:
-        metrics.tokens_out.inc(float(completion_tokens), model=model)
-    elif chunks > 1:
-        completion_tokens = chunks - 1  # first chunk carries the role
-        metrics.tokens_out.inc(float(completion_tokens), model=model)
-    return prompt_tokens, completion_tokens
+def keep(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to its end even when the request's handler is cancelled now."""
+    task = asyncio.create_task(coro)
+    _KEPT.add(task)
+    task.add_done_callback(_KEPT.discard)

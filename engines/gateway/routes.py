@@ -9,6 +9,7 @@ engine's capabilities whether it serves the route at all.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -21,7 +22,7 @@ from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
 from engines.gateway.responses import stored_response
 from engines.gateway.service import GATEWAY, GatewayContext
-from engines.gateway.shapes import api_error, is_anthropic
+from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
 from engines.http import openai_error, parse_json_body
 
 RESPONSES_ROUTE = "/v1/responses"
@@ -112,7 +113,11 @@ async def forward_json(request: web.Request) -> web.StreamResponse:
         return api_error(
             path, 413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
         )
-    body = await request.read()
+    try:
+        async with asyncio.timeout(g.body_timeout_s):
+            body = await request.read()
+    except TimeoutError:
+        return body_too_slow(path, g.body_timeout_s)
     payload, problem = parse_json_body(body)
     if payload is None:
         return api_error(path, 400, problem or "bad request")

@@ -20,7 +20,14 @@ _BAD_PATH = re.compile(r"(^|/)\.\.?(/|$)|//|%2e|%2f|%5c|\\|%00", re.IGNORECASE)
 
 
 def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(header_bytes(key)).hexdigest()
+
+
+def header_bytes(value: str) -> bytes:
+    """A header value as the bytes the client sent. aiohttp decodes headers as UTF-8 with
+    surrogate escapes, so a non-ASCII (or non-UTF-8) value still compares, and fails to match,
+    instead of raising UnicodeEncodeError."""
+    return value.encode("utf-8", "surrogateescape")
 
 
 def new_api_key() -> str:

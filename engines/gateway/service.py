@@ -9,8 +9,12 @@ becomes an upstream.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,25 +22,37 @@ import aiohttp
 from aiohttp import web
 
 from engines.config import Settings
-from engines.errors import ModelUnavailable
+from engines.errors import ModelUnavailable, TraylmError
 from engines.events.models import ServableModel
 from engines.gateway.admission import Admission
 from engines.gateway.capabilities import CapabilityCache
 from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
-from engines.gateway.proxy import Upstream, UsageSink
+from engines.gateway.proxy import ReplySink, Upstream, UsageSink
 from engines.gateway.response_owners import ResponseOwners
-from engines.gateway.security import Guard
-from engines.gateway.usage import UsageRecord
-from engines.http import openai_error
+from engines.gateway.security import Guard, header_bytes
+from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageRecord
+from engines.http import error_response, openai_error
 from engines.metrics import MetricsRegistry
 from engines.settings import SettingsView
 from engines.supervisor import EngineView
+from engines.traffic import EngineTraffic
 
+log = logging.getLogger(__name__)
+
+SWEEP_PERIOD_S = 1.0
+CHAT_REPLY_HEADER = "X-Traylm-Chat-Reply"
+TOKEN_HEADER = "X-Traylm-Token"  # noqa: S105 - a header name, not a secret
+_CHAT_REPLY_RE = re.compile(r"^(\d{1,12}):(\d{1,9})$")
+NOT_SERVED = "not_served"
+"""ModelRouter.state of a name that no engine, profile or attached server serves."""
 Fallback = Callable[[str, str], Upstream | None]
 """Remote fallback hook: (model, why) → an upstream, or None (engines/remote/service.py)."""
 UsageLog = Callable[[UsageRecord], None]
 """Usage-log hook: one record per request (engines/gateway/usage.py)."""
+ReplyHook = Callable[[int, int, str], Awaitable[ReplySink]]
+"""Chat-reply hook: (conversation id, position, model) → the sink that keeps the reply as it
+streams (engines/chats/service.py ``tap_reply``); raises TraylmError (no such conversation)."""
 
 
 class ModelRouter(EngineView, Protocol):
@@ -89,8 +105,15 @@ class GatewayContext:
         control_token: str,
         fallback: Fallback | None = None,
         usage: UsageLog | None = None,
+        traffic: EngineTraffic | None = None,
+        replies: ReplyHook | None = None,
     ) -> None:
+        """``traffic``: where relayed requests are counted for the supervisor (a private one
+        when not given); ``replies``: keeps a chat reply as it streams, when the chat window
+        asks for it (engines/chats)."""
+        self.replies = replies
         self.routing = routing
+        self.traffic = traffic if traffic is not None else EngineTraffic()
         self.registry = registry
         self.control_token = control_token
         self.fallback = fallback
@@ -209,9 +232,12 @@ class GatewayContext:
     # ----------------------------------------------------------------- usage log
 
     def usage_sink(self, path: str, model: str, upstream: Upstream) -> UsageSink | None:
+        """``model`` was routed (an engine serves it, or it is a remote alias): it is a name
+        from traylm's own configuration, kept as it is."""
         record = self.usage
         if record is None:
             return None
+        model = model[:MODEL_NAME_MAX_CHARS]
 
         def sink(
             status: int, prompt: int | None, completion: int | None, duration_s: float
@@ -231,10 +257,55 @@ class GatewayContext:
 
         return sink
 
+    async def sweep_stalled_clients(self) -> None:
+        """Runs while the gateway serves: once a second, a stream whose client took no write
+        for gateway.client_stall_timeout_s is ended. Its connection is closed, so the relay's
+        handler ends, the engine's request is aborted and the concurrency slot freed."""
+        while True:
+            await asyncio.sleep(SWEEP_PERIOD_S)
+            limit_s = self.settings.gateway.client_stall_timeout_s
+            for flow in self.traffic.stalled_writers(time.monotonic(), limit_s):
+                if flow.client is not None and not flow.client.is_closing():
+                    flow.why = f"the client read nothing for {limit_s:g} s"
+                    log.warning("ended a stream whose client read nothing for %g s", limit_s)
+                    flow.client.abort()
+
+    async def chat_reply(self, request: web.Request, model: str) -> ReplySink | web.Response | None:
+        """The sink that keeps this chat reply as it streams, when the request asks for it
+        (``X-Traylm-Chat-Reply: CHAT_ID:POSITION`` with the control token in
+        ``X-Traylm-Token``: only traylm's own chat window writes to conversations); None when
+        it does not; the error to answer with when the ask is wrong."""
+        spec = request.headers.get(CHAT_REPLY_HEADER)
+        if spec is None or self.replies is None or request.path != "/v1/chat/completions":
+            return None
+        token = request.headers.get(TOKEN_HEADER, "")
+        if not secrets.compare_digest(header_bytes(token), self.control_token.encode()):
+            return openai_error(
+                401,
+                f"{CHAT_REPLY_HEADER} needs the control token (daemon.json) in {TOKEN_HEADER}",
+                type_="unauthorized",
+            )
+        found = _CHAT_REPLY_RE.match(spec.strip())
+        if found is None:
+            return openai_error(
+                400, f"{CHAT_REPLY_HEADER} must be CHAT_ID:POSITION (two whole numbers)"
+            )
+        try:
+            return await self.replies(int(found[1]), int(found[2]), model)
+        except TraylmError as exc:
+            return error_response(exc)
+
     def log_refused(self, path: str, model: str, status: int, engine_id: str = "") -> None:
-        """Requests the gateway answered itself (not served, starting, paused, queue full)."""
+        """Requests the gateway answered itself (not served, starting, paused, queue full).
+        A model no engine serves is logged as "(unknown)": the log never keeps what a client
+        sent (a 7 MiB name once grew the database by 315 MiB in 8 s)."""
         if self.usage is not None:
-            self.usage(UsageRecord(model, engine_id, path, False, status, None, None, 0.0))
+            if self.routing.state(model) == NOT_SERVED:
+                model = UNKNOWN_MODEL
+            record = UsageRecord(
+                model[:MODEL_NAME_MAX_CHARS], engine_id, path, False, status, None, None, 0.0
+            )
+            self.usage(record)
 
 
 def unavailable(exc: ModelUnavailable) -> web.Response:

@@ -104,3 +104,15 @@ def as_anthropic(resp: web.Response) -> web.Response:
     kept = ("retry-after", "x-traylm-engine")
     keep = {k: v for k, v in resp.headers.items() if k.lower() in kept}
     return anthropic_error(resp.status, message, headers=keep)
+
+
+def body_too_slow(path: str, timeout_s: float) -> web.Response:
+    """408 for a body that stopped arriving (a slow client holds a connection and a task)."""
+    resp = api_error(
+        path,
+        408,
+        f"the request body did not arrive within {timeout_s:g} s (gateway.body_timeout_s)",
+        type_="timeout",
+    )
+    resp.force_close()  # the rest of the body must not be taken for the next request
+    return resp

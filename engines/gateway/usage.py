@@ -4,6 +4,10 @@ in the store's ``usage`` table.
 Recording is a deque append on the event loop; a background task writes the rows in batches
 from a thread, so SQLite never blocks a request. If the writer falls far behind, the oldest
 unwritten rows are dropped (and counted) rather than growing memory.
+
+The table stays bounded: each row is small (the gateway records only names it serves, never a
+client's ``model`` string as sent), and at start and once an hour rows older than
+``gateway.usage_days`` and the oldest past ``gateway.usage_max_rows`` are deleted.
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from engines.settings import SettingsView
 from engines.store import Store
 
 log = logging.getLogger(__name__)
+
+PRUNE_EVERY_S = 3600.0
+UNKNOWN_MODEL = "(unknown)"
+"""Recorded instead of a model name traylm does not serve."""
+MODEL_NAME_MAX_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -35,12 +45,21 @@ class UsageRecord:
 
 class UsageRecorder:
     """The usage log: the gateway records each request (``record``, no I/O); a background task
-    writes them to SQLite in batches. A part of the daemon (started and stopped with it)."""
+    writes them to SQLite in batches and prunes old rows. A part of the daemon (started and
+    stopped with it)."""
 
     name = "usage"
 
-    def __init__(self, store: Store, *, period_s: float = 1.0, max_pending: int = 50_000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: SettingsView,
+        *,
+        period_s: float = 1.0,
+        max_pending: int = 50_000,
+    ) -> None:
         self._store = store
+        self._settings = settings
         self._period_s = period_s
         self._pending: collections.deque[UsageRecord] = collections.deque(maxlen=max_pending)
         self._task: asyncio.Task[None] | None = None
@@ -70,12 +89,29 @@ class UsageRecorder:
             await asyncio.to_thread(self._write, rows)
 
     async def _run(self) -> None:
+        pruned_at = 0.0
         while True:
-            await asyncio.sleep(self._period_s)
             try:
+                if time.monotonic() - pruned_at >= PRUNE_EVERY_S or not pruned_at:
+                    pruned_at = time.monotonic()
+                    await asyncio.to_thread(self.prune, time.time())
                 await self.flush()
             except Exception:  # boundary: a failing write must not stop the usage log
                 log.exception("writing the usage log failed")
+            await asyncio.sleep(self._period_s)
+
+    def prune(self, now_s: float) -> int:
+        """Delete rows older than ``gateway.usage_days``, then the oldest past
+        ``gateway.usage_max_rows``. Returns the rows deleted."""
+        g = self._settings.current.gateway
+        with self._store.transaction() as db:
+            old = db.execute("DELETE FROM usage WHERE ts_s < ?", (now_s - g.usage_days * 86400,))
+            extra = db.execute(
+                "DELETE FROM usage WHERE id <= (SELECT id FROM usage ORDER BY id DESC "
+                "LIMIT 1 OFFSET ?)",
+                (g.usage_max_rows,),
+            )
+            return int(old.rowcount) + int(extra.rowcount)
 
     def _write(self, rows: list[UsageRecord]) -> None:
         """One transaction (one commit) per batch of requests."""

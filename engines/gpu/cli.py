@@ -336,7 +336,7 @@ async def cmd_fans_set(args: argparse.Namespace) -> int:
         path = Path(args.curve)
         try:
             curve = tomllib.loads(await asyncio.to_thread(path.read_text))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError too
             raise ConfigError(f"cannot read the curve file {path}: {exc}") from None
         preset = None
     async with await DaemonClient.connect() as c:

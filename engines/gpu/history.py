@@ -2,8 +2,8 @@
 
 The sampler keeps the last hour at full rate in memory; every ``history_resolution_s`` it writes
 one averaged row per GPU to the store and, once an hour, deletes rows older than
-``history_days``. ``GPUHistory`` columns are built from the ring buffer, the store, or both, and
-reduced to at most ``points`` buckets for a chart.
+``history_days`` and the oldest past ``history_max_rows``. ``GPUHistory`` columns are built
+from the ring buffer, the store, or both, and reduced to at most ``points`` buckets for a chart.
 """
 
 from __future__ import annotations
@@ -77,10 +77,13 @@ class TelemetryHistory:
     """Averages samples into ``resolution_s`` rows and writes them (called from the sampler
     thread: the store calls block)."""
 
-    def __init__(self, store: Store, *, resolution_s: float, keep_days: float) -> None:
+    def __init__(
+        self, store: Store, *, resolution_s: float, keep_days: float, max_rows: int = 1_000_000
+    ) -> None:
         self.store = store
         self.resolution_s = resolution_s
         self.keep_s = keep_days * 86400
+        self.max_rows = max_rows
         self._buckets: dict[str, _Bucket] = {}
         self._last_prune_s = 0.0
 
@@ -107,9 +110,18 @@ class TelemetryHistory:
         now = time.time()
         if now - self._last_prune_s >= PRUNE_EVERY_S:
             self._last_prune_s = now
-            with self.store.transaction() as db:
-                db.execute("DELETE FROM telemetry WHERE ts_s < ?", (now - self.keep_s,))
+            self.prune(now)
         return len(rows)
+
+    def prune(self, now_s: float) -> None:
+        """Delete rows older than ``keep_days``, then the oldest past ``max_rows``."""
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM telemetry WHERE ts_s < ?", (now_s - self.keep_s,))
+            db.execute(
+                "DELETE FROM telemetry WHERE ts_s <= (SELECT ts_s FROM telemetry "
+                "ORDER BY ts_s DESC LIMIT 1 OFFSET ?)",
+                (self.max_rows,),
+            )
 
     def rows(self, since_s: float, until_s: float) -> list[dict[str, Any]]:
         return self.store.query(

@@ -141,6 +141,7 @@ class GPUFeature:
             store,
             resolution_s=current.gpu.history_resolution_s,
             keep_days=current.gpu.history_days,
+            max_rows=current.gpu.history_max_rows,
         )
         self.sampler = Sampler(
             self.backend,

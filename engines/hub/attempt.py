@@ -16,6 +16,7 @@ from typing import Any
 
 from engines.config import HubSettings
 from engines.events.hub import DownloadState
+from engines.filemodes import keep_user_umask
 from engines.hub.access import HubAccess
 from engines.hub.jobs import Job
 
@@ -79,6 +80,7 @@ class Attempt:
             stderr=log_fh,
             env=access.worker_env(os.environ, read_timeout_s=s.read_timeout_s),
             start_new_session=True,
+            preexec_fn=keep_user_umask(),  # it writes into the Hugging Face cache other tools share
         )
         self.proc = proc
         job.worker_pid = proc.pid

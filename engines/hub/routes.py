@@ -40,7 +40,7 @@ from aiohttp import web
 from engines.errors import ConfigError, HubError, HubUnavailable, ModelInUse
 from engines.events.hub import FitResult, LibraryChanged
 from engines.gpu.inventory import RTX_4090
-from engines.http import ok, traylm_errors
+from engines.http import loads, ok, traylm_errors
 from engines.hub import fit
 from engines.hub.folders_api import folder_routes
 from engines.hub.names import validate_repo_id
@@ -193,7 +193,7 @@ async def trust_model(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     repo_id = _repo(request)
     try:
-        body = await request.json()
+        body = loads(await request.read())
     except ValueError:
         raise ConfigError('the body must be JSON: {"trust_remote_code": true}') from None
     value = body.get("trust_remote_code") if isinstance(body, dict) else None
@@ -239,7 +239,7 @@ async def get_download(request: web.Request) -> web.Response:
 async def start_download(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     try:
-        body = await request.json()
+        body = loads(await request.read())
     except ValueError:
         raise ConfigError('the body must be JSON: {"repo_id": "org/name"}') from None
     if not isinstance(body, dict) or not isinstance(body.get("repo_id"), str):

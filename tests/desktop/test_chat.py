@@ -127,10 +127,14 @@ def test_history_survives_a_restart_of_the_app(
 def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     chat = _ready_chat(qtbot, app, daemon_thread)
     _send(qtbot, chat, "first question", 2)
-    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
-    # the reply's view exists from the stream's start; its buttons come once it is stored
+    # the daemon keeps the reply as it streams (shown as interrupted meanwhile); once it is
+    # stored complete, Regenerate is offered
     qtbot.waitUntil(
-        lambda: chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat), timeout=10000
+        lambda: (
+            len(chat.transcript.messages) == 2
+            and chat.transcript.messages[1].buttons["regenerate"].isVisibleTo(chat)
+        ),
+        timeout=10000,
     )
     chat.max_tokens.setValue(4)
     chat.controller.options = chat.options()
@@ -265,7 +269,11 @@ def test_lost_daemon_mid_reply_recovers_on_its_own(qtbot, app, daemon_thread) ->
     qtbot.waitUntil(lambda: chat.controller.pending_replies == [], timeout=5000)
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
     stored = _stored_reply(qtbot, daemon_thread, chat)
-    assert stored[1].finish_reason == "error" and len(stored[1].content.split()) >= 3
+    assert stored[1].finish_reason == "interrupted" and len(stored[1].content.split()) >= 3
+    # Retry is offered as soon as the stored reply is shown
+    qtbot.waitUntil(
+        lambda: chat.transcript.messages[1].buttons["retry"].isVisibleTo(chat), timeout=5000
+    )
 
 
 def test_markdown_code_block_has_a_working_copy_button(qtbot) -> None:
@@ -282,3 +290,56 @@ def test_markdown_code_block_has_a_working_copy_button(qtbot) -> None:
     labels = [w.text() for w in view.messages[0].findChildren(type(view.placeholder))]
     assert "Try this:" in labels and "Then **run** it." in labels
     assert view.messages[0].stats.text() == "TTFT 0.25 s"
+
+
+def _open_stored_chat(
+    qtbot, app: DesktopApp, d: ThreadedDaemon, messages: list[dict]
+) -> ChatWindow:
+    """A conversation as a killed app or daemon left it, opened in a fresh chat window."""
+    chat_id = d.run(lambda c: c.create_chat(model="fake")).chat_id
+    d.run(lambda c: c.add_chat_messages(chat_id, messages))
+    chat = _ready_chat(qtbot, app, d)
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 1, timeout=5000)
+    chat.on_chat_clicked(chat.chat_list.item(0))
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == len(messages), timeout=5000)
+    return chat
+
+
+def test_an_interrupted_reply_offers_retry(qtbot, app, daemon_thread) -> None:
+    chat = _open_stored_chat(
+        qtbot,
+        app,
+        daemon_thread,
+        [
+            {"role": "user", "content": "tell me"},
+            {"role": "assistant", "content": "w0 w1", "finish_reason": "interrupted"},
+        ],
+    )
+    reply = chat.transcript.messages[1]
+    assert "interrupted" in reply.stats.text()
+    assert reply.buttons["retry"].isVisibleTo(chat)
+    assert not reply.buttons["regenerate"].isVisibleTo(chat)
+    chat.max_tokens.setValue(3)
+    chat.controller.options = chat.options()
+    reply.buttons["retry"].click()
+    qtbot.waitUntil(lambda: chat.controller.streaming is not None, timeout=5000)
+    qtbot.waitUntil(
+        lambda: [m.text for m in chat.transcript.messages] == ["tell me", "w0 w1 w2 "],
+        timeout=10000,
+    )
+    stored = _stored(daemon_thread, chat)
+    assert stored[1].finish_reason == "stop" and stored[1].content == "w0 w1 w2 "
+    assert not chat.transcript.messages[1].buttons["retry"].isVisibleTo(chat)
+
+
+def test_an_unanswered_message_offers_retry(qtbot, app, daemon_thread) -> None:
+    chat = _open_stored_chat(qtbot, app, daemon_thread, [{"role": "user", "content": "hello?"}])
+    question = chat.transcript.messages[0]
+    assert question.buttons["retry"].isVisibleTo(chat)
+    chat.max_tokens.setValue(2)
+    chat.controller.options = chat.options()
+    question.buttons["retry"].click()
+    qtbot.waitUntil(lambda: chat.controller.streaming is not None, timeout=5000)
+    assert not question.buttons["retry"].isVisibleTo(chat)  # not while a reply streams
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    assert [m.content for m in _stored(daemon_thread, chat)] == ["hello?", "w0 w1 "]

@@ -58,7 +58,7 @@ async def test_connection_dropped_mid_reply_keeps_the_partial_reply(serve) -> No
     gateway.base_url = await serve(drop)
     ended = await gateway.stream_chat(_request())
     await gateway.close()
-    assert ended.content == "Hello world" and ended.finish_reason == "error"
+    assert ended.content == "Hello world" and ended.finish_reason == "interrupted"
     assert ended.error is not None and ended.error.kind == "connection_lost"
     assert "partial reply is kept" in ended.error.message
     assert "".join(p.text for p in posted if isinstance(p, ChatDelta)) == "Hello world"

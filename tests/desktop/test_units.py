@@ -141,6 +141,13 @@ def test_sse_collector_counts_tokens_and_reads_errors() -> None:
     assert ended.finish_reason == "error" and ended.content == "w0 "
     assert ended.error is not None and ended.error.kind == "engine_error"
 
+    stopping = _collector([])  # traylm itself stopped: kept as interrupted, with Retry
+    stopping.feed(_line({"choices": [{"delta": {"content": "w0 "}}]}))
+    stopping.feed(_line({"error": {"message": "traylm is stopping", "type": "traylm_stopping"}}))
+    ended = stopping.ended("")
+    assert ended.finish_reason == "interrupted" and ended.content == "w0 "
+    assert ended.error is not None and ended.error.kind == "connection_lost"
+
 
 def test_gateway_errors_become_kinds() -> None:
     body = json.dumps({"error": {"message": "m is starting", "type": "engine_starting"}})

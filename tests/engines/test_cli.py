@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,18 +17,6 @@ import pytest
 from engines.cli import run_command
 from engines.config import Paths, write_toml_atomic
 from engines.procs import free_loopback_port
-from tests.fakes.fake_vllm_env import make_fake_vllm_env
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {
-        **os.environ,
-        "TRAYLM_HOME": str(tmp_path / "home"),
-        "TRAYLM_ENVS_DIR": str(tmp_path / "envs"),
-    }
-    make_fake_vllm_env(tmp_path / "envs")
-    return e
 
 
 def traylm(
@@ -122,8 +109,8 @@ def test_keys_add_list_remove(env: dict[str, str]) -> None:
 
 def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -> None:
     """`serve --port P --simulate-gpus 2` holds for that daemon only: a settings change made
-    while it runs (here `traylm keys add`, which saves the file and applies it to the daemon)
-    must not write P or the simulated GPUs into config.toml."""
+    while it runs (`traylm keys add` and `config set`, which save the file and apply it to the
+    daemon) must not write P or the simulated GPUs into config.toml."""
     config = Path(env["TRAYLM_HOME"]) / "config" / "config.toml"
     assert traylm(env, "config", "set", "gateway.max_queue", "77").returncode == 0
     port = free_loopback_port()
@@ -132,6 +119,8 @@ def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -
         added = traylm(env, "keys", "add")
         assert added.returncode == 0, added.stderr
         assert "applied to the running daemon" in added.stdout
+        changed = traylm(env, "config", "set", "gateway.max_concurrent", "99")
+        assert "applied to the running daemon" in changed.stdout, changed.stderr
         status = json.loads(traylm(env, "status", "--json").stdout)
         assert status["url"].endswith(f":{port}") and status["api_key_required"]
     finally:
@@ -139,7 +128,8 @@ def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -
         proc.wait(30)
     saved = config.read_text()
     assert "port" not in saved and "simulate_gpus" not in saved, saved
-    assert "max_queue = 77" in saved and "api_key_sha256" in saved
+    assert "max_queue = 77" in saved and "max_concurrent = 99" in saved
+    assert "api_key_sha256" in saved
     assert traylm(env, "config", "get", "gateway.port").stdout.strip() == "8000"
     assert traylm(env, "config", "get", "gpu.simulate_gpus").stdout.strip() == "0"
     assert traylm(env, "config", "get", "gateway.max_queue").stdout.strip() == "77"

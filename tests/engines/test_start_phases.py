@@ -24,8 +24,7 @@ from tests.conftest import RunningDaemon
 from tests.engines import test_cli
 from tests.engines.adapters import test_sglang, test_trtllm
 
-# fixtures of the CLI tests: a FAKE vLLM env and a `traylm serve` process using it
-env = test_cli.env
+# fixture of the CLI tests: a `traylm serve` process (env comes from tests/engines/conftest.py)
 served = test_cli.served
 
 CPU_PHASES = ["import", "config", "engine", "weights", "compile", "kv_cache", "server", "ready"]

@@ -4,18 +4,22 @@ readiness, stop with a stubborn child, crash detection and restart caps, logs, o
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 from packaging.version import Version
 
+from engines import supervisor
 from engines.adapters.base import EngineRuntime, FlagSet, LaunchSpec
 from engines.adapters.vllm import VLLMAdapter
 from engines.config import EngineSettings, Profile, profile_from_mapping
@@ -276,3 +280,44 @@ def test_reaper_tolerates_a_damaged_registry(tmp_path: Path, registry_text: str)
     path = tmp_path / "pids.json"
     path.write_text(registry_text)
     assert reap_orphans(PidRegistry(path)) == []
+
+
+async def test_supervision_survives_a_failing_process_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of descriptors, the scan of the engine's processes fails (EMFILE). The supervisor
+    says so once, shows it in the status, keeps watching (a SIGKILL of the engine is noticed
+    and the engine restarted) and clears the trouble once the scan works again."""
+    failing = True
+    real_scan = supervisor.descendants
+
+    def scan(pid: int) -> list[TrackedProcess]:
+        if failing:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_scan(pid)
+
+    monkeypatch.setattr(supervisor, "descendants", scan)
+    caplog.set_level(logging.INFO, logger="engines.supervisor")
+    engine = make_engine(tmp_path)
+    await engine.start()
+    await engine.wait_ready(20)
+    await wait_until(lambda: "cannot scan the engine's processes" in engine.status().supervision)
+    assert "Too many open files" in engine.status().supervision
+    pid = engine.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await wait_until(lambda: engine.restarts == 1 and engine.state == EngineState.READY)
+    assert engine.pid != pid
+    failing = False
+    await wait_until(lambda: engine.status().supervision == "")
+    warnings = [r for r in caplog.records if "cannot scan" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not every tick
+    await engine.stop()
+    assert engine.state == EngineState.STOPPED
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)

@@ -21,8 +21,7 @@ from engines.warm import WarmPool
 from tests.conftest import RunningDaemon
 from tests.engines import test_cli
 
-# fixtures of the CLI tests: a FAKE vLLM env and a `traylm serve` process using it
-env = test_cli.env
+# fixture of the CLI tests: a `traylm serve` process (env comes from tests/engines/conftest.py)
 served = test_cli.served
 
 

@@ -87,11 +87,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument(
+        "--core-process",
+        action="store_true",
+        help="tokens come from a child process, like vLLM's EngineCore: stopping it (SIGSTOP) "
+        "hangs generation while /health still answers",
+    )
+    p.add_argument(
+        "--stall-after-tokens",
+        type=int,
+        default=0,
+        help="after this many tokens in all, generation hangs (/health still answers)",
+    )
+    p.add_argument(
+        "--slow-health",
+        type=float,
+        default=0.0,
+        help="while a stream runs, /health answers this late (a loaded machine)",
+    )
+    p.add_argument(
+        "--silent-asleep",
+        type=float,
+        default=0.0,
+        help="/health does not answer while the engine sleeps, and /wake_up takes this many "
+        "seconds during which /health does not answer either (an EngineCore busy moving weights)",
+    )
+    p.add_argument(
         "--vllm-start-log",
         action="store_true",
         help="print vLLM 0.32's start lines (one per phase), spread over --startup-delay",
     )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
+    p.add_argument(
+        "--bad-utf8",
+        action="store_true",
+        help="stream bytes that are not UTF-8: a euro sign cut between two events, then a "
+        "stray 0xff byte (an engine that detokenizes token by token)",
+    )
     p.add_argument(
         "--accept-any-model",
         action="store_true",
@@ -130,6 +161,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args([*(argv if argv is not None else sys.argv[1:]), *shlex.split(extra)])
 
 
+BAD_UTF8 = (b"a\xe2\x82", b"\xacb", b"c\xffd")
+"""Token texts of --bad-utf8: "a€b" cut inside the euro sign, then "c", a stray byte, "d"."""
+CORE = "import sys\nfor line in sys.stdin:\n    sys.stdout.write('t\\n')\n    sys.stdout.flush()\n"
+
+
 class FakeEngine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -137,10 +173,34 @@ class FakeEngine:
         self.requests = 0
         self.aborted = 0
         self.generated = 0
+        self.core: asyncio.subprocess.Process | None = None
+        self.streaming = 0
+        self.core_lock = asyncio.Lock()
         self.last_keys: list[str] = []  # the top-level fields of the last request body
         self.sleeping = 0  # the sleep level (0: awake), as vLLM's sleep mode keeps it
         self.sleeps = 0
         self.wakes = 0
+        self.waking = False
+        self.silent_health = 0  # /health probes left unanswered while asleep or waking
+
+    async def start_core(self, app: web.Application) -> None:
+        if self.args.core_process:  # in our process group, as vLLM's EngineCore is
+            self.core = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", CORE, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            print(f"fake engine core running (pid {self.core.pid})", flush=True)
+
+    async def token(self) -> None:
+        """Wait for the next token to be generated."""
+        if self.args.stall_after_tokens and self.generated >= self.args.stall_after_tokens:
+            print("fake engine: generation hangs on purpose", flush=True)
+            await asyncio.Event().wait()
+        if self.core is not None:
+            assert self.core.stdin is not None and self.core.stdout is not None
+            async with self.core_lock:
+                self.core.stdin.write(b"g\n")
+                await self.core.stdin.drain()
+                await self.core.stdout.readline()
 
     def _maybe_crash(self) -> None:
         self.requests += 1
@@ -149,6 +209,11 @@ class FakeEngine:
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.slow_health and self.streaming:
+            await asyncio.sleep(self.args.slow_health)
+        if self.args.silent_asleep and (self.sleeping or self.waking):
+            self.silent_health += 1
+            await asyncio.Event().wait()  # the daemon's probe times out
         after = self.args.health_503_after
         if after and time.monotonic() - self.started > after:
             return web.Response(status=503)
@@ -178,6 +243,7 @@ class FakeEngine:
                 "sleeping": self.sleeping,
                 "sleeps": self.sleeps,
                 "wakes": self.wakes,
+                "silent_health": self.silent_health,
                 "last_keys": self.last_keys,
             }
         )
@@ -201,6 +267,9 @@ class FakeEngine:
         return web.Response(status=200)
 
     async def wake_up(self, request: web.Request) -> web.Response:
+        self.waking = True
+        await asyncio.sleep(self.args.silent_asleep)
+        self.waking = False
         self.sleeping, self.wakes = 0, self.wakes + 1
         print("fake engine: awake (weights restored)", flush=True)
         return web.Response(status=200)
@@ -210,6 +279,8 @@ class FakeEngine:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if not isinstance(body, dict):
+            return vllm_error(400, "the body must be a JSON object")
         self.last_keys = sorted(body)
         if self.sleeping:
             message = "the engine is sleeping; POST /wake_up first"
@@ -229,7 +300,9 @@ class FakeEngine:
         if needs_tool_parser(body, self.args):
             return vllm_error(400, TOOL_CHOICE_ERROR)
         self._maybe_crash()
-        max_tokens = int(body.get("max_tokens") or 16)
+        max_tokens = body.get("max_tokens") or 16
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return vllm_error(400, "max_tokens must be a positive integer", param="max_tokens")
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
             await asyncio.sleep(self.args.first_token_delay + self.args.token_delay * max_tokens)
@@ -267,10 +340,12 @@ class FakeEngine:
         await resp.prepare(request)
         pad = " " * max(0, self.args.chunk_bytes - 150)
         sent = 0
+        self.streaming += 1
         try:
             if self.args.first_token_delay:
                 await asyncio.sleep(self.args.first_token_delay)
             for i in range(max_tokens):
+                await self.token()
                 delta = {"content": f"w{i} {pad}"} if chat else None
                 choice = (
                     {"index": 0, "delta": delta, "finish_reason": None}
@@ -284,7 +359,10 @@ class FakeEngine:
                     "model": body["model"],
                     "choices": [choice],
                 }
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                if self.args.bad_utf8 and i < len(BAD_UTF8):
+                    event = event.replace(f"w{i} ".encode(), BAD_UTF8[i], 1)
+                await resp.write(event)
                 sent += 1
                 self.generated += 1
                 if self.args.crash_after_tokens and sent >= self.args.crash_after_tokens:
@@ -314,10 +392,14 @@ class FakeEngine:
             self.aborted += 1
             print(f"fake engine: client went away after {sent} tokens (aborted)", flush=True)
             raise
+        finally:
+            self.streaming -= 1
         return resp
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if not isinstance(body, dict):
+            return vllm_error(400, "the body must be a JSON object")
         self._maybe_crash()
         inputs = body.get("input")
         items = inputs if isinstance(inputs, list) else [inputs]
@@ -404,6 +486,7 @@ def serve(args: argparse.Namespace) -> None:
     engine = FakeEngine(args)
     tasks = tasks_of(args)
     app = web.Application(middlewares=[fastapi_not_found])
+    app.on_startup.append(engine.start_core)
     app.router.add_get("/health", engine.health)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/metrics", engine.metrics)

@@ -4,6 +4,7 @@ run in order (the last ones kill the engine, then the daemon, on purpose)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -338,6 +339,53 @@ def test_sigkill_of_the_engine_mid_stream(vllm_daemon: DaemonProcess) -> None:
         step_s=1,
     )
     assert ready["restarts"] == 1 and ready["pid"] != pid
+    reply = sdk(vllm_daemon).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=2
+    )
+    assert reply.choices
+
+
+def _engine_core(leader: int) -> psutil.Process:
+    for p in engine_processes(leader):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if " ".join(p.cmdline()).startswith("VLLM::EngineCore"):
+                return p
+    raise AssertionError(f"no VLLM::EngineCore in the group of {leader}")
+
+
+def test_sigstop_of_the_engine_core_mid_stream(vllm_daemon: DaemonProcess) -> None:
+    """SIGSTOP of vLLM's EngineCore while it streams: the API server still answers /health,
+    but no token comes. The daemon declares the engine hung (the stopped process, within
+    seconds), the waiting client gets an OpenAI error event saying so at once, the stopped core
+    is killed (no graceful wait it cannot use) and the engine restarted."""
+    status = engine_status(vllm_daemon)
+    leader, restarts = status["pid"], status["restarts"]
+    core = _engine_core(leader)
+    watcher = StateWatcher(vllm_daemon, "tiny")
+    chunks = long_reply_in_flight(vllm_daemon)
+    os.kill(core.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(openai.APIError) as err:
+            for _ in chunks:
+                pass
+        assert f"reply: hung (process {core.pid} is stopped (SIGSTOP))" in str(err.value)
+        left_ready = watcher.wait(60)
+        assert "hung (process" in left_ready["detail"], left_ready
+        wait_for(
+            lambda: not psutil.pid_exists(core.pid) or core.status() == psutil.STATUS_ZOMBIE,
+            60,
+            "the stopped engine core to be killed",
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            os.kill(core.pid, signal.SIGCONT)  # never leave a stopped process behind
+    ready = wait_for(
+        lambda: (s := engine_status(vllm_daemon))["state"] == "ready" and s,
+        300,
+        "the engine to restart",
+        step_s=1,
+    )
+    assert ready["restarts"] == restarts + 1 and ready["pid"] != leader
     reply = sdk(vllm_daemon).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=2
     )

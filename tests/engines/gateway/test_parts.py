@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engines.gateway.admission import Admission, QueueFull
-from engines.gateway.proxy import whole_events
 from engines.gateway.security import Guard, hash_key
+from engines.gateway.sse import whole_events
 from engines.metrics import MetricsRegistry
 
 

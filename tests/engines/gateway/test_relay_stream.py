@@ -5,6 +5,7 @@ bytes unchanged, and the token counts taken from the engine's usage (not the chu
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -12,8 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from engines.gateway.loading import ColdStream, LoadProgress
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.proxy import CLIENT_GONE, Upstream, relay
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
@@ -182,3 +184,79 @@ async def test_usage_of_the_messages_and_responses_streams_is_counted(
             ):
                 assert await resp.read() == stream
     assert records == [(200, *counts)]
+
+
+async def test_a_client_that_goes_away_is_not_an_engine_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client closes its connection mid-stream while the relay's handler runs on (aiohttp
+    cancels it only with handler_cancellation), so the next write to it raises "Cannot write to
+    closing transport", a ClientConnectionError like the engine's own failures: the request is
+    recorded as 499 (client closed request) and the engine's response is closed (its next
+    write fails: the engine aborts the request); no 502 is counted and nothing says the engine
+    broke off the stream."""
+    caplog.set_level(logging.INFO, logger="engines")
+    engine_gone = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(TOKEN)
+                await asyncio.sleep(0.01)  # a token now and then; asserts no timing
+        except ConnectionError:
+            engine_gone.set()
+        return resp
+
+    upstream = web.Application()
+    upstream.router.add_post("/v1/chat/completions", endless)
+    records: list[tuple[int, int | None, int | None]] = []
+    async for up in serve(upstream):
+        app, registry = gateway_app(up, records)
+        async for gw in serve(app):
+            async with aiohttp.ClientSession() as http:
+                resp = await http.post(gw + "/v1/chat/completions", json={"stream": True})
+                await resp.content.readuntil(b"\n\n")
+                resp.close()  # the client goes away mid-stream
+                await asyncio.wait_for(engine_gone.wait(), 30)
+    assert records == [(499, None, None)]
+    assert "traylm_errors_total{" not in registry.render()
+    assert not [r for r in caplog.records if "broke off" in r.getMessage()]
+
+
+async def test_a_cold_stream_whose_client_went_away_only_notes_it() -> None:
+    """While a model loads, a streaming client gets SSE comments (ColdStream); when it goes away
+    meanwhile, the next comment fails to write: that is noted (CLIENT_GONE, counted as 499 by
+    the gateway), not raised into the load that other requests may wait for (which would be a
+    500 with a traceback)."""
+    outcome: dict[str, object] = {}
+    comments_sent = asyncio.Event()
+
+    async def loading(request: web.Request) -> web.StreamResponse:
+        cold = ColdStream(request)
+        await cold(LoadProgress("m", "weights", 1.0))
+        comments_sent.set()
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.01)  # until the client is gone; asserts no timing
+        try:
+            await cold(LoadProgress("m", "compile", 4.0))
+            await cold(LoadProgress("m", "ready", 7.0))
+        except Exception as exc:  # what the load would have seen
+            outcome["raised"] = exc
+        outcome["gone"] = request.get(CLIENT_GONE)
+        assert cold.response is not None
+        return cold.response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", loading)
+    async for gw in serve(app):
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(gw + "/v1/chat/completions", json={"stream": True})
+            assert await resp.content.readuntil(b"\n\n") == b": loading m (weights, 1 s)\n\n"
+            await comments_sent.wait()
+            resp.close()  # the client goes away while the model loads
+            while "gone" not in outcome:
+                await asyncio.sleep(0.01)
+    assert "raised" not in outcome
+    assert outcome["gone"] is True

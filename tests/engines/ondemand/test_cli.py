@@ -11,11 +11,11 @@ import pytest
 from engines.adapters.vllm_start import PHASES
 from engines.config import write_toml_atomic
 from engines.procs import free_loopback_port
-from tests.engines.test_cli import env, serve, traylm  # noqa: F401  (env is a fixture)
+from tests.engines.test_cli import serve, traylm
 
 
 @pytest.fixture
-def sim_served(env: dict[str, str]) -> Iterator[int]:  # noqa: F811
+def sim_served(env: dict[str, str]) -> Iterator[int]:
     port = free_loopback_port()
     proc = serve(env, "--port", str(port), "--simulate-gpus", "2")
     yield port
@@ -24,14 +24,14 @@ def sim_served(env: dict[str, str]) -> Iterator[int]:  # noqa: F811
         proc.wait()
 
 
-def write(env: dict[str, str], name: str, **fields: object) -> None:  # noqa: F811
+def write(env: dict[str, str], name: str, **fields: object) -> None:
     profiles = Path(env["TRAYLM_HOME"]) / "config" / "profiles"
     write_toml_atomic(
         profiles / f"{name}.toml", {"model": f"org/{name}", "device": "cpu", **fields}
     )
 
 
-def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:  # noqa: F811
+def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:
     write(env, "m", served_name="m", gpus="auto")
     out = traylm(env, "load", "m", "--gpus", "1", "--ttl", "10m", "--timeout", "30")
     assert out.returncode == 0, out.stderr
@@ -49,7 +49,7 @@ def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:  # noqa: 
     assert "no model is loaded" in traylm(env, "ps").stdout
 
 
-def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> None:  # noqa: F811
+def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> None:
     write_toml_atomic(
         Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "slow.toml",
         {"model": "org/slow", "device": "cpu", "env": {"FAKE_ENGINE_ARGS": "--startup-delay 4"}},
@@ -62,7 +62,7 @@ def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> N
     assert out.stdout.rstrip().endswith("slow: ready")
 
 
-def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> None:  # noqa: F811
+def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> None:
     write(env, "m", served_name="m")
     for args, expected in (
         (("load", "m", "--ttl", "-5"), "ttl '-5' is negative"),
@@ -78,7 +78,7 @@ def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> No
         assert expected in out.stderr, (args, out.stderr)
 
 
-def test_attach_and_detach(env: dict[str, str], sim_served: int) -> None:  # noqa: F811
+def test_attach_and_detach(env: dict[str, str], sim_served: int) -> None:
     write(env, "host", served_name="host")
     assert traylm(env, "load", "host", "--timeout", "30").returncode == 0
     port = next(

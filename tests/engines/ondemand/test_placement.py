@@ -157,3 +157,27 @@ async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
         stats = await r.json()
     assert stats["wakes"] == 1 and stats["sleeping"] == 0
     await client.close()
+
+
+async def test_an_engine_asleep_or_waking_is_not_taken_for_dead(
+    daemon_factory: DaemonFactory, paths
+) -> None:
+    """vLLM's /health may not answer while its EngineCore sleeps or moves the weights back
+    (here the FAKE engine's does not, and its wake takes 8 s): the supervisor judges a
+    sleeping or waking engine by its exit code only, so the engine wakes and serves, neither
+    declared crashed nor restarted (awake, two unanswered probes in a row with no sign of life
+    would be)."""
+    make_fake_vllm_env(paths.envs_dir, device="cuda")
+    d = await daemon_factory(settings(gpus=1))
+    d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
+    fake_profile(d, "s1", device="cuda", gpus="auto", args="--silent-asleep 8")
+    client = sdk(d)
+    assert await ask(client, "s1") == "w0 w1"
+    s1 = d.daemon.engine("s1")
+    leader = s1.pid
+    await s1.sleep()
+    assert await ask(client, "s1") == "w0 w1"  # wakes it: 8 s without an answer to /health
+    assert s1.state == EngineState.READY and s1.pid == leader and s1.restarts == 0
+    async with aiohttp.ClientSession() as http, http.get(f"{s1.base_url}/fake/stats") as r:
+        assert (await r.json())["wakes"] == 1
+    await client.close()

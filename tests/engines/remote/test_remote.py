@@ -126,7 +126,7 @@ async def test_not_served_alias_goes_remote_marked_with_the_key_and_logged(
     assert code == 404  # only the listed aliases ever leave the machine
     rows = await usage_rows(d, 3)
     assert [(r["model"], r["status"], r["remote"]) for r in rows if not r["remote"]] == [
-        ("not-listed", 404, 0)  # the gateway's own answers are logged too
+        ("(unknown)", 404, 0)  # logged too, but never with a name that nothing serves
     ]
     remote = [r for r in rows if r["remote"]]
     assert [(r["model"], r["engine_id"], r["status"]) for r in remote] == [

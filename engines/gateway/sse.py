@@ -1,0 +1,65 @@
+"""Server-sent events as the relay handles them: where whole events end, the error event that
+ends a broken stream (in the client's API shape), the message of an error body, and the token
+counts of a reply."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from engines.gateway.metrics import GatewayMetrics
+
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+# OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
+_PROMPT_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_COMPLETION_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+
+
+def whole_events(data: bytes) -> int:
+    """The length of the part of ``data`` made of whole server-sent events (each ends with a
+    blank line). Only whole events are relayed, so an engine that dies mid-write never leaves
+    the client half an event glued to the error event that follows."""
+    ends = [i + len(sep) for sep in EVENT_ENDS if (i := data.rfind(sep)) >= 0]
+    return max(ends, default=0)
+
+
+def sse_error(
+    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+) -> bytes:
+    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    if anthropic:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def error_text(data: bytes, status: int) -> str:
+    """The message of an error body (OpenAI's or Anthropic's shape), or the body itself."""
+    try:
+        error = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return f"HTTP {status}: {data[:300].decode(errors='replace')}"
+
+
+def count_usage(
+    data: bytes, model: str, metrics: GatewayMetrics, *, chunks: int
+) -> tuple[int | None, int | None]:
+    """The prompt and completion tokens of a reply (its last usage, else the streamed chunks
+    less the role's), added to the gateway's token counters."""
+    prompt = _PROMPT_RE.findall(data)
+    completion = _COMPLETION_RE.findall(data)
+    prompt_tokens = int(prompt[-1]) if prompt else None
+    completion_tokens = int(completion[-1]) if completion else None
+    if prompt_tokens is not None:
+        metrics.tokens_in.inc(float(prompt_tokens), model=model)
+    if completion_tokens is not None:
+        metrics.tokens_out.inc(float(completion_tokens), model=model)
+    elif chunks > 1:
+        completion_tokens = chunks - 1  # first chunk carries the role
+        metrics.tokens_out.inc(float(completion_tokens), model=model)
+    return prompt_tokens, completion_tokens
