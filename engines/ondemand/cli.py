@@ -83,7 +83,8 @@ def _ps_line(r: LoadedModel) -> str:
     else:
         unloads = "never" if r.in_flight == 0 and r.waiting == 0 else "when idle"
     line = f"{r.name[:28]:<28} {r.state:<9} {gpus:<5} {vram:>9} {reqs:>6} {idle:>7}  {unloads}"
-    return line + (f" ({r.origin})" if r.origin not in ("attached",) else "")
+    line += f" ({r.origin})" if r.origin not in ("attached",) else ""
+    return line + (f"  {r.detail}" if r.state == "starting" and r.detail else "")
 
 
 def _print_servable(models: list[ServableModel]) -> None:

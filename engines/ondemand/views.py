@@ -160,5 +160,5 @@ def _engine_row(
         unloads_in_s=max(0.0, (limit or 0.0) - (idle or 0.0)) if counting else None,
         ttl_s=res.ttl_s if res is not None else 0.0,
         pinned=bool(res and res.pinned),
-        detail=engine.detail,
+        detail=engine.stage,  # starting: its start phase ("loading weights")
     )

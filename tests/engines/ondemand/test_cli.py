@@ -62,6 +62,26 @@ def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> N
     assert out.stdout.rstrip().endswith("slow: ready")
 
 
+def test_ps_shows_the_start_phase_of_a_loading_model(env: dict[str, str], sim_served: int) -> None:
+    write_toml_atomic(
+        Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "slow.toml",
+        {"model": "org/slow", "device": "cpu", "env": {"FAKE_ENGINE_ARGS": "--startup-delay 8"}},
+    )
+    assert traylm(env, "load", "slow", "--no-wait").returncode == 0
+    labels = [r.label for r in PHASES]
+
+    def starting_line() -> str:
+        ps = traylm(env, "ps").stdout
+        return next((r for r in ps.splitlines() if r.startswith("slow ") and "starting" in r), "")
+
+    shown = ""
+    while not shown:  # the load ends in a few seconds; each ps is a new process
+        line = starting_line()
+        assert line or "ready" not in traylm(env, "ps").stdout, "never seen starting with a phase"
+        shown = next((label for label in labels if line.endswith(f"  {label}")), "")
+    assert shown in labels
+
+
 def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> None:
     write(env, "m", served_name="m")
     for args, expected in (
