@@ -74,13 +74,14 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory, hub_stand_in: str) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("fuzz")
     env = {
         **os.environ,
         "TRAYLM_HOME": str(home / "home"),
         "TRAYLM_ENVS_DIR": str(home / "envs"),
-        "HF_ENDPOINT": "http://127.0.0.1:9",  # nothing can reach the network, whatever runs
+        # nothing reaches the network whatever runs; the start of "org/fake" goes on as online
+        "HF_ENDPOINT": hub_stand_in,
         "HF_HOME": str(home / "hf"),
     }
     make_fake_vllm_env(home / "envs")
