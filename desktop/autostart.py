@@ -10,7 +10,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engines.config import resources_dir, write_bytes_atomic
+from engines.config import resources_dir
+from engines.tomlfile import write_bytes_atomic
 
 ENTRY_NAME = "traylm.desktop"
 

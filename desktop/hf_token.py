@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from engines.config import write_bytes_atomic
+from engines.tomlfile import write_bytes_atomic
 
 
 def token_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -545,7 +545,7 @@ async def cmd_engines_flags(args: argparse.Namespace) -> int:
 
 
 async def cmd_profiles(args: argparse.Namespace) -> int:
-    from engines.config import ProfileStore, profile_to_mapping
+    from engines.profiles import ProfileStore, profile_to_mapping
 
     store = ProfileStore(Paths.from_env().profiles_dir)
     if args.name:

@@ -27,7 +27,7 @@ from engines.bus import EventBus
 from engines.chats.routes import CHATS, chats_routes
 from engines.chats.service import ChatsFeature
 from engines.chats.store import ChatStore
-from engines.config import Paths, ProfileStore, Settings, write_bytes_atomic
+from engines.config import Paths, Settings
 from engines.control.routes import CONTROL, control_routes
 from engines.control.service import ControlAPI, DaemonStatus, EngineControl
 from engines.envs import EnvManager
@@ -56,11 +56,13 @@ from engines.procs import (
     raise_open_files_limit,
     reap_orphans,
 )
+from engines.profiles import ProfileStore
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback
 from engines.settings import LiveSettings
 from engines.store import Store
 from engines.supervisor import ManagedEngine, Supervisor
+from engines.tomlfile import write_bytes_atomic
 from engines.traffic import EngineTraffic
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes

@@ -32,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.routeset import RouteSet
-from engines.config import resources_dir, write_bytes_atomic
+from engines.config import resources_dir
 from engines.dist_alias import DistAlias
 from engines.envsteps import (
     INSTALLING_FILE,
@@ -47,6 +47,7 @@ from engines.envsteps import (
 from engines.errors import EngineEnvError
 from engines.pip_progress import PipProgress, PipStatus, supports_raw
 from engines.reach import reachable
+from engines.tomlfile import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

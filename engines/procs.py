@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from engines.config import write_bytes_atomic
+from engines.tomlfile import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

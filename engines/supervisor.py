@@ -41,7 +41,7 @@ import aiohttp
 import psutil
 
 from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
-from engines.config import EngineSettings, Profile, write_bytes_atomic
+from engines.config import EngineSettings
 from engines.errors import EngineError, TraylmError
 from engines.events.codec import Event
 from engines.events.core import (
@@ -66,6 +66,8 @@ from engines.procs import (
     free_loopback_port,
     vitals,
 )
+from engines.profiles import Profile
+from engines.tomlfile import write_bytes_atomic
 from engines.traffic import ENGINE_ERROR, TRAYLM_STOPPING, EngineTraffic
 from engines.warm import WarmPool
 

@@ -15,15 +15,10 @@ import psutil
 import pytest
 
 from engines.client import DaemonClient
-from engines.config import (
-    EngineSettings,
-    GatewaySettings,
-    Paths,
-    Settings,
-    write_toml_atomic,
-)
+from engines.config import EngineSettings, GatewaySettings, Paths, Settings
 from engines.daemon import Daemon
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.fakes.hub_endpoint import ReachableEndpoint
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.config import Paths, write_bytes_atomic
+from engines.config import Paths
+from engines.tomlfile import write_bytes_atomic
 
 
 def key_path(paths: Paths) -> Path:

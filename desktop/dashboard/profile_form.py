@@ -24,7 +24,8 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.widgets.folder import ChooseFolder, ask_for_folder
-from engines.config import Profile, doc
+from engines.fields import doc
+from engines.profiles import Profile
 
 SKIPPED = frozenset({"name"})
 FieldWidget = QLineEdit | QComboBox | QCheckBox | QPlainTextEdit

@@ -19,9 +19,9 @@ from packaging.version import Version
 from engines.adapters.memory import MemoryNeed
 from engines.adapters.phases import PhaseRule
 from engines.adapters.routeset import RouteSet
-from engines.config import Profile
 from engines.errors import ConfigError, UnknownFlagError
 from engines.events.core import Diagnosis
+from engines.profiles import Profile
 
 
 @dataclass(frozen=True)

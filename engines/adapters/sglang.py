@@ -21,9 +21,9 @@ from engines.adapters.base import (
     weights_per_gpu,
 )
 from engines.adapters.memory import MemoryNeed, sglang_need
-from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.profiles import Profile
 
 KV_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 

@@ -32,9 +32,9 @@ from engines.adapters.base import (
     weights_per_gpu,
 )
 from engines.adapters.memory import MemoryNeed, trtllm_need
-from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.profiles import Profile
 
 CONFIG_NAME = "trtllm-serve.yaml"
 """The generated --extra_llm_api_options file (JSON text, which YAML loaders read as YAML)."""

@@ -29,9 +29,9 @@ from engines.adapters.vllm_start import (
     cache_links,
     warm_command,
 )
-from engines.config import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.profiles import Profile
 
 CLI_SERVE_SINCE = (0, 33)
 """The vLLM release that deprecates `python -m vllm.entrypoints.openai.api_server`."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.config import Profile
+from engines.profiles import Profile
 
 # vLLM's architecture-suffix defaults (vllm/config/model.py _SUFFIX_TO_DEFAULTS), in its order.
 _GENERATE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")

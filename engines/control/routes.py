@@ -14,12 +14,14 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.config import SECTIONS, Profile, doc, profile_from_mapping, profile_to_mapping
+from engines.config import SECTIONS
 from engines.control.service import ControlAPI, adhoc_profile
 from engines.envs import env_summary
 from engines.errors import ConfigError, EngineEnvError, TraylmError
 from engines.events.codec import to_plain
+from engines.fields import doc
 from engines.http import error_response, json_body, ok, traylm_errors
+from engines.profiles import Profile, profile_from_mapping, profile_to_mapping
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()

@@ -22,7 +22,6 @@ from engines.adapters import adapter_for
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm_models import family_parsers
 from engines.bus import EventBus
-from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.envs import RECIPES, EnvManager, has_nvidia_gpu
 from engines.errors import (
     ConfigError,
@@ -36,6 +35,7 @@ from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, N
 from engines.modelinfo import read_model_info
 from engines.pip_progress import PipStatus
 from engines.procs import PidRegistry
+from engines.profiles import Profile, ProfileStore, profile_from_mapping
 from engines.settings import SettingsEditor, SettingsView
 from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
 from engines.traffic import EngineTraffic

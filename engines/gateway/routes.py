@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.config import parse_duration
 from engines.errors import ConfigError
+from engines.fields import parse_duration
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch

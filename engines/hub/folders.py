@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.config import Profile, profile_from_mapping, write_toml_atomic
 from engines.errors import ConfigError, ModelNotFound
 from engines.events.hub import LocalFolder
 from engines.hub.library import TRTLLM_ARCHITECTURES
 from engines.hub.shape import parse_config
+from engines.profiles import Profile, profile_from_mapping
+from engines.tomlfile import write_toml_atomic
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json")

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from engines.config import ProfileStore
 from engines.errors import ConfigError, HubError, HubUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
@@ -29,6 +28,7 @@ from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details
+from engines.profiles import ProfileStore
 from engines.reach import reachable
 from engines.settings import SettingsView
 from engines.store import Store

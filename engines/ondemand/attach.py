@@ -26,12 +26,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from engines.config import _read_toml, write_toml_atomic
 from engines.errors import ConfigError
 from engines.events.codec import Event
 from engines.events.models import AttachedChanged, AttachedServer
 from engines.gateway.proxy import Upstream
 from engines.ondemand.catalog import EXPLICIT, IMPLICIT, Entry
+from engines.tomlfile import read_toml, write_toml_atomic
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class AttachedServers:
     def _read(self) -> dict[str, dict[str, str]]:
         if not self._path.exists():
             return {}
-        data = _read_toml(self._path)
+        data = read_toml(self._path)
         return {
             name: {"url": str(v.get("url", "")), "key_env": str(v.get("key_env", ""))}
             for name, v in data.items()

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engines.config import Profile, ProfileStore, profile_from_mapping
 from engines.errors import ConfigError
 from engines.events.hub import LocalFolder, LocalModel, ModelDetails
 from engines.hub.folders import folder_profile
@@ -38,6 +37,7 @@ from engines.hub.names import repo_id_from_cache_folder
 from engines.hub.search import Listing, details_from
 from engines.hub.selection import RepoEntry
 from engines.hub.shape import parse_config
+from engines.profiles import Profile, ProfileStore, profile_from_mapping
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engines.config import Profile
 from engines.errors import EngineError, ModelUnavailable, TraylmError
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus
 from engines.events.models import Eviction, ModelLoading, ModelStateChanged, ModelStatus
 from engines.ondemand.catalog import Entry
 from engines.ondemand.occupancy import Activity, Booking
+from engines.profiles import Profile
 from engines.settings import SettingsView
 from engines.supervisor import ManagedEngine
 

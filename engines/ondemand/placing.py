@@ -13,7 +13,6 @@ import psutil
 
 from engines.adapters import adapter_for
 from engines.adapters.memory import MemoryNeed
-from engines.config import Profile, profile_from_mapping
 from engines.control.service import resolve_device
 from engines.errors import ConfigError, ModelUnavailable
 from engines.events.core import EngineState
@@ -27,6 +26,7 @@ from engines.ondemand.catalog import Entry
 from engines.ondemand.lifecycle import Engines, Flight, Lifecycle, Residency
 from engines.ondemand.occupancy import Activity, Booking
 from engines.ondemand.planner import Card, Request, plan
+from engines.profiles import Profile, profile_from_mapping
 from engines.settings import SettingsView
 from engines.supervisor import ManagedEngine
 

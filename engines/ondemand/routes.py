@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.config import parse_duration
 from engines.errors import ConfigError
+from engines.fields import parse_duration
 from engines.http import json_body, ok, traylm_errors
 from engines.ondemand.actions import load_model, unload_model
 from engines.ondemand.service import ModelsOnDemand

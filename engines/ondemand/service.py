@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engines.config import ProfileStore
 from engines.errors import ModelUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
@@ -33,6 +32,7 @@ from engines.ondemand.catalog import Catalog, Entry, LibrarySource, ProfileSourc
 from engines.ondemand.lifecycle import CheckStart, Engines, Flight, Lifecycle, StartEngine
 from engines.ondemand.occupancy import Activity
 from engines.ondemand.placing import Placer
+from engines.profiles import ProfileStore
 from engines.settings import SettingsView
 from engines.supervisor import ManagedEngine
 

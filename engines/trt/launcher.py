@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Protocol
 
 from engines.adapters.base import EngineRuntime, tp_env
-from engines.config import Profile
 from engines.envs import EnvInfo, load_flags
 from engines.errors import EngineEnvError, EngineError
 from engines.events.codec import Event
@@ -26,6 +25,7 @@ from engines.events.core import EngineState, Notice
 from engines.events.gpu import GPUInfo
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 from engines.gpu.inventory import Inventory, major_version
+from engines.profiles import Profile
 from engines.settings import SettingsView
 from engines.supervisor import EngineView, LogSink, Prepare
 from engines.trt.build import ETAModel, run_build

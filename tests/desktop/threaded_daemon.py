@@ -12,10 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from engines.client import DaemonClient
-from engines.config import EnergySettings, GPUSettings, Paths, Settings, write_toml_atomic
+from engines.config import EnergySettings, GPUSettings, Paths, Settings
 from engines.daemon import Daemon
 from engines.events import EngineState, EngineStatus
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 from tests.conftest import fast_settings
 
 T = TypeVar("T")

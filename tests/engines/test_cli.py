@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 from engines.cli import run_command
-from engines.config import Paths, write_toml_atomic
+from engines.config import Paths
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 
 
 def traylm(

@@ -9,18 +9,16 @@ import pytest
 
 from engines.config import (
     Paths,
-    Profile,
-    ProfileStore,
     Settings,
-    doc,
     load_settings,
-    profile_from_mapping,
     replace_setting,
     resources_dir,
     save_settings,
-    write_toml_atomic,
 )
 from engines.errors import ConfigError, ProfileNotFound
+from engines.fields import doc
+from engines.profiles import Profile, ProfileStore, profile_from_mapping
+from engines.tomlfile import write_toml_atomic
 
 
 def test_paths_follow_traylm_home_and_envs_override(tmp_path: Path) -> None:

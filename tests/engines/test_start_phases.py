@@ -17,9 +17,10 @@ import pytest
 from engines.adapters import adapter_for
 from engines.adapters.phases import next_phase
 from engines.adapters.vllm_start import PHASES
-from engines.config import profile_from_mapping, write_toml_atomic
 from engines.events import EngineStartPhase, EngineState
 from engines.phase_tracker import PhaseTracker
+from engines.profiles import profile_from_mapping
+from engines.tomlfile import write_toml_atomic
 from tests.conftest import RunningDaemon
 from tests.engines import test_cli
 from tests.engines.adapters import test_sglang, test_trtllm

@@ -22,9 +22,10 @@ from packaging.version import Version
 from engines import supervisor
 from engines.adapters.base import EngineRuntime, FlagSet, LaunchSpec
 from engines.adapters.vllm import VLLMAdapter
-from engines.config import EngineSettings, Profile, profile_from_mapping
+from engines.config import EngineSettings
 from engines.events import Diagnosis, EngineState, EngineStateChanged, Event
 from engines.procs import PidRegistry, TrackedProcess, group_alive, reap_orphans
+from engines.profiles import Profile, profile_from_mapping
 from engines.supervisor import ManagedEngine, last_error, strip_ansi
 
 FAKE = Path(__file__).parents[1] / "fakes" / "openai_engine.py"

@@ -14,10 +14,10 @@ import pytest
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
 from engines.adapters.vllm_start import PHASES, api_server_command, model_cache_key
-from engines.config import profile_from_mapping
 from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
+from engines.profiles import profile_from_mapping
 from engines.supervisor import make_link
 from tests.engines.adapters.test_vllm import runtime as adapter_runtime
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from engines.config import write_toml_atomic
 from engines.events import EngineState
+from engines.tomlfile import write_toml_atomic
 from engines.warm import WarmPool
 from tests.conftest import RunningDaemon
 from tests.engines import test_cli

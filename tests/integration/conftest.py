@@ -18,10 +18,11 @@ import platformdirs
 import psutil
 import pytest
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import Paths
 from engines.envs import RECIPES, EnvInfo, EnvManager
 from engines.errors import EngineEnvError
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 
 TINY_MODEL_SCRIPT = Path(__file__).with_name("tiny_model.py")
 ENGINE_READY_TIMEOUT_S = 300

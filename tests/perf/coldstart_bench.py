@@ -39,10 +39,11 @@ sys.path.insert(0, str(ROOT))
 from engines.adapters.base import EngineRuntime, LaunchSpec  # noqa: E402
 from engines.adapters.vllm import VLLMAdapter  # noqa: E402
 from engines.adapters.vllm_start import ENTRY_MODULE  # noqa: E402
-from engines.config import EngineSettings, Profile, profile_from_mapping  # noqa: E402
+from engines.config import EngineSettings  # noqa: E402
 from engines.envs import EnvManager  # noqa: E402
 from engines.events import EngineStartPhase, EngineState, Event  # noqa: E402
 from engines.procs import PidRegistry  # noqa: E402
+from engines.profiles import Profile, profile_from_mapping  # noqa: E402
 from engines.supervisor import ManagedEngine  # noqa: E402
 from engines.warm import WarmPool  # noqa: E402
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 import dataclasses  # noqa: E402
 
 from engines.adapters.vllm import VLLMAdapter  # noqa: E402
-from engines.config import profile_from_mapping  # noqa: E402
 from engines.envs import EnvManager  # noqa: E402
 from engines.procs import free_loopback_port  # noqa: E402
+from engines.profiles import profile_from_mapping  # noqa: E402
 
 TINY_MODEL_SCRIPT = ROOT / "tests" / "integration" / "tiny_model.py"
 MODELS = {

@@ -291,8 +291,9 @@ async def router_cost(requests: int, rounds: int, baseline: Path | None) -> None
 async def resolve_cost(calls: int = 100_000) -> None:
     """GatewayContext.resolve for a warm model, in process: what the router adds per request
     (the HTTP figures above are dominated by everything else)."""
-    from engines.config import Paths, write_toml_atomic
+    from engines.config import Paths
     from engines.daemon import Daemon
+    from engines.tomlfile import write_toml_atomic
     from tests.conftest import fast_settings
 
     with tempfile.TemporaryDirectory(prefix="traylm-ondemand-") as tmp:

@@ -10,9 +10,9 @@ import pytest
 from engines.adapters import adapter_for
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.memory import GIB, SLEEP_RESIDUAL_BYTES
-from engines.config import Profile, profile_from_mapping
 from engines.envs import load_flags
 from engines.errors import ConfigError
+from engines.profiles import Profile, profile_from_mapping
 from tests.engines.adapters.test_vllm import runtime
 
 CARD = 24 * GIB
@@ -117,7 +117,7 @@ def test_sleep_mode_only_on_cuda_and_only_when_the_version_accepts_it() -> None:
 
 
 def test_auto_gpus_round_trip_and_refused_at_launch_unplaced() -> None:
-    from engines.config import profile_to_mapping
+    from engines.profiles import profile_to_mapping
 
     p = profile(gpus="auto", tensor_parallel_size=2)
     assert p.gpus_auto and p.gpus == ()

@@ -14,10 +14,10 @@ from packaging.version import Version
 
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.sglang import SGLangAdapter
-from engines.config import profile_from_mapping
 from engines.envs import load_flags
 from engines.errors import ConfigError, UnknownFlagError
 from engines.events import EngineState, EngineStatus
+from engines.profiles import profile_from_mapping
 from tests.conftest import RunningDaemon
 from tests.fakes.fake_trt_env import make_fake_sglang_env
 

@@ -13,9 +13,9 @@ from packaging.version import Version
 from engines.adapters import ADAPTERS, adapter_for
 from engines.adapters.base import EngineRuntime, FlagSet
 from engines.adapters.vllm import VLLMAdapter
-from engines.config import Profile, profile_from_mapping
 from engines.envs import load_flags
 from engines.errors import ConfigError, UnknownFlagError
+from engines.profiles import Profile, profile_from_mapping
 
 
 def runtime(device: str = "cuda") -> EngineRuntime:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engines.adapters.vllm_models import Parsers, family_parsers, model_tasks
-from engines.config import ProfileStore, profile_from_mapping, resources_dir
+from engines.config import resources_dir
 from engines.envs import load_flags, load_routes
+from engines.profiles import ProfileStore, profile_from_mapping
 
 
 def tasks(archs: list[str], **fields: object) -> set[str]:

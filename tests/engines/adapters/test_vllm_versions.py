@@ -15,9 +15,9 @@ from packaging.version import Version
 
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
-from engines.config import profile_from_mapping
 from engines.envs import FLAGS_FILE, RECIPES, EnvManager, load_flags
 from engines.events import EngineState
+from engines.profiles import profile_from_mapping
 from tests.conftest import RunningDaemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import Paths
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 from tests.engines.test_cli import traylm
 
 pytestmark = pytest.mark.slow

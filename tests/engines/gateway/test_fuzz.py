@@ -28,9 +28,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import Paths
 from engines.gateway.security import hash_key
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 API_KEY = "tlm-fuzz-key"

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from engines.config import Paths, write_toml_atomic
+from engines.config import Paths
 from engines.gateway.security import hash_key
+from engines.tomlfile import write_toml_atomic
 
 pytestmark = pytest.mark.slow
 PORT = 8000  # the daemon's namespace has a port space of its own

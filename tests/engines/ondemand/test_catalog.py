@@ -12,9 +12,10 @@ import aiohttp
 import openai
 import pytest
 
-from engines.config import ProfileStore, write_toml_atomic
 from engines.events import DownloadState
 from engines.ondemand.catalog import Catalog, Entry, ProfileSource, build_index
+from engines.profiles import ProfileStore
+from engines.tomlfile import write_toml_atomic
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.hub.conftest import hub_settings, wait_download
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings

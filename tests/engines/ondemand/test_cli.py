@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engines.adapters.vllm_start import PHASES
-from engines.config import write_toml_atomic
 from engines.procs import free_loopback_port
+from engines.tomlfile import write_toml_atomic
 from tests.engines.test_cli import serve, traylm
 
 

@@ -4,11 +4,12 @@ placed profile carries the GPUs and the tensor-parallel size it will run with.""
 
 from __future__ import annotations
 
-from engines.config import Settings, profile_from_mapping
+from engines.config import Settings
 from engines.gpu.sim import SimulatedBackend
 from engines.ondemand.catalog import IMPLICIT, Entry
 from engines.ondemand.lifecycle import Lifecycle
 from engines.ondemand.placing import Placer
+from engines.profiles import profile_from_mapping
 from engines.supervisor import Supervisor
 from tests.engines.hub.test_fit import LLAMA_8B, details
 
