@@ -26,12 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
-import errno
 import logging
-import os
-import re
-import shlex
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
@@ -40,8 +35,11 @@ from typing import Protocol, TextIO
 import aiohttp
 import psutil
 
-from engines.adapters.base import RUN_DIR, EngineAdapter, EngineRuntime, LaunchSpec
+from engines.adapters.base import EngineAdapter, EngineRuntime, LaunchSpec
 from engines.config import EngineSettings
+from engines.engine_http import post_action, probe, token_counters
+from engines.engine_output import last_error, open_engine_log, read_lines, strip_ansi
+from engines.engine_spawn import argv_text, engine_env, start_process, write_run_files
 from engines.errors import EngineError, TraylmError
 from engines.events.codec import Event
 from engines.events.core import (
@@ -53,8 +51,7 @@ from engines.events.core import (
     EngineStateChanged,
     EngineStatus,
 )
-from engines.filemodes import keep_user_umask
-from engines.liveness import Evidence, Health, Liveness, Verdict, progress_counter
+from engines.liveness import Evidence, Health, Liveness, Verdict
 from engines.phase_tracker import PhaseTracker
 from engines.procs import (
     EngineRecord,
@@ -67,22 +64,15 @@ from engines.procs import (
     vitals,
 )
 from engines.profiles import Profile
-from engines.tomlfile import write_bytes_atomic
 from engines.traffic import ENGINE_ERROR, TRAYLM_STOPPING, EngineTraffic
 from engines.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
-ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 HEALTH_PERIOD_S = 0.05  # readiness probe while starting
 DESCENDANTS_PERIOD_S = 0.5  # the process-tree scan while starting (it reads every process)
-SLEEP_TIMEOUT_S = 120.0  # a sleep or wake moves the weights between GPU and host RAM
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
-LOG_FILE_MAX_BYTES = 20 * 1024 * 1024
-METRICS_PATH = "/metrics"
 DAEMON_STOPPING = "daemon stopping"
-LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-"""Errors that say the daemon is short of resources, not that the engine is unwell."""
 
 Publish = Callable[[Event], None]
 LogSink = Callable[[str], None]
@@ -90,10 +80,6 @@ Prepare = Callable[[LogSink], Awaitable[tuple[Profile, str]]]
 """Work before the first spawn of a start (a TensorRT engine build): gets a sink for its log
 lines (they are diagnosed like engine output) and returns the profile and model to launch with.
 It runs in state ``starting`` and is cancelled by ``stop()``; a TraylmError fails the start."""
-
-
-def strip_ansi(text: str) -> str:
-    return ANSI_RE.sub("", text)
 
 
 class ManagedEngine:
@@ -242,7 +228,7 @@ class ManagedEngine:
             )
         self._set_state(EngineState.SLEEPING, "asleep: weights in host RAM")
         try:
-            await self._post(routes.sleep_path)
+            await post_action(self.base_url, routes.sleep_path, self.engine_id)
         except EngineError:
             self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
             raise
@@ -253,25 +239,8 @@ class ManagedEngine:
         if routes is None or self.state != EngineState.SLEEPING:
             raise EngineError(f"engine {self.engine_id!r} is {self.state}, not sleeping")
         self.detail = "waking up: weights back to the GPU"
-        await self._post(routes.wake_path)
+        await post_action(self.base_url, routes.wake_path, self.engine_id)
         self._set_state(EngineState.READY, f"serving on 127.0.0.1:{self.port}")
-
-    async def _post(self, path: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as http,
-                http.post(f"{self.base_url}{path}") as resp,
-            ):
-                text = await resp.text()
-                if resp.status != 200:
-                    raise EngineError(
-                        f"engine {self.engine_id!r} answered {resp.status} to {path}: {text[:200]}"
-                    )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(
-                f"engine {self.engine_id!r} did not answer {path} ({type(exc).__name__})"
-            ) from exc
 
     async def stop(self, reason: str = "stopped") -> None:
         """Stop the engine and everything it started; returns when no process of it remains."""
@@ -424,23 +393,15 @@ class ManagedEngine:
         return self._spec
 
     async def _spawn(self, spec: LaunchSpec) -> None:
-        spec = self._write_files(spec)
-        argv = strip_ansi(shlex.join(spec.argv)).replace("\r", " ").replace("\n", " ")
-        env = _engine_env(spec)
+        spec = write_run_files(spec, self.run_dir)
+        argv = argv_text(spec.argv)
+        env = engine_env(spec)
         warm = None
         if self._warm is not None and spec.warm_argv:
             warm = await self._warm.take(self.engine_id, spec.warm_argv, env, spec.argv)
         note = [f"===== traylm: in warm process {warm.pid} (imports done ahead)"] if warm else []
         self._open_log([f"===== argv: {argv}", *note])
-        self._proc = warm or await asyncio.create_subprocess_exec(
-            *spec.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=keep_user_umask(),  # its caches (HF, compile) keep the user's modes
-        )
+        self._proc = warm or await start_process(spec.argv, env)
         self.started_at_s = time.time()
         self.ready_at_s = None
         self._phases = PhaseTracker(self.engine_id, spec.phases)
@@ -456,21 +417,9 @@ class ManagedEngine:
         if self._warm is None or not spec.warm_argv:
             return
         try:
-            await self._warm.prepare(self.engine_id, spec.warm_argv, _engine_env(spec))
+            await self._warm.prepare(self.engine_id, spec.warm_argv, engine_env(spec))
         except OSError as exc:  # only a later start gets slower: say so, go on serving
             log.warning("engine %s: no warm process for the next start: %s", self.engine_id, exc)
-
-    def _write_files(self, spec: LaunchSpec) -> LaunchSpec:
-        """Make the adapter's links; write its files into the run folder, put its path into
-        argv."""
-        for link, target in spec.links.items():
-            make_link(Path(link), Path(target))
-        if not spec.files:
-            return spec
-        for name, text in spec.files.items():
-            write_bytes_atomic(self.run_dir / name, text.encode(), mode=0o600)
-        argv = tuple(a.replace(RUN_DIR, str(self.run_dir)) for a in spec.argv)
-        return dataclasses.replace(spec, argv=argv)
 
     async def _wait_until_ready(self, spec: LaunchSpec) -> bool:
         assert self._proc is not None
@@ -482,8 +431,9 @@ class ManagedEngine:
                 if self._proc.returncode is not None:
                     return False
                 if (
-                    await self._probe(http, spec.health_path) == Health.OK
-                    and await self._probe(http, spec.models_path) == Health.OK
+                    await probe(http, self.base_url, spec.health_path, self._trouble) == Health.OK
+                    and await probe(http, self.base_url, spec.models_path, self._trouble)
+                    == Health.OK
                 ):
                     return self._proc.returncode is None
                 if time.monotonic() - scanned >= DESCENDANTS_PERIOD_S:
@@ -513,7 +463,7 @@ class ManagedEngine:
                 if self.state == EngineState.SLEEPING:  # asleep or waking: no replies, /health
                     liveness = Liveness(self.settings.stall_timeout_s)  # slow while it moves
                     continue  # weights; judged afresh once it serves again
-                health = await self._probe(http, spec.health_path)
+                health = await probe(http, self.base_url, spec.health_path, self._trouble)
                 now = time.monotonic()
                 look = Evidence(now, health)
                 if traffic is not None:
@@ -523,7 +473,7 @@ class ManagedEngine:
                 if health == Health.SILENT or liveness.wants_counters(
                     now, in_flight=look.in_flight, last_reply_byte_s=look.last_reply_byte_s
                 ):
-                    look.counters = await self._counters(http)
+                    look.counters = await token_counters(http, self.base_url)
                 look.leader_cpu_s, look.stopped = await self._vitals(proc.pid)
                 verdict = liveness.look(look)
                 if verdict is not None:
@@ -536,36 +486,6 @@ class ManagedEngine:
                     and time.time() - self.ready_at_s > self.settings.stable_after_s
                 ):
                     self.restarts = 0
-
-    async def _probe(self, http: aiohttp.ClientSession, path: str) -> Health:
-        """OK: 200. BAD: another answer. SILENT: no answer in time. UNKNOWN: the daemon itself
-        could not ask (out of descriptors), which says nothing about the engine."""
-        try:
-            async with http.get(f"{self.base_url}{path}") as resp:
-                await resp.read()
-                return Health.OK if resp.status == 200 else Health.BAD
-        except aiohttp.ClientConnectorError as exc:
-            return self._probe_failed(path, exc.os_error)
-        except OSError as exc:
-            return self._probe_failed(path, exc)
-        except (aiohttp.ClientError, TimeoutError):
-            return Health.SILENT
-
-    def _probe_failed(self, path: str, exc: OSError) -> Health:
-        if exc.errno in LOCAL_RESOURCE_ERRNOS:
-            self._trouble(f"cannot probe {path}", exc)
-            return Health.UNKNOWN
-        return Health.SILENT
-
-    async def _counters(self, http: aiohttp.ClientSession) -> float | None:
-        """The engine's token counters (its Prometheus /metrics), or None."""
-        try:
-            async with http.get(f"{self.base_url}{METRICS_PATH}") as resp:
-                if resp.status != 200:
-                    return None
-                return progress_counter(await resp.text(errors="replace"))
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return None
 
     async def _vitals(self, pid: int) -> tuple[float | None, list[int]]:
         try:
@@ -641,14 +561,7 @@ class ManagedEngine:
     # ----------------------------------------------------------------- logs
 
     def _open_log(self, header: list[str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.log_path.exists() and self.log_path.stat().st_size > LOG_FILE_MAX_BYTES:
-            self.log_path.replace(self.log_path.with_suffix(".log.1"))
-        fh = self.log_path.open("a", encoding="utf-8")
-        fh.write(f"\n===== traylm: starting {self.engine_id} at {time.ctime()}\n")
-        fh.writelines(line + "\n" for line in header)
-        fh.flush()
-        self._log_fh = fh
+        self._log_fh = open_engine_log(self.log_path, self.engine_id, header)
 
     def _close_log(self) -> None:
         fh = self._log_fh
@@ -658,17 +571,7 @@ class ManagedEngine:
 
     async def _read_logs(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        buffer = b""
-        while True:
-            chunk = await proc.stdout.read(65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *complete, buffer = re.split(rb"\r\n|\n|\r", buffer)
-            for raw in complete:
-                self._log_line(raw.decode(errors="replace"))
-        if buffer:
-            self._log_line(buffer.decode(errors="replace"))
+        await read_lines(proc.stdout, self._log_line)
 
     def _log_line(self, text: str) -> None:
         line = strip_ansi(text).rstrip()
@@ -726,37 +629,6 @@ class ManagedEngine:
                 diagnosis=self.diagnosis if state == EngineState.FAILED else None,
             )
         )
-
-
-_ERROR_LINE = re.compile(r"\b[\w.]*(Error|Exception)\b:|\bERROR\b")
-
-
-def last_error(lines: list[str]) -> str:
-    """The most telling error of a log tail: the last ``SomethingError: ...`` line, with the
-    indented line after it when that carries the message (pydantic puts it there)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if _ERROR_LINE.search(lines[i]):
-            text = lines[i].strip()
-            following = lines[i + 1] if i + 1 < len(lines) else ""
-            if following.startswith((" ", "\t")) and "errors.pydantic.dev" not in following:
-                text += " " + following.strip()
-            return text
-    return ""
-
-
-def make_link(link: Path, target: Path) -> None:
-    """``link`` → ``target`` (both folders made), unless ``link`` exists already."""
-    target.mkdir(parents=True, exist_ok=True)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.is_symlink() and not link.exists():
-        with contextlib.suppress(FileExistsError):  # another start made it meanwhile
-            link.symlink_to(target, target_is_directory=True)
-
-
-def _engine_env(spec: LaunchSpec) -> dict[str, str]:
-    env = {**os.environ, **spec.env}
-    env.pop("PYTHONPATH", None)  # the engine's venv must not see traylm's packages
-    return env
 
 
 async def _drain(task: asyncio.Task[None]) -> None:

@@ -23,10 +23,11 @@ from engines import supervisor
 from engines.adapters.base import EngineRuntime, FlagSet, LaunchSpec
 from engines.adapters.vllm import VLLMAdapter
 from engines.config import EngineSettings
+from engines.engine_output import last_error, strip_ansi
 from engines.events import Diagnosis, EngineState, EngineStateChanged, Event
 from engines.procs import PidRegistry, TrackedProcess, group_alive, reap_orphans
 from engines.profiles import Profile, profile_from_mapping
-from engines.supervisor import ManagedEngine, last_error, strip_ansi
+from engines.supervisor import ManagedEngine
 
 FAKE = Path(__file__).parents[1] / "fakes" / "openai_engine.py"
 

