@@ -13,7 +13,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import signal
 import statistics
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.engine_output import read_lines
 from engines.errors import EngineError
 from engines.events.trt import TRTBuildProgress
 from engines.procs import group_alive, signal_group
@@ -160,7 +160,7 @@ async def _run_step(
     ticker = asyncio.create_task(_tick(tick))
     try:
         assert proc.stdout is not None
-        await _pump(proc.stdout, emit)
+        await read_lines(proc.stdout, emit)
         return await proc.wait()
     except BaseException:
         await kill_group(proc)
@@ -169,20 +169,6 @@ async def _run_step(
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
-
-
-async def _pump(stream: asyncio.StreamReader, emit: LogSink) -> None:
-    buffer = b""
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            break
-        buffer += chunk
-        *complete, buffer = re.split(rb"\r\n|\n|\r", buffer)
-        for raw in complete:
-            emit(raw.decode(errors="replace"))
-    if buffer:
-        emit(buffer.decode(errors="replace"))
 
 
 async def _tick(tick: Callable[[], None]) -> None:
