@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,16 +36,32 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    left = kill_leftovers(before, LEAK_GRACE_S)
+    seen = request.node.stash.get(SEEN_AFTER_CALL, [])
+    left = kill_leftovers(before, LEAK_GRACE_S, seen)
     if left:
         pytest.fail(f"the test left processes running (now killed): {'; '.join(left)}")
 
 
-def kill_leftovers(before: set[int], grace_s: float) -> list[str]:
-    """Children of this process not in ``before`` still running after ``grace_s``: killed,
-    and described."""
+SEEN_AFTER_CALL = pytest.StashKey[list[psutil.Process]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """What runs below this process when the test body ends: an engine whose daemon a
+    fixture then kills with SIGKILL is re-parented to init and is no child any more, but it
+    is still this test's leak."""
+    yield
+    item.stash[SEEN_AFTER_CALL] = psutil.Process().children(recursive=True)
+
+
+def kill_leftovers(
+    before: set[int], grace_s: float, seen: Sequence[psutil.Process] = ()
+) -> list[str]:
+    """Children of this process not in ``before`` (and processes ``seen`` under it earlier,
+    checked by pid and start time) still running after ``grace_s``: killed, and described."""
     me = psutil.Process()
-    alive = [p for p in me.children(recursive=True) if p.pid not in before and _running(p)]
+    found = {p.pid: p for p in [*seen, *me.children(recursive=True)]}
+    alive = [p for p in found.values() if p.pid not in before and _running(p)]
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:  # polled, never reaped: their owners reap
         time.sleep(0.1)
@@ -58,8 +74,8 @@ def kill_leftovers(before: set[int], grace_s: float) -> list[str]:
 
 
 def _running(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
+    try:  # is_running: the same process (pid and start time), not a new one with its pid
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -53,14 +54,26 @@ def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+def stop_daemon(proc: subprocess.Popen[str]) -> None:
+    """End a `traylm serve` as a person would (SIGTERM: it stops its engines first); SIGKILL
+    only if it does not go, since a killed daemon leaves its engines running."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGCONT)  # a test may have stopped it
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_loopback_port()
     proc = serve(env, "--port", str(port))
     yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    stop_daemon(proc)
 
 
 def test_the_daemon_runs_on_uvloop(

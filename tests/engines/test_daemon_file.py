@@ -14,7 +14,7 @@ import pytest
 
 from engines.config import Paths
 from engines.procs import free_loopback_port
-from tests.engines.test_cli import serve, traylm
+from tests.engines.test_cli import serve, stop_daemon, traylm
 
 
 @pytest.fixture
@@ -22,10 +22,7 @@ def daemon(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_loopback_port()
     proc = serve(env, "--port", str(port))
     yield proc, port
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-        proc.wait()
+    stop_daemon(proc)
 
 
 def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(

@@ -11,7 +11,7 @@ import pytest
 from engines.adapters.vllm_start import PHASES
 from engines.procs import free_loopback_port
 from engines.tomlfile import write_toml_atomic
-from tests.engines.test_cli import serve, traylm
+from tests.engines.test_cli import serve, stop_daemon, traylm
 
 
 @pytest.fixture
@@ -19,9 +19,7 @@ def sim_served(env: dict[str, str]) -> Iterator[int]:
     port = free_loopback_port()
     proc = serve(env, "--port", str(port), "--simulate-gpus", "2")
     yield port
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    stop_daemon(proc)
 
 
 def write(env: dict[str, str], name: str, **fields: object) -> None:
