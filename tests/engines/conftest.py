@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from engines.procs import free_loopback_port
+from tests.engines.test_cli import serve, stop_daemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 
@@ -20,3 +24,12 @@ def env(tmp_path: Path) -> dict[str, str]:
     }
     make_fake_vllm_env(tmp_path / "envs")
     return e
+
+
+@pytest.fixture
+def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`traylm serve` on a free port (the process and the port), stopped as a person would."""
+    port = free_loopback_port()
+    proc = serve(env, "--port", str(port))
+    yield proc, port
+    stop_daemon(proc)

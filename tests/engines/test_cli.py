@@ -9,11 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 
 from engines.cli import run_command
 from engines.config import Paths
@@ -66,14 +64,6 @@ def stop_daemon(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-@pytest.fixture
-def served(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = free_loopback_port()
-    proc = serve(env, "--port", str(port))
-    yield proc, port
-    stop_daemon(proc)
 
 
 def test_the_daemon_runs_on_uvloop(

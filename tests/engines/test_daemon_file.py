@@ -8,27 +8,16 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
-
-import pytest
 
 from engines.config import Paths
 from engines.procs import free_loopback_port
-from tests.engines.test_cli import serve, stop_daemon, traylm
-
-
-@pytest.fixture
-def daemon(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    port = free_loopback_port()
-    proc = serve(env, "--port", str(port))
-    yield proc, port
-    stop_daemon(proc)
+from tests.engines.test_cli import traylm
 
 
 def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(
-    env: dict[str, str], daemon: tuple[subprocess.Popen[str], int]
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
-    proc, port = daemon
+    proc, port = served
     paths = Paths.from_env(env)
     before = json.loads(paths.daemon_json.read_text())
     paths.daemon_json.unlink()
@@ -42,12 +31,12 @@ def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(
 
 
 def test_a_daemon_that_cannot_be_reached_is_still_found_and_stopped(
-    env: dict[str, str], daemon: tuple[subprocess.Popen[str], int]
+    env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
     """Stopped (SIGSTOP) with its daemon.json deleted, the daemon can neither answer nor write
     the file again: a setting saved then is reported as not applied (exit 1), and `shutdown`
     finds the daemon through its lock and stops it by signal."""
-    proc, port = daemon
+    proc, port = served
     paths = Paths.from_env(env)
     os.kill(proc.pid, signal.SIGSTOP)
     paths.daemon_json.unlink()

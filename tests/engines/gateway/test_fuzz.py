@@ -15,10 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +29,7 @@ from engines.config import Paths
 from engines.gateway.security import hash_key
 from engines.procs import free_loopback_port
 from engines.tomlfile import write_toml_atomic
+from tests.engines.test_cli import serve, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 API_KEY = "tlm-fuzz-key"
@@ -93,36 +91,14 @@ def served(tmp_path_factory: pytest.TempPathFactory, hub_stand_in: str) -> Itera
         {"model": "org/fake", "served_name": "fake", "device": "cpu"},
     )
     port = free_loopback_port()
-    log_path = home / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = serve(env, "--port", str(port))
     try:
-        deadline = time.monotonic() + 30
-        while not paths.daemon_json.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
-        started = subprocess.run(
-            [sys.executable, "-m", "engines", "start", "fake", "--wait", "--timeout", "60"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
+        started = traylm(env, "start", "fake", "--wait", "--timeout", "60", timeout=90)
         assert started.returncode == 0, started.stderr
         token = json.loads(paths.daemon_json.read_text())["token"]
-        yield Served(port, token, proc, log_path)
+        yield Served(port, token, proc, Path(env["TRAYLM_HOME"] + "-serve.log"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_daemon(proc)
 
 
 def check(method: str, path: str, status: int, body: bytes) -> None:
