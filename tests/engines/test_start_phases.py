@@ -22,11 +22,7 @@ from engines.phase_tracker import PhaseTracker
 from engines.profiles import profile_from_mapping
 from engines.tomlfile import write_toml_atomic
 from tests.conftest import RunningDaemon
-from tests.engines import test_cli
 from tests.engines.adapters import test_sglang, test_trtllm
-
-# fixture of the CLI tests: a `traylm serve` process (env comes from tests/engines/conftest.py)
-served = test_cli.served
 
 CPU_PHASES = ["import", "config", "engine", "weights", "compile", "kv_cache", "server", "ready"]
 

@@ -19,10 +19,6 @@ from engines.events import EngineState
 from engines.tomlfile import write_toml_atomic
 from engines.warm import WarmPool
 from tests.conftest import RunningDaemon
-from tests.engines import test_cli
-
-# fixture of the CLI tests: a `traylm serve` process (env comes from tests/engines/conftest.py)
-served = test_cli.served
 
 
 async def ready(d: RunningDaemon, name: str = "fake") -> int:
