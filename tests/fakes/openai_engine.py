@@ -38,6 +38,10 @@ from tests.fakes.openai_engine_apis import (
     vllm_error,
 )
 
+FAKE_CONTEXT_TOKENS = 1_000_000
+"""The FAKE model's context: a longer max_tokens is a 400, as vLLM answers past max_model_len
+(a fuzzed 367M-token non-streamed request once held the FAKE engine until it was declared hung)."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
@@ -303,6 +307,13 @@ class FakeEngine:
         max_tokens = body.get("max_tokens") or 16
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             return vllm_error(400, "max_tokens must be a positive integer", param="max_tokens")
+        if max_tokens > FAKE_CONTEXT_TOKENS:  # vLLM refuses what its context cannot hold
+            return vllm_error(
+                400,
+                f"max_tokens {max_tokens} is more than the model's context "
+                f"({FAKE_CONTEXT_TOKENS} tokens)",
+                param="max_tokens",
+            )
         chat = request.path.endswith("/chat/completions")
         if not body.get("stream"):
             await asyncio.sleep(self.args.first_token_delay + self.args.token_delay * max_tokens)
