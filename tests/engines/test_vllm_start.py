@@ -13,7 +13,14 @@ import pytest
 
 from engines.adapters.base import EngineRuntime
 from engines.adapters.vllm import VLLMAdapter
-from engines.adapters.vllm_start import PHASES, api_server_command, model_cache_key
+from engines.adapters.vllm_start import (
+    PHASES,
+    api_server_command,
+    in_process_worker,
+    model_cache_key,
+    parse_cpu_list,
+    physical_cores,
+)
 from engines.engine_spawn import make_link
 from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
 from engines.phase_text import PhasePrinter, breakdown, phase_text
@@ -261,3 +268,73 @@ def test_eager_sigill_on_amx_cpus_is_diagnosed() -> None:
     found = VLLMAdapter().diagnose("Fatal Python error: Illegal instruction")
     assert found is not None and found.code == "illegal_instruction"
     assert "remove --enforce-eager" in found.advice
+
+
+def sysfs(tmp_path: Path, nodes: dict[int, str], siblings: dict[int, str]) -> Path:
+    """A /sys/devices/system with these NUMA nodes (cpulist) and per-CPU thread siblings."""
+    root = tmp_path / "sys"
+    for node, cpus in nodes.items():
+        (root / "node" / f"node{node}").mkdir(parents=True)
+        (root / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    for cpu, sib in siblings.items():
+        (root / "cpu" / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / "cpu" / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(sib + "\n")
+    return root
+
+
+def test_cpu_list_format() -> None:
+    assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpu_list("5") == {5}
+
+
+def test_physical_cores_count_one_cpu_per_core_and_refuse_two_numa_nodes(tmp_path: Path) -> None:
+    smt = sysfs(tmp_path / "a", {0: "0-7"}, {c: f"{c % 4},{c % 4 + 4}" for c in range(8)})
+    assert physical_cores(smt, allowed=set(range(8))) == 4  # 8 logical CPUs, 4 cores
+    assert physical_cores(smt, allowed={0, 4, 1}) == 2  # only the CPUs this process may use
+    numa = sysfs(tmp_path / "b", {0: "0-1", 1: "2-3"}, {c: str(c) for c in range(4)})
+    assert physical_cores(numa, allowed={0, 1, 2, 3}) is None  # binding matters: vLLM's default
+    assert physical_cores(numa, allowed={2, 3}) == 2  # pinned to one node: fine
+    bare = tmp_path / "none"  # no topology at all: every CPU is a core
+    assert physical_cores(bare, allowed={0, 1, 2}) == 3
+
+
+def test_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path) -> None:
+    """One process fewer to spawn (it imported torch and vLLM again: ~5 s of every start), with
+    the OpenMP thread count vLLM's binding would give its worker process."""
+    p = profile_from_mapping("m", {"model": "org/m", "device": "cpu"})
+    four = sysfs(tmp_path, {0: "0-3"}, {c: str(c) for c in range(4)})
+    flags, env = in_process_worker(p, runtime("cpu", None), sysfs=four)
+    assert flags == ["--distributed-executor-backend", "uni"]
+    cores = physical_cores(four)
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(max(1, cores - 1))}
+    spec = VLLMAdapter().launch(p, runtime=runtime("cpu", None), port=1, model="org/m")
+    assert spec.argv[spec.argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert spec.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert int(spec.env["OMP_NUM_THREADS"]) >= 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"device": "cuda"},  # vLLM picks its executor on CUDA (uni for one GPU already)
+        {"device": "cpu", "extra_flags": ["--distributed-executor-backend", "mp"]},
+        {"device": "cpu", "extra_flags": ["--distributed-executor-backend=mp"]},
+        {"device": "cpu", "env": {"OMP_NUM_THREADS": "6"}},
+        {"device": "cpu", "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-5"}},
+    ],
+)
+def test_the_profile_or_the_device_keeps_vllms_executor(fields: dict[str, object]) -> None:
+    p = profile_from_mapping("m", {"model": "org/m", **fields})
+    spec = VLLMAdapter().launch(p, runtime=runtime(str(fields["device"]), None), port=1, model="org/m")
+    assert "uni" not in spec.argv
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in spec.env
+    assert spec.env.get("OMP_NUM_THREADS") == dict(fields.get("env", {})).get("OMP_NUM_THREADS")
+
+
+def test_a_version_without_the_executor_flag_keeps_its_default(tmp_path: Path) -> None:
+    p = profile_from_mapping("m", {"model": "org/m", "device": "cpu"})
+    rt = runtime("cpu", None)
+    flags = dataclasses.replace(
+        rt.flags, flags={k: v for k, v in rt.flags.flags.items() if k != "--distributed-executor-backend"}
+    )
+    assert in_process_worker(p, dataclasses.replace(rt, flags=flags)) == ([], {})

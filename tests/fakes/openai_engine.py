@@ -150,6 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         p.add_argument(flag)
     p.add_argument("--runner", default="auto", choices=("auto", "generate", "pooling"))
+    p.add_argument("--distributed-executor-backend", choices=("mp", "uni", "ray", "external_launcher"))
     for flag in (
         "--disable-uvicorn-access-log",
         "--trust-remote-code",

