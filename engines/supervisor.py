@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 HEALTH_PERIOD_S = 0.05  # readiness probe while starting
 DESCENDANTS_PERIOD_S = 0.5  # the process-tree scan while starting (it reads every process)
 WATCH_PERIOD_S = 1.0  # once ready: /health twice in a row failing = crashed within 2 s
+DESCENDANTS_READY_PERIOD_S = 5.0  # once ready the tree rarely changes; the scan reads every process
 DAEMON_STOPPING = "daemon stopping"
 
 Publish = Callable[[Event], None]
@@ -455,6 +456,7 @@ class ManagedEngine:
         assert proc is not None
         liveness = Liveness(self.settings.stall_timeout_s)
         traffic, engine_id = self._traffic, self.engine_id
+        looked_s, scanned_s = time.monotonic(), 0.0  # replies of an earlier life do not count
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.5)) as http:
             while True:
                 code = await exit_code(proc, WATCH_PERIOD_S)
@@ -463,8 +465,12 @@ class ManagedEngine:
                 if self.state == EngineState.SLEEPING:  # asleep or waking: no replies, /health
                     liveness = Liveness(self.settings.stall_timeout_s)  # slow while it moves
                     continue  # weights; judged afresh once it serves again
-                health = await probe(http, self.base_url, spec.health_path, self._trouble)
-                now = time.monotonic()
+                replied_s = traffic.last_reply_byte_s(engine_id) if traffic is not None else 0.0
+                if replied_s > looked_s:  # replies flowed since the last look: it serves
+                    health = Health.OK
+                else:
+                    health = await probe(http, self.base_url, spec.health_path, self._trouble)
+                now = looked_s = time.monotonic()
                 look = Evidence(now, health)
                 if traffic is not None:
                     look.in_flight = traffic.in_flight(engine_id)
@@ -478,8 +484,10 @@ class ManagedEngine:
                 verdict = liveness.look(look)
                 if verdict is not None:
                     return verdict
-                if await self._track_descendants() and health != Health.UNKNOWN:
-                    self._trouble_over()
+                if now - scanned_s >= DESCENDANTS_READY_PERIOD_S:
+                    scanned_s = now
+                    if await self._track_descendants() and health != Health.UNKNOWN:
+                        self._trouble_over()
                 if (
                     self.restarts
                     and self.ready_at_s

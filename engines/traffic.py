@@ -96,6 +96,11 @@ class EngineTraffic:
         engine = self._engines.get(engine_id)
         return engine.streams if engine is not None else 0
 
+    def last_reply_byte_s(self, engine_id: str) -> float:
+        """Monotonic time of the engine's last reply byte relayed; 0 when none yet."""
+        engine = self._engines.get(engine_id)
+        return engine.last_byte_s if engine is not None else 0.0
+
     def last_progress_s(self, engine_id: str) -> float:
         """Monotonic time of the engine's last reply byte, or of the moment it got busy
         (its first request in flight after none) when that is later; 0 when never busy."""

@@ -121,6 +121,35 @@ async def test_slow_health_while_tokens_flow_is_no_crash(daemon_factory, fake_en
     assert engine.state == EngineState.READY and engine.pid == leader and engine.restarts == 0
 
 
+async def test_replies_flowing_stand_for_health(daemon_factory, fake_env) -> None:
+    """While the gateway relays an engine's tokens, the supervisor does not also ask /health
+    every second (one request and one connection less per second, off the loop that relays the
+    tokens); once they stop, it asks again."""
+    d = await engine_daemon(daemon_factory)
+    await start_fake(d, args="--token-delay 0.05")
+    engine = d.daemon.engine("fake")
+    async with aiohttp.ClientSession() as http:
+
+        async def probes() -> int:
+            async with http.get(f"{engine.base_url}/fake/stats") as r:
+                return int((await r.json())["health_probes"])
+
+        stream = Stream(d, max_tokens=120)  # 6 s of tokens: 6 looks of the supervisor
+        reading = asyncio.create_task(stream.run(http))
+        await wait_until(lambda: stream.tokens >= 3, "the first tokens")
+        before = await probes()
+        await asyncio.wait_for(reading, 120)
+        during = await probes() - before
+        assert stream.tokens == 120 and stream.ended is None
+        assert during <= 1, f"{during} /health probes while tokens flowed"
+        after = await probes()
+        deadline = time.monotonic() + 30
+        while await probes() == after:  # idle again: /health is asked once more
+            assert time.monotonic() < deadline, "no /health probe after the stream"
+            await asyncio.sleep(0.1)
+    assert engine.state == EngineState.READY and engine.restarts == 0
+
+
 async def test_stopped_leader_is_killed_without_a_graceful_wait(daemon_factory, fake_env) -> None:
     """A SIGSTOPped leader can run no SIGTERM handler: it is declared dead and SIGKILLed at
     once, not after engines.stop_timeout_s (10 minutes here, far past this test's waits)."""

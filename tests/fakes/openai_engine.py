@@ -150,7 +150,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         p.add_argument(flag)
     p.add_argument("--runner", default="auto", choices=("auto", "generate", "pooling"))
-    p.add_argument("--distributed-executor-backend", choices=("mp", "uni", "ray", "external_launcher"))
+    p.add_argument(
+        "--distributed-executor-backend", choices=("mp", "uni", "ray", "external_launcher")
+    )
     for flag in (
         "--disable-uvicorn-access-log",
         "--trust-remote-code",
@@ -187,6 +189,7 @@ class FakeEngine:
         self.wakes = 0
         self.waking = False
         self.silent_health = 0  # /health probes left unanswered while asleep or waking
+        self.health_probes = 0
 
     async def start_core(self, app: web.Application) -> None:
         if self.args.core_process:  # in our process group, as vLLM's EngineCore is
@@ -214,6 +217,7 @@ class FakeEngine:
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def health(self, request: web.Request) -> web.Response:
+        self.health_probes += 1
         if self.args.slow_health and self.streaming:
             await asyncio.sleep(self.args.slow_health)
         if self.args.silent_asleep and (self.sleeping or self.waking):
@@ -249,6 +253,7 @@ class FakeEngine:
                 "sleeps": self.sleeps,
                 "wakes": self.wakes,
                 "silent_health": self.silent_health,
+                "health_probes": self.health_probes,
                 "last_keys": self.last_keys,
             }
         )
