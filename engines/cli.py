@@ -292,7 +292,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.simulate_gpus is not None:
         overrides["gpu.simulate_gpus"] = args.simulate_gpus
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
-    await Daemon(paths, settings).run()
+    await Daemon(paths, settings).run(freeze_heap=True)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import json
 import logging
 import os
@@ -332,8 +333,14 @@ class Daemon:
         self._stop.set()
 
     async def run(
-        self, *, ready: asyncio.Event | None = None, install_signal_handlers: bool = True
+        self,
+        *,
+        ready: asyncio.Event | None = None,
+        install_signal_handlers: bool = True,
+        freeze_heap: bool = False,
     ) -> None:
+        """Serve until stopped. ``freeze_heap``: the daemon owns its process (`traylm serve`),
+        so what start-up built is moved out of the garbage collector's sight."""
         self.bus.bind_loop(asyncio.get_running_loop())
         for line in await asyncio.to_thread(make_private, self.paths):
             log.warning("made private (was readable by others): %s", line)
@@ -352,6 +359,11 @@ class Daemon:
                 await feature.start()
             keeper = asyncio.create_task(self._keep_daemon_json(), name="daemon.json")
             self._background.add(keeper)
+            if freeze_heap:
+                # what start-up built lives as long as the process: the collector stops scanning
+                # it (tests/perf/gateway_bench.py --paced: the relay's allocations per token had
+                # it walk that heap again and again)
+                gc.freeze()
             if ready is not None:
                 ready.set()
             log.info("traylm %s serving on %s", __version__, self.url)

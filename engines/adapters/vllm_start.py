@@ -153,8 +153,8 @@ def physical_cores(sysfs: Path = SYSFS, allowed: set[int] | None = None) -> int 
     cores = set()
     for cpu in cpus:
         try:
-            siblings = (sysfs / "cpu" / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
-            cores.add(min(parse_cpu_list(siblings)))
+            topology = sysfs / "cpu" / f"cpu{cpu}" / "topology"
+            cores.add(min(parse_cpu_list((topology / "thread_siblings_list").read_text())))
         except (OSError, ValueError):
             cores.add(cpu)  # no topology: each CPU is its own core
     return len(cores) or None

@@ -7,9 +7,8 @@ timeout, is refused with 429 and Retry-After. Nothing is ever dropped silently.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import time
-from collections.abc import AsyncIterator
 
 
 class QueueFull(Exception):
@@ -21,50 +20,72 @@ class QueueFull(Exception):
 
 
 class Admission:
+    """Slots for requests to one engine. The event loop runs one thing at a time, so taking a
+    free slot needs no lock (every request passes here); a request past the limit waits on its
+    own future, and a slot that frees passes straight to the longest waiter (first come, first
+    served)."""
+
     def __init__(self, *, max_concurrent: int, max_queue: int, queue_timeout_s: float) -> None:
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
         self.in_flight = 0
-        self.waiting = 0
         self.idle_since_s: float | None = None
         """time.monotonic() when the last request ended with none left running or queued
         (None: none has ended yet); idle unload reads it."""
-        self._cond = asyncio.Condition()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self._acquire()
-        try:
-            yield
-        finally:
-            await self._release()
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return len(self._waiters)
+
+    def slot(self) -> _Slot:
+        """``async with admission.slot():`` holds a slot for the request's whole life."""
+        return _Slot(self)
 
     async def _acquire(self) -> None:
-        async with self._cond:
-            if self.in_flight < self.max_concurrent and self.waiting == 0:
-                self.in_flight += 1
-                return
-            if self.waiting >= self.max_queue:
-                raise QueueFull(
-                    f"{self.in_flight} requests running and {self.waiting} queued (the limit)"
-                )
-            self.waiting += 1
-            try:
-                await asyncio.wait_for(
-                    self._cond.wait_for(lambda: self.in_flight < self.max_concurrent),
-                    self.queue_timeout_s,
-                )
-            except TimeoutError:
-                self._cond.notify(1)  # a wake-up this waiter may have consumed goes on
-                raise QueueFull(f"waited {self.queue_timeout_s:g} s in the queue") from None
-            finally:
-                self.waiting -= 1
+        if self.in_flight < self.max_concurrent and not self._waiters:
             self.in_flight += 1
+            return
+        if len(self._waiters) >= self.max_queue:
+            raise QueueFull(
+                f"{self.in_flight} requests running and {len(self._waiters)} queued (the limit)"
+            )
+        handed = asyncio.get_running_loop().create_future()
+        self._waiters.append(handed)
+        try:
+            async with asyncio.timeout(self.queue_timeout_s):
+                await handed
+        except BaseException as exc:
+            if handed.done() and not handed.cancelled():
+                self._release()  # the slot came with the timeout or cancel: it goes on
+            else:
+                handed.cancel()
+                self._waiters.remove(handed)
+            if isinstance(exc, TimeoutError):
+                raise QueueFull(f"waited {self.queue_timeout_s:g} s in the queue") from None
+            raise
 
-    async def _release(self) -> None:
-        async with self._cond:
-            self.in_flight -= 1
-            if self.in_flight == 0 and self.waiting == 0:
-                self.idle_since_s = time.monotonic()
-            self._cond.notify(1)
+    def _release(self) -> None:
+        while self._waiters:
+            handed = self._waiters.popleft()
+            if not handed.done():
+                handed.set_result(None)  # the slot passes on: in_flight stays as it is
+                return
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle_since_s = time.monotonic()
+
+
+class _Slot:
+    __slots__ = ("_admission",)
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    async def __aenter__(self) -> None:
+        await self._admission._acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._admission._release()

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from engines.gateway.chunked import DirectChunks
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.shapes import is_anthropic
 from engines.gateway.sse import EVENT_ENDS, count_usage, error_text, sse_error, whole_events
@@ -210,7 +211,7 @@ async def _stream(
     state = _Relayed()
     try:
         try:
-            await _pump(upstream_resp, resp, s, state)
+            await _pump(request, upstream_resp, resp, s, state)
         except asyncio.CancelledError:
             if not ended_from_outside(request, s.flow):
                 raise
@@ -254,12 +255,18 @@ class _Relayed:
 
 
 async def _pump(
-    upstream_resp: aiohttp.ClientResponse, resp: web.StreamResponse, s: _Stream, state: _Relayed
+    request: web.Request,
+    upstream_resp: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    s: _Stream,
+    state: _Relayed,
 ) -> None:
     """Relay the engine's events to the client as they come. Raises ClientGone when a write
     to the client fails; what the engine's side raises passes through."""
     first, chunks, partial = True, 0, b""  # partial: the start of an event not yet whole
     utf8, flow, tap, on_first_events = Utf8Events(), s.flow, s.tap, s.on_first_events
+    progress = flow.engine if flow is not None else None
+    direct: DirectChunks | None = None  # once the headers are out (chunked.py)
     try:
         async for chunk in upstream_resp.content.iter_any():
             if first:
@@ -282,19 +289,32 @@ async def _pump(
                 state.counted = (state.counted + chunk)[-8192:]
             if tap is not None:
                 tap.feed(chunk)
+            if progress is not None:
+                progress.last_byte_s = monotonic()  # the engine's progress
             try:
-                if flow is None:
-                    await resp.write(chunk)
-                else:  # the engine's progress; a write the client does not take stays pending
-                    flow.writing_since_s = flow.engine.last_byte_s = monotonic()
-                    await resp.write(chunk)
-                    flow.writing_since_s = 0.0
+                if direct is not None:
+                    if direct.write(chunk):  # the client lags: wait while it is far behind
+                        await _pending(flow, direct.drain())
+                else:
+                    await _pending(flow, resp.write(chunk))
+                    direct = DirectChunks.of(request, resp)
             except CLIENT_WRITE_ERRORS as exc:
                 raise ClientGone(str(exc)) from exc
         if partial:  # the engine ended without the closing blank line: pass it on as it is
             await _to_client(resp.write(utf8.clean(partial)))
     finally:
         state.chunks, state.partial = chunks, len(partial)
+
+
+async def _pending(flow: Flow | None, write: Coroutine[Any, Any, None]) -> None:
+    """Await a write; meanwhile the flow says since when it waits for its client (the sweep
+    ends a stream whose client reads nothing, gateway.client_stall_timeout_s)."""
+    if flow is None:
+        await write
+        return
+    flow.writing_since_s = monotonic()
+    await write
+    flow.writing_since_s = 0.0
 
 
 async def _to_client(write: Coroutine[Any, Any, None]) -> None:

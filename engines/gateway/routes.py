@@ -113,11 +113,14 @@ async def forward_json(request: web.Request) -> web.StreamResponse:
         return api_error(
             path, 413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
         )
-    try:
-        async with asyncio.timeout(g.body_timeout_s):
-            body = await request.read()
-    except TimeoutError:
-        return body_too_slow(path, g.body_timeout_s)
+    if request.content.is_eof():  # the whole body came with the head (usual for JSON)
+        body = await request.read()
+    else:
+        try:
+            async with asyncio.timeout(g.body_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            return body_too_slow(path, g.body_timeout_s)
     payload, problem = parse_json_body(body)
     if payload is None:
         return api_error(path, 400, problem or "bad request")

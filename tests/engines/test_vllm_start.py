@@ -325,7 +325,9 @@ def test_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path) -> None:
 )
 def test_the_profile_or_the_device_keeps_vllms_executor(fields: dict[str, object]) -> None:
     p = profile_from_mapping("m", {"model": "org/m", **fields})
-    spec = VLLMAdapter().launch(p, runtime=runtime(str(fields["device"]), None), port=1, model="org/m")
+    spec = VLLMAdapter().launch(
+        p, runtime=runtime(str(fields["device"]), None), port=1, model="org/m"
+    )
     assert "uni" not in spec.argv
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in spec.env
     assert spec.env.get("OMP_NUM_THREADS") == dict(fields.get("env", {})).get("OMP_NUM_THREADS")
@@ -335,6 +337,7 @@ def test_a_version_without_the_executor_flag_keeps_its_default(tmp_path: Path) -
     p = profile_from_mapping("m", {"model": "org/m", "device": "cpu"})
     rt = runtime("cpu", None)
     flags = dataclasses.replace(
-        rt.flags, flags={k: v for k, v in rt.flags.flags.items() if k != "--distributed-executor-backend"}
+        rt.flags,
+        flags={k: v for k, v in rt.flags.flags.items() if k != "--distributed-executor-backend"},
     )
     assert in_process_worker(p, dataclasses.replace(rt, flags=flags)) == ([], {})

@@ -44,6 +44,31 @@ async def test_admission_queue_timeout() -> None:
     assert adm.waiting == 0 and adm.in_flight == 0
 
 
+async def test_admission_a_waiter_that_goes_away_frees_its_place_and_its_slot() -> None:
+    """A queued request cancelled (its client left) leaves the queue; one cancelled in the very
+    step its slot was handed over passes the slot on, so no slot is ever lost."""
+    adm = Admission(max_concurrent=1, max_queue=5, queue_timeout_s=5)
+    got: list[str] = []
+
+    async def job(name: str) -> None:
+        async with adm.slot():
+            got.append(name)
+
+    held = adm.slot()
+    await held.__aenter__()
+    gone, handed, last = (asyncio.create_task(job(n)) for n in ("gone", "handed", "last"))
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 3 and adm.in_flight == 1
+    gone.cancel()  # queued, then cancelled: out of the queue
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 2 and adm.in_flight == 1
+    await held.__aexit__(None, None, None)  # the slot is handed to "handed" ...
+    handed.cancel()  # ... which is cancelled before it ran: the slot goes on to "last"
+    await asyncio.wait_for(last, 10)  # a lost slot would leave it queued
+    assert handed.cancelled() and got == ["last"]
+    assert adm.in_flight == 0 and adm.waiting == 0 and adm.idle_since_s is not None
+
+
 def test_prometheus_exposition() -> None:
     reg = MetricsRegistry()
     c = reg.counter("x_total", "X.")
