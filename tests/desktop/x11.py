@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -80,21 +81,52 @@ class XDesktop(Processes):
             raise
 
     def _start_x(self) -> XDesktop:
-        number = next(n for n in range(120, 400) if not Path(f"/tmp/.X11-unix/X{n}").exists())
+        number = next(
+            n
+            for n in range(120, 400)
+            if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists()
+        )
         self.display = f":{number}"
-        self.start(
+        xvfb = self.start(
             ["Xvfb", self.display, "-screen", "0", f"{self.size[0]}x{self.size[1]}x24",
              "-nolisten", "tcp"],
             os.environ,
         )  # fmt: skip
-        wait_until(lambda: Path(f"/tmp/.X11-unix/X{number}").exists(), 60, "Xvfb")
-        trayer = self.start(
-            ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel", "--width",
-             "160", "--height", "30", "--transparent", "false", "--SetDockType", "true"],
-            self.env,
-        )  # fmt: skip
-        wait_until(lambda: _alive(trayer, "trayer") and self._tray_mapped(), 60, "trayer")
+        wait_until(lambda: _alive(xvfb, "Xvfb") and self._answers(), 60, "Xvfb")
+        self._start_trayer()
         return self
+
+    def _start_trayer(self, attempts: int = 3) -> None:
+        """trayer now and then exits with 1 right after start on a loaded machine (an X call
+        it makes while the server is still busy): it is started again, and its own words are
+        in the error if it never comes up."""
+        for attempt in range(1, attempts + 1):
+            log = Path(tempfile.mkstemp(prefix="trayer-", suffix=".log")[1])
+            trayer = self.start(
+                ["trayer", "--edge", "top", "--align", "right", "--widthtype", "pixel", "--width",
+                 "160", "--height", "30", "--transparent", "false", "--SetDockType", "true"],
+                self.env,
+                log,
+            )  # fmt: skip
+            try:
+                self._wait_for_tray(trayer)
+                return
+            except RuntimeError as exc:
+                said = log.read_text(errors="replace").strip()[-500:]
+                if attempt == attempts:
+                    raise RuntimeError(f"{exc} ({attempts} tries); it said: {said!r}") from exc
+            finally:
+                log.unlink(missing_ok=True)
+
+    def _wait_for_tray(self, trayer: subprocess.Popen[bytes]) -> None:
+        wait_until(lambda: _alive(trayer, "trayer") and self._tray_mapped(), 60, "trayer")
+
+    def _answers(self) -> bool:
+        """The X server takes requests (its socket exists before it does)."""
+        out = subprocess.run(
+            ["xdotool", "getdisplaygeometry"], env=self.env, capture_output=True, check=False
+        )
+        return out.returncode == 0
 
     def _tray_mapped(self) -> bool:
         out = subprocess.run(
