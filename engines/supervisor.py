@@ -484,10 +484,12 @@ class ManagedEngine:
                 verdict = liveness.look(look)
                 if verdict is not None:
                     return verdict
+                tree_known = True  # the last scan worked: the next is due later
                 if now - scanned_s >= DESCENDANTS_READY_PERIOD_S:
-                    scanned_s = now
-                    if await self._track_descendants() and health != Health.UNKNOWN:
-                        self._trouble_over()
+                    tree_known = await self._track_descendants()  # failed: retried next look
+                    scanned_s = now if tree_known else scanned_s
+                if tree_known and health != Health.UNKNOWN:
+                    self._trouble_over()
                 if (
                     self.restarts
                     and self.ready_at_s

@@ -34,6 +34,7 @@ with a tiny Llama (tests/perf/coldstart_bench.py prints the phases of each start
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -139,8 +140,14 @@ def in_process_worker(
 
 def physical_cores(sysfs: Path = SYSFS, allowed: set[int] | None = None) -> int | None:
     """Physical cores among the CPUs this process may run on, or None when they span more than
-    one NUMA node (or the topology cannot be read)."""
+    one NUMA node (or the topology cannot be read). Read once per CPU set: every launch asks,
+    on the daemon's event loop, and a big machine has a file per CPU."""
     cpus = allowed if allowed is not None else os.sched_getaffinity(0)
+    return _physical_cores(sysfs, frozenset(cpus))
+
+
+@functools.cache
+def _physical_cores(sysfs: Path, cpus: frozenset[int]) -> int | None:
     nodes = set()
     for node in sysfs.glob("node/node[0-9]*"):
         try:

@@ -32,9 +32,15 @@ def traylm(
     )
 
 
+def serve_log(env: dict[str, str]) -> Path:
+    """Where ``serve`` writes the daemon's output."""
+    return Path(env["TRAYLM_HOME"] + "-serve.log")
+
+
 def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    """`traylm serve ARGS` in the background; returns once it wrote daemon.json."""
-    log = Path(env["TRAYLM_HOME"] + "-serve.log")
+    """`traylm serve ARGS` in the background (output in ``serve_log``); returns once it wrote
+    daemon.json."""
+    log = serve_log(env)
     with log.open("w") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engines", "serve", *args],

@@ -29,7 +29,7 @@ from engines.config import Paths
 from engines.gateway.security import hash_key
 from engines.procs import free_loopback_port
 from engines.tomlfile import write_toml_atomic
-from tests.engines.test_cli import serve, stop_daemon, traylm
+from tests.engines.test_cli import serve, serve_log, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 API_KEY = "tlm-fuzz-key"
@@ -96,7 +96,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, hub_stand_in: str) -> Itera
         started = traylm(env, "start", "fake", "--wait", "--timeout", "60", timeout=90)
         assert started.returncode == 0, started.stderr
         token = json.loads(paths.daemon_json.read_text())["token"]
-        yield Served(port, token, proc, Path(env["TRAYLM_HOME"] + "-serve.log"))
+        yield Served(port, token, proc, serve_log(env))
     finally:
         stop_daemon(proc)
 
