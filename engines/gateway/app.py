@@ -14,7 +14,6 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from aiohttp import web
 
 from engines.gateway.connections import is_loopback
@@ -193,17 +192,12 @@ def build_app(ctx: GatewayContext) -> web.Application:
     sweep: list[asyncio.Task[None]] = []
 
     async def on_startup(_: web.Application) -> None:
-        if ctx.session is None:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=False)
-            ctx.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         sweep.append(asyncio.create_task(ctx.sweep_stalled_clients(), name="stalled clients"))
 
     async def on_cleanup(_: web.Application) -> None:
         for task in sweep:
             task.cancel()
-        if ctx.session is not None:
-            await ctx.session.close()
-            ctx.session = None
+        await ctx.upstreams.close()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

@@ -157,10 +157,9 @@ async def _relay_in_slot(
     g = ctx.settings.gateway
 
     async def to(target: Upstream, flow: Flow | None = None) -> web.StreamResponse:
-        assert ctx.session is not None
         return await relay(
             request,
-            session=ctx.session,
+            client=ctx.upstreams,
             upstream=target,
             body=out.body,
             model=out.model,

@@ -28,6 +28,7 @@ from engines.gateway.chunked import DirectChunks
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.shapes import is_anthropic
 from engines.gateway.sse import EVENT_ENDS, count_usage, error_text, sse_error, whole_events
+from engines.gateway.upstream_client import UpstreamClient, UpstreamReply
 from engines.gateway.utf8 import Utf8Events
 from engines.http import openai_error
 from engines.traffic import ENGINE_ERROR, Flow
@@ -69,6 +70,9 @@ HOP_HEADERS = frozenset(
     }
 )
 
+EngineReply = UpstreamReply | aiohttp.ClientResponse
+"""An engine's reply: from traylm's client (plain http), or aiohttp's (https)."""
+
 UsageSink = Callable[[int, int | None, int | None, float], None]
 """Called once per relayed request: (status, prompt tokens, completion tokens, seconds)."""
 
@@ -108,7 +112,7 @@ class _Stream:
 async def relay(
     request: web.Request,
     *,
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
     upstream: Upstream,
     body: bytes,
     model: str,
@@ -135,16 +139,16 @@ async def relay(
         "Accept": request.headers.get("Accept", "*/*"),
         **upstream.headers,
     }
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=None)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else request.path  # no ids in labels
     try:
-        upstream_resp = await session.request(
+        upstream_resp = await client.request(
             request.method,
-            upstream.base_url + request.path_qs,
-            data=body or None,
+            upstream.base_url,
+            request.path_qs,
+            body=body,
             headers=headers,
-            timeout=timeout,
+            connect_timeout_s=connect_timeout_s,
         )
     except asyncio.CancelledError:
         if not ended_from_outside(request, flow):
@@ -178,7 +182,7 @@ async def relay(
 
 
 async def _reply(
-    request: web.Request, upstream_resp: aiohttp.ClientResponse, s: _Stream
+    request: web.Request, upstream_resp: EngineReply, s: _Stream
 ) -> web.StreamResponse:
     ctype = upstream_resp.headers.get("Content-Type", "")
     if upstream_resp.status == 200 and ctype.startswith("text/event-stream"):
@@ -205,7 +209,7 @@ class EventStreamResponse(web.StreamResponse):
 
 
 async def _stream(
-    request: web.Request, upstream_resp: aiohttp.ClientResponse, s: _Stream
+    request: web.Request, upstream_resp: EngineReply, s: _Stream
 ) -> web.StreamResponse:
     resp = s.prepared or await _open_stream(request, upstream_resp, s.upstream)
     state = _Relayed()
@@ -256,7 +260,7 @@ class _Relayed:
 
 async def _pump(
     request: web.Request,
-    upstream_resp: aiohttp.ClientResponse,
+    upstream_resp: EngineReply,
     resp: web.StreamResponse,
     s: _Stream,
     state: _Relayed,
@@ -373,7 +377,7 @@ async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
 
 
 async def _open_stream(
-    request: web.Request, upstream_resp: aiohttp.ClientResponse, upstream: Upstream
+    request: web.Request, upstream_resp: EngineReply, upstream: Upstream
 ) -> web.StreamResponse:
     headers = {
         "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),

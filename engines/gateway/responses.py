@@ -61,10 +61,9 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
 async def _relay_stored(
     request: web.Request, ctx: GatewayContext, upstream: Upstream
 ) -> web.StreamResponse:
-    assert ctx.session is not None
     return await relay(
         request,
-        session=ctx.session,
+        client=ctx.upstreams,
         upstream=upstream,
         body=await request.read(),
         model=upstream.name,

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 
 from engines.config import Settings
@@ -31,6 +30,7 @@ from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import ReplySink, Upstream, UsageSink
 from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard, header_bytes
+from engines.gateway.upstream_client import UpstreamClient
 from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageRecord
 from engines.http import error_response, openai_error
 from engines.metrics import MetricsRegistry
@@ -94,7 +94,7 @@ class Pause:
 
 
 class GatewayContext:
-    """The gateway's state and hooks. No I/O: the HTTP session opens when the app starts."""
+    """The gateway's state and hooks. No I/O: connections to engines open with the first request."""
 
     def __init__(
         self,
@@ -119,7 +119,7 @@ class GatewayContext:
         self.fallback = fallback
         self.usage = usage
         self.metrics = GatewayMetrics(registry)
-        self.session: aiohttp.ClientSession | None = None
+        self.upstreams = UpstreamClient()
         self.admissions: dict[str, Admission] = {}
         self.capabilities = CapabilityCache()
         self.responses = ResponseOwners()

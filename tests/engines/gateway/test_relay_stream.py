@@ -16,6 +16,7 @@ from aiohttp import web
 from engines.gateway.loading import ColdStream, LoadProgress
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
 from engines.gateway.proxy import CLIENT_GONE, Upstream, relay
+from engines.gateway.upstream_client import UpstreamClient
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
@@ -57,10 +58,11 @@ def gateway_app(upstream_url: str, records: list[tuple[int, int | None, int | No
     metrics = GatewayMetrics(registry)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        async with aiohttp.ClientSession(auto_decompress=False) as session:
+        client = UpstreamClient()
+        try:
             return await relay(
                 request,
-                session=session,
+                client=client,
                 upstream=Upstream("fake", upstream_url, {}),
                 body=await request.read(),
                 model="m",
@@ -68,6 +70,8 @@ def gateway_app(upstream_url: str, records: list[tuple[int, int | None, int | No
                 metrics=metrics,
                 usage=lambda status, p, c, _s: records.append((status, p, c)),
             )
+        finally:
+            await client.close()
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
