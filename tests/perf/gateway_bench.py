@@ -12,6 +12,8 @@ case where every event crosses the gateway on its own. Gateways, each in its own
 pointed at that upstream:
   traylm     the real daemon (`traylm serve`, aiohttp server + aiohttp client) routing by model
   bare       a minimal aiohttp pass-through (iter_any → write, nothing else): the thinnest relay
+  raw        asyncio protocols on uvloop, no HTTP framework, only as much HTTP as these requests
+             need (not a usable gateway): the floor of a relay in Python (``--targets``)
   reference  a minimal Starlette + uvicorn (uvloop, httptools) + httpx streaming proxy: the
              other stack measured before choosing aiohttp (fast case only)
 Targets are measured interleaved (every level, target after target) and the whole sweep is
@@ -102,6 +104,67 @@ BARE_RELAY = textwrap.dedent("""
     app.cleanup_ctx.append(session)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None,
                 backlog=2048)
+""")
+
+RAW_RELAY = textwrap.dedent("""
+    # asyncio protocols on uvloop, no HTTP framework: parse the request head, pass the bytes
+    # to the upstream over a kept connection, pass its chunked reply back unchanged. Only as
+    # much HTTP as the benchmark's own requests need: the floor of a relay in Python.
+    import asyncio, socket, sys, uvloop
+    PORT, UP = int(sys.argv[1]), sys.argv[2]
+    UP_HOST, UP_PORT = UP.split("//")[1].split(":")
+    HEAD = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/event-stream\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n"
+    class Upstream(asyncio.Protocol):
+        def __init__(self, down):
+            self.down, self.in_head, self.buf = down, True, b""
+        def data_received(self, data):
+            if self.in_head:
+                self.buf += data
+                cut = self.buf.find(b"\\r\\n\\r\\n")
+                if cut < 0:
+                    return
+                data, self.buf, self.in_head = self.buf[cut + 4 :], b"", False
+                self.down.write(HEAD + data)
+            else:
+                self.down.write(data)
+            if data.endswith(b"\\r\\n0\\r\\n\\r\\n") or data == b"0\\r\\n\\r\\n":
+                self.in_head = True
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.buf, self.up = transport, b"", None
+        def data_received(self, data):
+            self.buf += data
+            cut = self.buf.find(b"\\r\\n\\r\\n")
+            if cut < 0:
+                return
+            head = self.buf[:cut].lower()
+            if b"content-length:" not in head:  # the bench's readiness GET
+                self.buf = self.buf[cut + 4 :]
+                self.transport.write(b"HTTP/1.1 404 Not Found\\r\\nContent-Length: 0\\r\\n\\r\\n")
+                return
+            length = int(head.split(b"content-length:")[1].split(b"\\r\\n")[0])
+            if len(self.buf) < cut + 4 + length:
+                return
+            body, self.buf = self.buf[cut + 4 : cut + 4 + length], self.buf[cut + 4 + length :]
+            request = (b"POST /v1/chat/completions HTTP/1.1\\r\\nHost: %b\\r\\nContent-Type: "
+                       b"application/json\\r\\nContent-Length: %d\\r\\n\\r\\n%b"
+                       % (UP_HOST.encode(), length, body))
+            if self.up is None:
+                asyncio.ensure_future(self.connect(request))
+            else:
+                self.up.write(request)
+        async def connect(self, request):
+            loop = asyncio.get_running_loop()
+            self.up, _ = await loop.create_connection(lambda: Upstream(self.transport), UP_HOST, int(UP_PORT))
+            self.up.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.up.write(request)
+        def connection_lost(self, exc):
+            if self.up is not None:
+                self.up.close()
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", PORT, backlog=2048)
+        await server.serve_forever()
+    uvloop.run(main())
 """)
 
 PACED_ARGS = "--token-delay 0.02"
@@ -288,7 +351,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1, help="repeat the interleaved sweep N times")
     ap.add_argument(
         "--targets",
-        help="gateways to measure besides direct (traylm,bare,reference; paced: no reference)",
+        help="gateways to measure besides direct (traylm,bare,raw,reference; default "
+        "traylm,bare,reference; paced: no reference)",
     )
     ap.add_argument(
         "--baseline",
@@ -348,7 +412,7 @@ async def start_targets(
         base, base_port = await start_traylm(home / f"base{i}", upstream_args, root=root)
         procs.append(base)
         targets[f"traylm@{name or root.name}"] = (f"http://127.0.0.1:{base_port}", base.pid)
-    for name, script in (("bare", BARE_RELAY), ("reference", REFERENCE_PROXY)):
+    for name, script in (("bare", BARE_RELAY), ("raw", RAW_RELAY), ("reference", REFERENCE_PROXY)):
         if name in args.targets:
             port = free_loopback_port()
             proc = subprocess.Popen([sys.executable, "-c", script, str(port), up])
