@@ -268,6 +268,15 @@ class _Body:
             yield piece
 
 
+def _line_end(data: bytes, pos: int, end: bytes, limit: int, what: str) -> int:
+    """Where ``end`` is in ``data`` from ``pos``, or -1 while more may come (_Malformed once
+    more than ``limit`` bytes came without it)."""
+    cut = data.find(end, pos)
+    if cut < 0 and len(data) - pos > limit:
+        raise _Malformed(f"{what} over {limit} bytes without an end")
+    return cut
+
+
 # parser states
 _HEAD, _SIZE, _DATA, _DATA_END, _TRAILER, _LENGTH, _TO_CLOSE, _DONE = range(8)
 
@@ -436,10 +445,8 @@ class _Connection(asyncio.Protocol):
         state, pos, end = self._state, 0, len(data)
         while pos < end:
             if state == _SIZE:
-                cut = data.find(b"\r\n", pos)
+                cut = _line_end(data, pos, b"\r\n", MAX_CHUNK_LINE, "a chunk-size line")
                 if cut < 0:
-                    if end - pos > MAX_CHUNK_LINE:
-                        raise _Malformed("a chunk-size line that never ends")
                     break
                 size_text = data[pos:cut].split(b";", 1)[0].strip()
                 if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
@@ -463,18 +470,14 @@ class _Connection(asyncio.Protocol):
                 pos += 2
                 state = _SIZE
             elif state == _HEAD:
-                cut = data.find(b"\r\n\r\n", pos)
+                cut = _line_end(data, pos, b"\r\n\r\n", MAX_HEAD_BYTES, "the headers")
                 if cut < 0:
-                    if end - pos > MAX_HEAD_BYTES:
-                        raise _Malformed(f"headers over {MAX_HEAD_BYTES} bytes")
                     break
                 state = self._on_head(data[pos:cut])
                 pos = cut + 4
             elif state == _TRAILER:
-                cut = data.find(b"\r\n", pos)
+                cut = _line_end(data, pos, b"\r\n", MAX_HEAD_BYTES, "the trailer")
                 if cut < 0:
-                    if end - pos > MAX_HEAD_BYTES:
-                        raise _Malformed("a trailer that never ends")
                     break
                 state = _DONE if cut == pos else _TRAILER
                 pos = cut + 2
