@@ -305,13 +305,13 @@ class _Connection(asyncio.Protocol):
     # -- the pool's view
 
     @property
-    def reusable(self) -> bool:
-        return self._state == _DONE and self._keep_alive and not self._closed and not self._pieces
-
-    @property
     def finished(self) -> bool:
         """The whole reply was read by its reader."""
         return self._state == _DONE and not self._pieces
+
+    @property
+    def reusable(self) -> bool:
+        return self.finished and self._keep_alive and not self._closed
 
     def discard(self) -> None:
         self._closed = True
@@ -344,16 +344,9 @@ class _Connection(asyncio.Protocol):
             return
         self._wake()
 
-    def pause_writing(self) -> None:  # a request body bigger than the socket buffer: nothing to do
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     def data_received(self, data: bytes) -> None:
-        if self._state == _DONE:
-            if data:  # bytes nobody asked for: the connection cannot be trusted again
-                self._keep_alive = False
+        if self._state == _DONE:  # bytes nobody asked for: the connection cannot be trusted
+            self._keep_alive = False
             return
         try:
             self._parse(data)
