@@ -17,7 +17,7 @@ from email.parser import BytesParser
 from aiohttp import web
 
 from engines.gateway.forward import Outbound, dispatch
-from engines.gateway.service import GATEWAY
+from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import body_too_slow
 from engines.http import openai_error
 
@@ -25,8 +25,7 @@ READ_CHUNK_BYTES = 64 * 1024
 _HOW = "(for example: curl -F file=@speech.wav -F model=NAME URL)"
 
 
-async def audio(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[GATEWAY]
+async def audio(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
     limit = ctx.settings.gateway.max_audio_bytes
     ctype = request.headers.get("Content-Type", "")
     if not ctype.lower().startswith("multipart/form-data"):
@@ -45,7 +44,7 @@ async def audio(request: web.Request) -> web.StreamResponse:
     model, problem = _form_fields(ctype, body)
     if problem:
         return openai_error(400, problem, param="file" if "file" in problem else "model")
-    return await dispatch(request, Outbound(body, model, content_type=ctype))
+    return await dispatch(ctx, request, Outbound(body, model, content_type=ctype))
 
 
 async def _read_at_most(request: web.Request, limit: int, idle_s: float) -> bytes | None:

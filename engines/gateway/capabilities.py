@@ -11,6 +11,7 @@ own terse error (``404 {"detail": "Not Found"}``, vLLM's tool-choice error) is e
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,15 @@ class Capabilities:
     checks_tools: bool
     stores_responses: bool
 
+    @functools.cached_property
+    def servable(self) -> frozenset[str]:
+        """The "METHOD /route" keys this engine serves for its model's task (for any task when
+        the task is unknown), worked out once: every request asks."""
+        if self.routes is None:
+            return frozenset()
+        tasks = self.routes.tasks.keys() if self.tasks is None else self.tasks
+        return frozenset().union(*(self.routes.tasks.get(task, ()) for task in tasks))
+
 
 def describe(engine: ManagedEngine) -> Capabilities:
     """Blocking (reads the model's config.json): run it in a thread."""
@@ -108,7 +118,7 @@ def route_problem(
 ) -> web.Response | None:
     """404 when the engine's version has no such route at all; 400 when it has it, but not for
     the kind of model this engine runs."""
-    if caps.routes is None:
+    if caps.routes is None or f"{method} {route}" in caps.servable:
         return None
     if not caps.routes.serves(method, route):
         return api_error(

@@ -29,7 +29,7 @@ from engines.gateway.capabilities import (
 )
 from engines.gateway.loading import ColdStream
 from engines.gateway.proxy import ReplySink, Upstream, relay
-from engines.gateway.service import GATEWAY, GatewayContext
+from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
 from engines.supervisor import ManagedEngine
 from engines.traffic import Flow
@@ -74,10 +74,9 @@ def shaped(request: web.Request, resp: web.Response) -> web.Response:
 
 
 async def dispatch(
-    request: web.Request, out: Outbound, *, on_reply: ReplyHook | None = None
+    ctx: GatewayContext, request: web.Request, out: Outbound, *, on_reply: ReplyHook | None = None
 ) -> web.StreamResponse:
     """Check and relay ``out``; ``on_reply`` sees the first bytes of a successful reply."""
-    ctx = request.app[GATEWAY]
     path, route = request.path, route_of(request)
     if ctx.pause is not None:
         ctx.log_refused(path, out.model, 503)
@@ -90,7 +89,7 @@ async def dispatch(
         )
     cold = ColdStream(request) if out.payload.get("stream") is True else None
     target = await upstream_for(ctx, out.model, cold)
-    if isinstance(target, web.Response):
+    if not isinstance(target, tuple):  # the error to answer with
         ctx.log_refused(path, out.model, target.status)
         return await _refuse(request, cold, shaped(request, target))
     upstream, admission = target
@@ -107,7 +106,7 @@ async def dispatch(
             ctx.log_refused(path, out.model, problem.status, upstream.name)
             return await _refuse(request, cold, problem)
     tap = await ctx.chat_reply(request, out.model)
-    if isinstance(tap, web.Response):
+    if tap is not None and isinstance(tap, web.Response):
         return await _refuse(request, cold, tap)
     seen = functools.partial(on_reply, upstream.name) if on_reply and engine else None
     resp = await _relay_in_slot(request, ctx, upstream, admission, out, seen, tap, cold)

@@ -12,13 +12,12 @@ from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.forward import route_of
 from engines.gateway.proxy import Upstream, relay
 from engines.gateway.response_owners import MAX_REMEMBERED
-from engines.gateway.service import GATEWAY, GatewayContext
+from engines.gateway.service import GatewayContext
 from engines.http import openai_error
 
 
-async def stored_response(request: web.Request) -> web.StreamResponse:
+async def stored_response(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
     """GET /v1/responses/{response_id} and POST /v1/responses/{response_id}/cancel."""
-    ctx = request.app[GATEWAY]
     response_id = request.match_info["response_id"]
     engine_id = ctx.responses.owner(response_id)
     if engine_id is None:

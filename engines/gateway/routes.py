@@ -10,7 +10,9 @@ engine's capabilities whether it serves the route at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -21,9 +23,12 @@ from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
 from engines.gateway.responses import stored_response
-from engines.gateway.service import GATEWAY, GatewayContext
+from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
 from engines.http import openai_error, parse_json_body
+
+Handler = Callable[[GatewayContext, web.Request], Awaitable[web.StreamResponse]]
+"""A route's handler: the gateway's context, then the request."""
 
 RESPONSES_ROUTE = "/v1/responses"
 JSON_ROUTES = (
@@ -53,8 +58,8 @@ OPEN_ROUTES = frozenset({"/health"})
 """Routes served without an API key."""
 
 
-async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": await _model_list(request.app[GATEWAY])})
+async def list_models(ctx: GatewayContext, request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": await _model_list(ctx)})
 
 
 async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
@@ -86,9 +91,8 @@ async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
     return data
 
 
-async def retrieve_model(request: web.Request) -> web.Response:
+async def retrieve_model(ctx: GatewayContext, request: web.Request) -> web.Response:
     """GET /v1/models/{model_id}: the openai SDK's ``models.retrieve``."""
-    ctx = request.app[GATEWAY]
     model_id = request.match_info["model_id"]
     items = await _model_list(ctx)
     for item in items:
@@ -104,17 +108,17 @@ async def retrieve_model(request: web.Request) -> web.Response:
     )
 
 
-async def forward_json(request: web.Request) -> web.StreamResponse:
+async def forward_json(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
     """Every JSON POST route: read and check the body in its API's terms, then dispatch."""
-    ctx = request.app[GATEWAY]
     g = ctx.settings.gateway
     path = request.path
-    if request.content_length is not None and request.content_length > g.max_body_bytes:
-        return api_error(
-            path, 413, f"request body larger than {g.max_body_bytes} bytes (gateway.max_body_bytes)"
-        )
+    declared = request.content_length
+    if declared is not None and declared > g.max_body_bytes:
+        return _too_large(path, g.max_body_bytes)
     if request.content.is_eof():  # the whole body came with the head (usual for JSON)
-        body = await request.read()
+        body = request.content.read_nowait()
+        if len(body) > g.max_body_bytes:  # no Content-Length: a chunked body came whole
+            return _too_large(path, g.max_body_bytes)
     else:
         try:
             async with asyncio.timeout(g.body_timeout_s):
@@ -139,17 +143,19 @@ async def forward_json(request: web.Request) -> web.StreamResponse:
         body = json.dumps(payload).encode()  # the engines do not know it
     on_reply = ctx.responses.record if path == RESPONSES_ROUTE else None
     out = Outbound(body, payload["model"], payload, keep_alive_s=keep_alive)
-    return await dispatch(request, out, on_reply=on_reply)
+    return await dispatch(ctx, request, out, on_reply=on_reply)
 
 
-async def health(request: web.Request) -> web.Response:
-    ctx = request.app[GATEWAY]
+def _too_large(path: str, limit: int) -> web.Response:
+    return api_error(path, 413, f"request body larger than {limit} bytes (gateway.max_body_bytes)")
+
+
+async def health(ctx: GatewayContext, request: web.Request) -> web.Response:
     engines = {e.engine_id: str(e.state) for e in ctx.routing.engines.values()}
     return web.json_response({"status": "ok", "engines": engines, "paused": ctx.paused})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    ctx = request.app[GATEWAY]
+async def metrics(ctx: GatewayContext, request: web.Request) -> web.Response:
     return web.Response(
         text=ctx.registry.render(),
         content_type="text/plain",
@@ -158,14 +164,19 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def gateway_routes() -> list[web.RouteDef]:
+def gateway_routes(ctx: GatewayContext) -> list[web.RouteDef]:
+    """The routes, each handler bound to ``ctx`` (no lookup of it on each request)."""
+
+    def bound(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        return functools.partial(handler, ctx)
+
     return [
-        web.get("/v1/models", list_models),
-        web.get("/v1/models/{model_id:.+}", retrieve_model),
-        *(web.post(route, forward_json) for route in JSON_ROUTES),
-        web.get(RESPONSES_ROUTE + "/{response_id}", stored_response),
-        web.post(RESPONSES_ROUTE + "/{response_id}/cancel", stored_response),
-        *(web.post(route, audio) for route in AUDIO_ROUTES),
-        web.get("/health", health),
-        web.get("/metrics", metrics),
+        web.get("/v1/models", bound(list_models)),
+        web.get("/v1/models/{model_id:.+}", bound(retrieve_model)),
+        *(web.post(route, bound(forward_json)) for route in JSON_ROUTES),
+        web.get(RESPONSES_ROUTE + "/{response_id}", bound(stored_response)),
+        web.post(RESPONSES_ROUTE + "/{response_id}/cancel", bound(stored_response)),
+        *(web.post(route, bound(audio)) for route in AUDIO_ROUTES),
+        web.get("/health", bound(health)),
+        web.get("/metrics", bound(metrics)),
     ]

@@ -7,6 +7,7 @@ import asyncio
 import json
 import shlex
 import socket
+from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
@@ -80,6 +81,15 @@ async def test_malformed_and_oversized_bodies(daemon_factory, fake_env) -> None:
             body = await r.json()
             assert r.status == 400 and body["error"]["param"] == "model"
         async with http.post(d.url + "/v1/chat/completions", data=b"x" * 10000) as r:
+            assert r.status == 413
+            assert "max_body_bytes" in (await r.json())["error"]["message"]
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the size shows only
+            yield b"x" * 3000  # once the whole body is there
+            yield b"x" * 3000
+
+        async with http.post(d.url + "/v1/chat/completions", data=chunked()) as r:
+            assert r.request_info.headers.get("Transfer-Encoding") == "chunked"
             assert r.status == 413
             assert "max_body_bytes" in (await r.json())["error"]["message"]
         async with http.post(d.url + "/v1/chat/completions", json={"model": "m", "n": 1000}) as r:
