@@ -38,6 +38,7 @@ from engines.events.core import DaemonStopping
 from engines.filemodes import make_private
 from engines.gateway.app import build_app
 from engines.gateway.connections import ConnectionGate, Listener, http_logger
+from engines.gateway.express import ExpressLane
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
@@ -168,6 +169,7 @@ class Daemon:
             traffic=self.traffic,
             replies=self.chats.tap_reply,
         )
+        self.gate.lane = ExpressLane(self.ctx)
         self.gpu = GPUFeature(
             settings=live,
             bus=self.bus,

@@ -44,6 +44,18 @@ class Admission:
         """``async with admission.slot():`` holds a slot for the request's whole life."""
         return _Slot(self)
 
+    def try_enter(self) -> bool:
+        """Take a free slot now, without queueing (then ``leave`` when the request ends); False
+        when a request would have to wait for one."""
+        if self.in_flight < self.max_concurrent and not self._waiters:
+            self.in_flight += 1
+            return True
+        return False
+
+    def leave(self) -> None:
+        """The slot of a request that ended goes to the longest waiter, or is free."""
+        self._release()
+
     async def _acquire(self) -> None:
         if self.in_flight < self.max_concurrent and not self._waiters:
             self.in_flight += 1

@@ -105,12 +105,17 @@ class CapabilityCache:
         self._known: dict[str, tuple[float | None, Capabilities]] = {}
 
     async def of(self, engine: ManagedEngine) -> Capabilities:
-        hit = self._known.get(engine.engine_id)
-        if hit is not None and hit[0] == engine.started_at_s:
-            return hit[1]
+        hit = self.known(engine)
+        if hit is not None:
+            return hit
         caps = await asyncio.to_thread(describe, engine)
         self._known[engine.engine_id] = (engine.started_at_s, caps)
         return caps
+
+    def known(self, engine: ManagedEngine) -> Capabilities | None:
+        """The capabilities of this start of ``engine`` if they were worked out already."""
+        hit = self._known.get(engine.engine_id)
+        return hit[1] if hit is not None and hit[0] == engine.started_at_s else None
 
 
 def route_problem(

@@ -24,7 +24,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -65,10 +65,51 @@ def _answer(status: str, message: str, type_: str) -> bytes:
     ).encode() + body
 
 
-class _Guarded(asyncio.Protocol):
-    """One connection: aiohttp's protocol inside, the gate's checks around it."""
+class OpenConnection(Protocol):
+    """A client connection as a lane sees it."""
 
-    __slots__ = ("_admitted", "_gate", "_head_timer", "_inner", "_tail", "transport")
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    def hand_over(self, data: bytes) -> None:
+        """aiohttp serves this connection from now on, starting with ``data``."""
+        ...
+
+
+class LaneConnection(Protocol):
+    """A lane's side of one connection: it sees the bytes first, until it hands them over."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def lost(self) -> None: ...
+
+    def pause_writing(self) -> bool:
+        """True when the lane is writing to the client now and holds back its source."""
+        ...
+
+    def resume_writing(self) -> None: ...
+
+
+class Lane(Protocol):
+    """Another way than aiohttp for a connection's requests (engines/gateway/express.py)."""
+
+    def connection(self, conn: OpenConnection) -> LaneConnection | None: ...
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's protocol inside, the gate's checks around it, and the lane
+    (when there is one) shown the bytes before aiohttp until it hands the connection over."""
+
+    __slots__ = (
+        "_admitted",
+        "_gate",
+        "_head_timer",
+        "_inner",
+        "_lane",
+        "_lane_paused",
+        "_tail",
+        "transport",
+    )
 
     def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate) -> None:
         self._inner = inner
@@ -76,6 +117,8 @@ class _Guarded(asyncio.Protocol):
         self._admitted = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._tail = b""
+        self._lane: LaneConnection | None = None
+        self._lane_paused = False  # the lane took the transport's pause_writing
         self.transport: asyncio.Transport | None = None
 
     @property
@@ -96,6 +139,13 @@ class _Guarded(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head_timer = loop.call_later(self._gate.header_timeout_s, self._head_timed_out)
         self._inner.connection_made(transport)
+        if self._gate.lane is not None:
+            self._lane = self._gate.lane.connection(self)
+
+    def hand_over(self, data: bytes) -> None:
+        self._lane = None
+        if data:
+            self._inner.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self._head_timer is not None:
@@ -105,7 +155,33 @@ class _Guarded(asyncio.Protocol):
                 self._head_timer, self._tail = None, b""
             else:
                 self._tail = seen[-3:]
+        if self._lane is None and self._gate.lane is not None and data.startswith(b"POST "):
+            self._lend(self._gate.lane)
+        if self._lane is not None:
+            self._lane.feed(data)
+            return
         self._inner.data_received(data)
+
+    def _lend(self, lane: Lane) -> None:
+        """Show the lane a request on a connection aiohttp served before, when aiohttp waits
+        for its next request with nothing in progress. Its keep-alive timer stops (the lane
+        keeps its own, and a stream may outlast aiohttp's); aiohttp arms it again after its
+        next response. aiohttp's private state is read defensively: anything unexpected
+        leaves the request to aiohttp."""
+        inner = self._inner
+        waiter = getattr(inner, "_waiter", None)
+        if (
+            getattr(inner, "_request_in_progress", True) is not False
+            or getattr(inner, "_messages", True)
+            or not isinstance(waiter, asyncio.Future)
+            or waiter.done()
+            or not hasattr(inner, "_keepalive_handle")
+        ):
+            return
+        self._lane = lane.connection(self)
+        if self._lane is not None and inner._keepalive_handle is not None:
+            inner._keepalive_handle.cancel()
+            inner._keepalive_handle = None
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -115,13 +191,23 @@ class _Guarded(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         self._gate.release(self)
+        if self._lane is not None:
+            self._lane.lost()
         if self._admitted:
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        if self._lane is not None and self._lane.pause_writing():
+            self._lane_paused = True
+            return
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        if self._lane_paused:  # the resume goes where the pause went
+            self._lane_paused = False
+            if self._lane is not None:
+                self._lane.resume_writing()
+            return
         self._inner.resume_writing()
 
     def close(self, answer: bytes = b"") -> None:
@@ -158,6 +244,8 @@ class ConnectionGate:
         self.evicted_total = 0
         self.timed_out_total = 0
         self.foreign_total = 0
+        self.lane: Lane | None = None
+        """Set by the daemon: the express lane (engines/gateway/express.py)."""
 
     def configure(self, *, max_connections: int, header_timeout_s: float, lan: bool) -> None:
         self.max_connections = max_connections

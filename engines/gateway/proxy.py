@@ -212,7 +212,14 @@ async def _stream(
     request: web.Request, upstream_resp: EngineReply, s: _Stream
 ) -> web.StreamResponse:
     resp = s.prepared or await _open_stream(request, upstream_resp, s.upstream)
-    state = _Relayed()
+    state = Relayed(
+        metrics=s.metrics,
+        model=s.model,
+        started=s.started,
+        flow=s.flow,
+        tap=s.tap,
+        on_first_events=s.on_first_events,
+    )
     try:
         try:
             await _pump(request, upstream_resp, resp, s, state)
@@ -226,7 +233,7 @@ async def _stream(
                 "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
                 s.upstream.name,
                 exc,
-                state.partial,
+                len(state.partial),
             )
             await _end_with_error(
                 request,
@@ -249,13 +256,76 @@ async def _stream(
     return resp
 
 
-@dataclass
-class _Relayed:
-    """How far a stream got (for its usage, and for the log when the engine breaks it off)."""
+class Relayed:
+    """A stream's events on their way to the client, whichever relay writes them (this one, or
+    the express lane's): ``feed`` each piece of the engine's body as it comes and write what
+    it returns. Events leave whole and as valid UTF-8; on the way they are counted (usage),
+    shown to the tap and to ``on_first_events``, and mark the engine's progress."""
 
-    chunks: int = 0
-    counted: bytes = b""  # the last events that carried token counts (usage)
-    partial: int = 0  # bytes of an unfinished event when the engine broke off
+    __slots__ = (
+        "_first",
+        "_metrics",
+        "_model",
+        "_on_first_events",
+        "_progress",
+        "_started",
+        "_tap",
+        "_utf8",
+        "chunks",
+        "counted",
+        "partial",
+    )
+
+    def __init__(
+        self,
+        *,
+        metrics: GatewayMetrics,
+        model: str,
+        started: float,
+        flow: Flow | None,
+        tap: ReplySink | None = None,
+        on_first_events: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self.chunks = 0  # events relayed
+        self.counted = b""  # the last events that carried token counts (usage)
+        self.partial = b""  # the start of an event not yet whole
+        self._first = True
+        self._metrics, self._model, self._started = metrics, model, started
+        self._progress = flow.engine if flow is not None else None
+        self._tap, self._on_first_events = tap, on_first_events
+        self._utf8 = Utf8Events()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events to write now (b"" while an event is still incomplete)."""
+        if self._first:
+            self._metrics.ttft.observe(time.perf_counter() - self._started, model=self._model)
+            self._first = False
+        if self.partial:
+            chunk, self.partial = self.partial + chunk, b""
+        if not chunk.endswith(EVENT_ENDS):  # usually it does: one token, one whole event
+            cut = whole_events(chunk)
+            chunk, self.partial = chunk[:cut], chunk[cut:]
+            if not chunk:
+                return b""
+        if not chunk.isascii() or self._utf8.held:  # usually ASCII: one check, no copy
+            chunk = self._utf8.clean(chunk)
+        if self._on_first_events is not None:
+            self._on_first_events(chunk)
+            self._on_first_events = None
+        self.chunks += chunk.count(b"data: {")
+        if b'_tokens"' in chunk:  # usage: OpenAI's prompt/completion, Anthropic's input/output
+            self.counted = (self.counted + chunk)[-8192:]
+        if self._tap is not None:
+            self._tap.feed(chunk)
+        if self._progress is not None:
+            self._progress.last_byte_s = monotonic()  # the engine's progress
+        return chunk
+
+    def rest(self) -> bytes:
+        """What is left when the engine ended without an event's closing blank line: passed
+        on as it is."""
+        rest, self.partial = self.partial, b""
+        return self._utf8.clean(rest) if rest else b""
 
 
 async def _pump(
@@ -263,51 +333,27 @@ async def _pump(
     upstream_resp: EngineReply,
     resp: web.StreamResponse,
     s: _Stream,
-    state: _Relayed,
+    state: Relayed,
 ) -> None:
     """Relay the engine's events to the client as they come. Raises ClientGone when a write
     to the client fails; what the engine's side raises passes through."""
-    first, chunks, partial = True, 0, b""  # partial: the start of an event not yet whole
-    utf8, flow, tap, on_first_events = Utf8Events(), s.flow, s.tap, s.on_first_events
-    progress = flow.engine if flow is not None else None
+    flow = s.flow
     direct: DirectChunks | None = None  # once the headers are out (chunked.py)
-    try:
-        async for chunk in upstream_resp.content.iter_any():
-            if first:
-                s.metrics.ttft.observe(time.perf_counter() - s.started, model=s.model)
-                first = False
-            if partial:
-                chunk, partial = partial + chunk, b""
-            if not chunk.endswith(EVENT_ENDS):  # usually it does: one token, one whole event
-                cut = whole_events(chunk)
-                chunk, partial = chunk[:cut], chunk[cut:]
-                if not chunk:
-                    continue
-            if not chunk.isascii() or utf8.held:  # usually ASCII: one check, no copy
-                chunk = utf8.clean(chunk)
-            if on_first_events is not None:
-                on_first_events(chunk)
-                on_first_events = None
-            chunks += chunk.count(b"data: {")
-            if b'_tokens"' in chunk:  # usage: OpenAI's prompt/completion, Anthropic's input/output
-                state.counted = (state.counted + chunk)[-8192:]
-            if tap is not None:
-                tap.feed(chunk)
-            if progress is not None:
-                progress.last_byte_s = monotonic()  # the engine's progress
-            try:
-                if direct is not None:
-                    if direct.write(chunk):  # the client lags: wait while it is far behind
-                        await _pending(flow, direct.drain())
-                else:
-                    await _pending(flow, resp.write(chunk))
-                    direct = DirectChunks.of(request, resp)
-            except CLIENT_WRITE_ERRORS as exc:
-                raise ClientGone(str(exc)) from exc
-        if partial:  # the engine ended without the closing blank line: pass it on as it is
-            await _to_client(resp.write(utf8.clean(partial)))
-    finally:
-        state.chunks, state.partial = chunks, len(partial)
+    async for piece in upstream_resp.content.iter_any():
+        chunk = state.feed(piece)
+        if not chunk:
+            continue
+        try:
+            if direct is not None:
+                if direct.write(chunk):  # the client lags: wait while it is far behind
+                    await _pending(flow, direct.drain())
+            else:
+                await _pending(flow, resp.write(chunk))
+                direct = DirectChunks.of(request, resp)
+        except CLIENT_WRITE_ERRORS as exc:
+            raise ClientGone(str(exc)) from exc
+    if rest := state.rest():
+        await _to_client(resp.write(rest))
 
 
 async def _pending(flow: Flow | None, write: Coroutine[Any, Any, None]) -> None:

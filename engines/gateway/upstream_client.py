@@ -31,7 +31,7 @@ import functools
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote, urlsplit
@@ -240,6 +240,28 @@ class UpstreamReply:
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self.content.iter_any()])
 
+    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+        """Hand each piece of the body to ``sink`` from now on, as it arrives (in the
+        connection's callback, with no task in between); what came already goes first.
+        ``until_end`` then waits for the end. ``pause_reading`` holds the engine back while
+        the sink's own reader lags."""
+        assert self._conn is not None
+        self._conn.stream_to(sink)
+
+    async def until_end(self) -> None:
+        """Wait until the whole body went to the sink; raises as ``iter_any`` would."""
+        assert self._conn is not None
+        while await self._conn.next_piece():
+            pass
+
+    def pause_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.pause(True)
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.pause(False)
+
     def close(self) -> None:
         """Give the connection back when the whole reply was read, else close it (the engine
         sees its client go)."""
@@ -300,6 +322,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._error: Exception | None = None
         self._closed = False
+        self._sink: Callable[[bytes], None] | None = None
         self.idle_since = 0.0
 
     # -- the pool's view
@@ -376,7 +399,7 @@ class _Connection(asyncio.Protocol):
             return False
         self._state, self._head_only, self._keep_alive = _HEAD, head_only, True
         self._buf.clear()
-        self._error = None
+        self._error, self._sink = None, None
         self._head = self._loop.create_future()
         if len(body) <= 16384:
             transport.write(head + body)
@@ -410,6 +433,22 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
         return piece
 
+    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+        if self._pieces:
+            sink(b"".join(self._pieces))
+            self._pieces.clear()
+            self._buffered = 0
+        self._sink = sink
+        self.pause(False)
+
+    def pause(self, paused: bool) -> None:
+        if paused != self._paused and self._transport is not None and not self._closed:
+            self._paused = paused
+            if paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
     # -- parsing
 
     def _fail(self, exc: Exception) -> None:
@@ -426,6 +465,9 @@ class _Connection(asyncio.Protocol):
 
     def _body(self, piece: bytes) -> None:
         if piece:
+            if self._sink is not None:
+                self._sink(piece)
+                return
             self._pieces.append(piece)
             self._buffered += len(piece)
 
