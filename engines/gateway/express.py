@@ -29,6 +29,7 @@ request. Kept-alive connections close after ``gateway.keepalive_timeout_s`` idle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -52,7 +53,7 @@ from engines.gateway.connections import LaneConnection, OpenConnection, is_loopb
 from engines.gateway.proxy import CLIENT_CLOSED_REQUEST, HOP_HEADERS, Relayed, Upstream
 from engines.gateway.service import GatewayContext
 from engines.gateway.sse import count_usage, sse_error
-from engines.gateway.upstream_client import UpstreamReply
+from engines.gateway.upstream_client import Sent, UpstreamReply
 from engines.http import openai_error, parse_json_body
 from engines.traffic import ENGINE_ERROR, Flow
 
@@ -315,6 +316,21 @@ class _Exchange:
         self._events = Relayed(
             metrics=ctx.metrics, model=request.model, started=self._started, flow=self._flow
         )
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": request.head.fields.get("accept", "*/*"),
+            **request.upstream.headers,
+        }
+        # written now, on a kept-alive connection: the engine starts while the task does
+        self._sent: Sent | None = None
+        with contextlib.suppress(ValueError):  # a header it refuses: the task says so
+            self._sent = ctx.upstreams.send_now(
+                "POST",
+                request.upstream.base_url,
+                request.head.path,
+                body=request.body,
+                headers=self._headers,
+            )
 
     async def run(self) -> None:
         try:
@@ -323,6 +339,19 @@ class _Exchange:
             if not self._ended_from_outside():
                 raise
             self._tell_ended()
+        except Exception:  # boundary: never leak a traceback (or a path) to a client
+            log.exception("the express lane failed on a request to %s", self._r.upstream.name)
+            if self._streaming:
+                self._error_event("internal error in the traylm gateway; see the daemon log")
+                self._finish_stream()
+            else:
+                self._answer(
+                    openai_error(
+                        500,
+                        "internal error in the traylm gateway; see the daemon log",
+                        type_="server_error",
+                    )
+                )
         finally:
             if self._reply is not None:
                 self._reply.close()  # not read to its end: the engine aborts the request
@@ -331,6 +360,8 @@ class _Exchange:
         """The task's end, also when it was cancelled before it began (then ``run`` never
         ran): the slot and the flow go back, and the request is counted and logged."""
         r, ctx = self._r, self._ctx
+        if self._reply is None and self._sent is not None:
+            self._sent.conn.discard()  # written, never read: the engine aborts it
         self._flow.close()
         r.admission.leave()
         route, status = r.head.path, self._status
@@ -346,21 +377,20 @@ class _Exchange:
 
     async def _serve(self) -> None:
         r, ctx = self._r, self._ctx
-        g = ctx.settings.gateway
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": r.head.fields.get("accept", "*/*"),
-            **r.upstream.headers,
-        }
         try:
-            reply = await ctx.upstreams.request(
-                "POST",
-                r.upstream.base_url,
-                r.head.path,
-                body=r.body,
-                headers=headers,
-                connect_timeout_s=g.upstream_connect_timeout_s,
-            )
+            if self._sent is not None:
+                reply: UpstreamReply | aiohttp.ClientResponse = await ctx.upstreams.reply(
+                    self._sent
+                )
+            else:
+                reply = await ctx.upstreams.request(
+                    "POST",
+                    r.upstream.base_url,
+                    r.head.path,
+                    body=r.body,
+                    headers=self._headers,
+                    connect_timeout_s=ctx.settings.gateway.upstream_connect_timeout_s,
+                )
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             log.warning("upstream %s unreachable: %s", r.upstream.name, exc)
             self._answer(

@@ -94,6 +94,31 @@ def _check_header(name: str, value: str) -> None:
         raise ValueError(f"header {name!r} holds a line break or a colon: not sent to the engine")
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A request written to an upstream, its reply not read yet."""
+
+    origin: _Origin
+    conn: _Connection
+
+
+def _request_head(
+    method: str, base_url: str, path_qs: str, headers: Mapping[str, str], body: bytes
+) -> tuple[_Origin, bytes]:
+    origin = _origin(base_url)
+    target = origin.prefix + path_qs
+    if not target.isascii() or not target.isprintable() or " " in target:
+        target = quote(target, safe=URL_SAFE)  # what aiohttp's client would send
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
+    for name, value in headers.items():
+        _check_header(name, value)
+        lines.append(f"{name}: {value}\r\n")
+    if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
+    return origin, "".join(lines).encode("utf-8")
+
+
 class UpstreamClient:
     """Requests to upstreams, over kept-alive connections (plain http) or aiohttp (https).
     One per gateway; ``close`` when the gateway stops."""
@@ -122,33 +147,40 @@ class UpstreamClient:
             return await self._via_aiohttp(
                 method, base_url + path_qs, body, headers, connect_timeout_s
             )
-        origin = _origin(base_url)
-        target = origin.prefix + path_qs
-        if not target.isascii() or not target.isprintable() or " " in target:
-            target = quote(target, safe=URL_SAFE)  # what aiohttp's client would send
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
-        for name, value in headers.items():
-            _check_header(name, value)
-            lines.append(f"{name}: {value}\r\n")
-        if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
-            lines.append(f"Content-Length: {len(body)}\r\n")
-        lines.append("\r\n")
-        head = "".join(lines).encode("utf-8")
-        conn = self._take(origin)
-        if conn is not None and not conn.send(head, body, head_only=method == "HEAD"):
-            conn = None  # it closed while idle, and nothing was sent: a new one
-        if conn is None:
+        origin, head = _request_head(method, base_url, path_qs, headers, body)
+        sent = self._send_kept(origin, head, body, method)
+        if sent is None:
             conn = await self._connect(origin, connect_timeout_s)
             if not conn.send(head, body, head_only=method == "HEAD"):
                 raise EngineUnreachable(
                     f"{origin.host}:{origin.port} closed the connection at once"
                 )
+            sent = Sent(origin, conn)
+        return await self.reply(sent)
+
+    def send_now(
+        self, method: str, base_url: str, path_qs: str, *, body: bytes, headers: Mapping[str, str]
+    ) -> Sent | None:
+        """Write a request to a plain-http upstream at once, without awaiting anything, on a
+        kept-alive connection; None when none is idle (``request`` then connects). ``reply``
+        waits for the head of its reply."""
+        origin, head = _request_head(method, base_url, path_qs, headers, body)
+        return self._send_kept(origin, head, body, method)
+
+    async def reply(self, sent: Sent) -> UpstreamReply:
+        """The reply to a request ``send_now`` (or ``request``) wrote, once its head came."""
         try:
-            status, reply_headers = await conn.head()
+            status, reply_headers = await sent.conn.head()
         except BaseException:
-            conn.discard()
+            sent.conn.discard()
             raise
-        return UpstreamReply(self, origin, conn, status, reply_headers)
+        return UpstreamReply(self, sent.origin, sent.conn, status, reply_headers)
+
+    def _send_kept(self, origin: _Origin, head: bytes, body: bytes, method: str) -> Sent | None:
+        conn = self._take(origin)
+        if conn is None or not conn.send(head, body, head_only=method == "HEAD"):
+            return None  # none idle, or it closed while idle and nothing was sent
+        return Sent(origin, conn)
 
     def _take(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)

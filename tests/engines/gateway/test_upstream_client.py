@@ -390,3 +390,29 @@ async def test_https_goes_through_aiohttp_and_checks_the_certificate(tmp_path: P
         server.close()
     head = s.requests[0].lower()
     assert b"accept-encoding: identity\r\n" in head and b"x-a: 1\r\n" in head
+
+
+async def test_send_now_writes_on_a_kept_connection_and_a_sink_gets_the_body() -> None:
+    """send_now writes at once when a kept-alive connection is idle (None before there is
+    one); its reply's body goes to a sink from the connection's callback, pieces that came
+    before the sink first, and until_end returns at the end."""
+    events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    async with scripted(fixed(b"first"), chunked(*events)) as s:
+        client = UpstreamClient()
+        headers = {"Content-Type": "application/json"}
+        assert client.send_now("POST", s.url, "/v1/x", body=b"{}", headers=headers) is None
+        reply = await get(client, s.url)
+        assert await reply.read() == b"first"
+        reply.close()
+        sent = client.send_now("POST", s.url, "/v1/y", body=b"{}", headers=headers)
+        assert sent is not None
+        assert s.connections == 1  # written on the kept connection, before any await
+        streamed = await client.reply(sent)
+        got: list[bytes] = []
+        await asyncio.sleep(0.05)  # let the first events arrive before there is a sink
+        streamed.stream_to(got.append)
+        await streamed.until_end()
+        streamed.close()
+        await client.close()
+    assert b"".join(got) == b"".join(events)
+    assert s.requests[1].startswith(b"POST /v1/y HTTP/1.1\r\n")
