@@ -241,15 +241,26 @@ class _Connection:
             self._timer = loop.call_later(g.body_timeout_s, self._hand_over_held)
             return
         head, self._head, self._held = self._head, None, b""
+        if have != head.length or not self._start(head, held[self._head_end :]):
+            self._hand_over(held)  # pipelined requests, or not the lane's
+
+    def _start(self, head: _Head, body: bytes) -> bool:
+        """Serve the request on the lane if it may; False: aiohttp serves it."""
         request = None
-        if have == head.length:  # exactly one request: nothing pipelined behind it
+        try:
             peer = self.transport.get_extra_info("peername")
-            request = self._lane.admit(head, held[self._head_end :], peer[0] if peer else None)
-        if request is None:
-            self._hand_over(held)
-            return
-        self._exchange = _Exchange(self._lane, self, request)
-        self._lane.run(self._exchange)
+            request = self._lane.admit(head, body, peer[0] if peer else None)
+            if request is None:
+                return False
+            self._exchange = _Exchange(self._lane, self, request)
+            self._lane.run(self._exchange)
+            return True
+        except Exception:  # boundary: the full path answers what the lane could not take
+            log.exception("the express lane could not take a request; aiohttp serves it")
+            if request is not None:
+                request.admission.leave()
+            self._exchange = None
+            return False
 
     def lost(self) -> None:
         self._cancel_timer()
