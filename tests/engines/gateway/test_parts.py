@@ -35,6 +35,23 @@ async def test_admission_queues_in_order_then_refuses() -> None:
     assert order == [0, 1, 2] and adm.in_flight == 0 and adm.waiting == 0
 
 
+async def test_admission_try_enter_takes_only_a_free_slot() -> None:
+    """The express lane's way in: a free slot at once, else False (it leaves the request to
+    the full path, which queues it); a slot it leaves goes to the longest waiter."""
+    adm = Admission(max_concurrent=1, max_queue=5, queue_timeout_s=5)
+    assert adm.try_enter() and adm.in_flight == 1
+    assert not adm.try_enter()
+    waiter = asyncio.create_task(adm.slot().__aenter__())
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 1
+    adm.leave()  # handed to the waiter: still one in flight
+    await waiter
+    assert adm.in_flight == 1 and adm.waiting == 0
+    assert not adm.try_enter()
+    adm.leave()
+    assert adm.in_flight == 0 and adm.try_enter()
+
+
 async def test_admission_queue_timeout() -> None:
     adm = Admission(max_concurrent=1, max_queue=5, queue_timeout_s=0.1)
     async with adm.slot():
