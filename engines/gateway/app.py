@@ -23,7 +23,7 @@ from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
 from engines.gateway.security import Guard, header_bytes
 from engines.gateway.service import GATEWAY, GatewayContext
-from engines.gateway.shapes import api_error
+from engines.gateway.shapes import INTERNAL_ERROR, api_error
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,7 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
             resp = _http_exception(request, exc, ctx)
         except Exception:  # boundary: never leak a traceback (or a path) to a client
             log.exception("unhandled error on %s %s", request.method, request.path)
-            resp = api_error(
-                request.path,
-                500,
-                "internal error in the traylm gateway; see the daemon log",
-                type_="server_error",
-            )
+            resp = api_error(request.path, 500, INTERNAL_ERROR, type_="server_error")
         if request.get(CLIENT_GONE):  # a write to the client failed: it went away
             ctx.metrics.requests.inc(route=_route_label(request), status="499")
             return resp

@@ -118,6 +118,25 @@ class CapabilityCache:
         return hit[1] if hit is not None and hit[0] == engine.started_at_s else None
 
 
+def serve_problem(
+    caps: Capabilities,
+    method: str,
+    route: str,
+    path: str,
+    payload: Mapping[str, Any],
+    model: str,
+) -> web.Response | None:
+    """The error for a request this engine cannot serve (the route, or tools without a
+    parser), or None."""
+    found = route_problem(caps, method, route, path, model)
+    if found is not None:
+        return found
+    why = tools_problem(caps, path, payload, model)
+    if why:
+        return api_error(path, 400, why, param="tools", code="tool_parser_missing")
+    return None
+
+
 def route_problem(
     caps: Capabilities, method: str, route: str, path: str, model: str
 ) -> web.Response | None:

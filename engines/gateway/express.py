@@ -5,8 +5,7 @@ At one stream, aiohttp's server path (its parser, the request object, a task, th
 response writer) is most of what the gateway adds to the time to first token; a relay of bare
 protocols adds half as much (tests/perf/gateway_bench.py --paced). The lane is that relay with
 every check of the full path. A request takes it only when all of these hold at once:
-- the connection has carried only express requests so far (aiohttp never saw it), and its bytes
-  are exactly one whole request: ``POST /v1/chat/completions`` or ``/v1/completions``,
+- its bytes are exactly one whole request: ``POST /v1/chat/completions`` or ``/v1/completions``,
   HTTP/1.1, plain header lines, a ``Content-Length`` body; no ``Transfer-Encoding``,
   ``Expect``, ``Upgrade``, ``Origin`` or chat-reply header, no header twice;
 - the guard lets it through as the middleware would (this computer, Host, API key);
@@ -14,8 +13,10 @@ every check of the full path. A request takes it only when all of these hold at 
   ``keep_alive``;
 - the gateway is not paused, the model is ready on a local engine whose capabilities are known
   and serve the request (route, tools), and that engine's admission has a free slot now.
-Anything else goes to aiohttp, the same bytes, and the connection is aiohttp's from then on; so
-every refusal, error shape and slow path stays in one place (app.py, routes.py, forward.py).
+Anything else goes to aiohttp, the same bytes; so every refusal, error shape and slow path stays
+in one place (app.py, routes.py, forward.py). A kept-alive connection moves between the two at
+request boundaries: the lane sees a request on a connection aiohttp served before when aiohttp
+waits for its next one with nothing in progress (connections.py ``_Guarded._lend``).
 
 Once taken, the lane answers everything itself, as the full path would: the engine's stream as
 chunked SSE (the status line and headers leave with the first event, and each event is written
@@ -42,16 +43,21 @@ import aiohttp
 from aiohttp import web
 
 from engines.gateway.admission import Admission
-from engines.gateway.capabilities import (
-    Capabilities,
-    explain_engine_error,
-    route_problem,
-    tools_problem,
-)
+from engines.gateway.capabilities import Capabilities, explain_engine_error, serve_problem
 from engines.gateway.checks import check_openai
 from engines.gateway.connections import LaneConnection, OpenConnection, is_loopback
-from engines.gateway.proxy import CLIENT_CLOSED_REQUEST, HOP_HEADERS, Relayed, Upstream
+from engines.gateway.proxy import (
+    CLIENT_CLOSED_REQUEST,
+    Relayed,
+    Upstream,
+    broke_off_message,
+    engine_answer,
+    log_broke_off,
+    stream_headers,
+    unreachable,
+)
 from engines.gateway.service import GatewayContext
+from engines.gateway.shapes import INTERNAL_ERROR
 from engines.gateway.sse import count_usage, sse_error
 from engines.gateway.upstream_client import Sent, UpstreamReply
 from engines.http import openai_error, parse_json_body
@@ -175,7 +181,7 @@ class ExpressLane:
         if caps is None:  # the first request to this start of the engine: the full path's
             self._keep(ctx.capabilities.of(engine))  # and the next one knows them
             return None
-        if _problem(caps, head.path, payload, model):
+        if serve_problem(caps, "POST", head.path, head.path, payload, model) is not None:
             return None
         admission = ctx.admission(upstream.name)
         if not admission.try_enter():  # a queue, and its 429, are the full path's
@@ -193,16 +199,9 @@ class ExpressLane:
         return task
 
 
-def _problem(caps: Capabilities, path: str, payload: dict[str, Any], model: str) -> bool:
-    return (
-        route_problem(caps, "POST", path, path, model) is not None
-        or tools_problem(caps, path, payload, model) != ""
-    )
-
-
 class _Connection:
     """The lane's side of one client connection: it holds a request's bytes until it is whole,
-    then serves it or hands the connection to aiohttp for good."""
+    then serves it or hands it (and the connection, until aiohttp is idle again) to aiohttp."""
 
     def __init__(self, lane: ExpressLane, conn: OpenConnection) -> None:
         assert conn.transport is not None  # connection_made came first
@@ -353,16 +352,10 @@ class _Exchange:
         except Exception:  # boundary: never leak a traceback (or a path) to a client
             log.exception("the express lane failed on a request to %s", self._r.upstream.name)
             if self._streaming:
-                self._error_event("internal error in the traylm gateway; see the daemon log")
+                self._error_event(INTERNAL_ERROR)
                 self._finish_stream()
             else:
-                self._answer(
-                    openai_error(
-                        500,
-                        "internal error in the traylm gateway; see the daemon log",
-                        type_="server_error",
-                    )
-                )
+                self._answer(openai_error(500, INTERNAL_ERROR, type_="server_error"))
         finally:
             if self._reply is not None:
                 self._reply.close()  # not read to its end: the engine aborts the request
@@ -403,16 +396,7 @@ class _Exchange:
                     connect_timeout_s=ctx.settings.gateway.upstream_connect_timeout_s,
                 )
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            log.warning("upstream %s unreachable: %s", r.upstream.name, exc)
-            self._answer(
-                openai_error(
-                    502,
-                    f"engine {r.upstream.name} did not answer ({type(exc).__name__}); "
-                    "it may be restarting: retry shortly",
-                    type_="engine_unavailable",
-                    headers={"Retry-After": "2"},
-                )
-            )
+            self._answer(unreachable(r.upstream.name, exc))
             return
         assert isinstance(reply, UpstreamReply)  # admit takes plain-http upstreams only
         self._reply = reply
@@ -426,9 +410,7 @@ class _Exchange:
             self._answer(openai_error(502, f"engine {r.upstream.name} failed mid-request: {exc}"))
             return
         self._counts = count_usage(data, r.model, ctx.metrics, chunks=0)
-        out = {k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS}
-        out["X-Traylm-Engine"] = r.upstream.name
-        resp = web.Response(body=data, status=reply.status, headers=out)
+        resp = engine_answer(r.upstream, reply, data)
         if resp.status >= 400:
             path = r.head.path
             resp = explain_engine_error(
@@ -438,15 +420,9 @@ class _Exchange:
 
     async def _stream(self, reply: UpstreamReply, ctype: str) -> None:
         r = self._r
-        head = [
-            "HTTP/1.1 200 OK",
-            f"Content-Type: {ctype}",
-            "Cache-Control: no-cache",
-            "X-Accel-Buffering: no",
-            f"X-Traylm-Engine: {r.upstream.name}",
-            "Transfer-Encoding: chunked",
-            f"Date: {http_date()}",
-        ]
+        head = ["HTTP/1.1 200 OK"]
+        head += [f"{name}: {value}" for name, value in stream_headers(ctype, r.upstream).items()]
+        head += ["Transfer-Encoding: chunked", f"Date: {http_date()}"]
         if r.head.close:
             head.append("Connection: close")
         self._head = ("\r\n".join(head) + "\r\n\r\n").encode()
@@ -455,16 +431,8 @@ class _Exchange:
         try:
             await reply.until_end()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            log.warning(
-                "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
-                r.upstream.name,
-                exc,
-                len(self._events.partial),
-            )
-            self._error_event(
-                f"engine {r.upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); retry shortly (`traylm status` says whether it restarts)"
-            )
+            log_broke_off(r.upstream.name, exc, len(self._events.partial))
+            self._error_event(broke_off_message(r.upstream.name, exc))
         else:
             if rest := self._events.rest():
                 self._write(rest)

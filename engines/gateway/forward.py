@@ -21,12 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from engines.gateway.admission import Admission, QueueFull
-from engines.gateway.capabilities import (
-    Capabilities,
-    explain_engine_error,
-    route_problem,
-    tools_problem,
-)
+from engines.gateway.capabilities import explain_engine_error, serve_problem
 from engines.gateway.loading import ColdStream
 from engines.gateway.proxy import ReplySink, Upstream, relay
 from engines.gateway.service import GatewayContext
@@ -101,7 +96,7 @@ async def dispatch(
     engine = engine_of(ctx, upstream)
     caps = await ctx.capabilities.of(engine) if engine is not None else None
     if caps is not None:
-        problem = _problem(caps, request, route, out)
+        problem = serve_problem(caps, request.method, route, request.path, out.payload, out.model)
         if problem is not None:
             ctx.log_refused(path, out.model, problem.status, upstream.name)
             return await _refuse(request, cold, problem)
@@ -129,18 +124,6 @@ async def _refuse(
     if cold is not None and cold.response is not None:
         return await cold.fail(error)
     return error
-
-
-def _problem(
-    caps: Capabilities, request: web.Request, route: str, out: Outbound
-) -> web.Response | None:
-    found = route_problem(caps, request.method, route, request.path, out.model)
-    if found is not None:
-        return found
-    why = tools_problem(caps, request.path, out.payload, out.model)
-    if why:
-        return api_error(request.path, 400, why, param="tools", code="tool_parser_missing")
-    return None
 
 
 async def _relay_in_slot(

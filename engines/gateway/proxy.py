@@ -77,6 +77,39 @@ UsageSink = Callable[[int, int | None, int | None, float], None]
 """Called once per relayed request: (status, prompt tokens, completion tokens, seconds)."""
 
 
+def unreachable_message(name: str, exc: BaseException) -> str:
+    return (
+        f"engine {name} did not answer ({type(exc).__name__}); it may be restarting: retry shortly"
+    )
+
+
+def broke_off_message(name: str, exc: BaseException) -> str:
+    return (
+        f"engine {name} stopped in the middle of the reply ({type(exc).__name__}); retry "
+        "shortly (`traylm status` says whether it restarts)"
+    )
+
+
+def log_broke_off(name: str, exc: BaseException, dropped: int) -> None:
+    log.warning(
+        "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
+        name,
+        exc,
+        dropped,
+    )
+
+
+def unreachable(name: str, exc: BaseException) -> web.Response:
+    """The 502 of an engine that could not be reached."""
+    log.warning("upstream %s unreachable: %s", name, exc)
+    return openai_error(
+        502,
+        unreachable_message(name, exc),
+        type_="engine_unavailable",
+        headers={"Retry-After": "2"},
+    )
+
+
 @dataclass(frozen=True)
 class Upstream:
     """Where a request goes: an engine's loopback URL (or a remote base URL)."""
@@ -155,15 +188,12 @@ async def relay(
             raise
         return await _answer_ended(request, s)
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-        log.warning("upstream %s unreachable: %s", upstream.name, exc)
         s.record(502)
-        message = (
-            f"engine {upstream.name} did not answer ({type(exc).__name__}); "
-            "it may be restarting: retry shortly"
-        )
         if prepared is not None:
+            log.warning("upstream %s unreachable: %s", upstream.name, exc)
+            message = unreachable_message(upstream.name, exc)
             return await end_with_error(request, prepared, message, type_="engine_unavailable")
-        return openai_error(502, message, type_="engine_unavailable", headers={"Retry-After": "2"})
+        return unreachable(upstream.name, exc)
     try:
         return await _reply(request, upstream_resp, s)
     except asyncio.CancelledError:
@@ -192,11 +222,30 @@ async def _reply(
     s.record(upstream_resp.status, *count_usage(counts, s.model, s.metrics, chunks=0))
     if s.prepared is not None:  # an answer that is not a stream, after the stream began
         return await end_with_error(request, s.prepared, error_text(data, upstream_resp.status))
-    out_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in HOP_HEADERS}
-    out_headers["X-Traylm-Engine"] = s.upstream.name
-    if s.upstream.remote:
-        out_headers["X-Traylm-Route"] = "remote"
-    return web.Response(body=data, status=upstream_resp.status, headers=out_headers)
+    return engine_answer(s.upstream, upstream_resp, data)
+
+
+def engine_answer(upstream: Upstream, reply: EngineReply, data: bytes) -> web.Response:
+    """An engine's whole (not streamed) reply as the client gets it: its headers less the hop
+    ones, and which engine (or remote) answered."""
+    headers = {k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS}
+    headers["X-Traylm-Engine"] = upstream.name
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    return web.Response(body=data, status=reply.status, headers=headers)
+
+
+def stream_headers(content_type: str, upstream: Upstream) -> dict[str, str]:
+    """The headers of a relayed stream (both relays)."""
+    headers = {
+        "Content-Type": content_type,
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        "X-Traylm-Engine": upstream.name,
+    }
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    return headers
 
 
 class EventStreamResponse(web.StreamResponse):
@@ -229,19 +278,8 @@ async def _stream(
             assert s.flow is not None
             await _end_with_error(request, resp, s, s.flow.why, s.flow.why_type)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
-            log.warning(
-                "engine %s broke off a stream: %s (%d bytes of an unfinished event dropped)",
-                s.upstream.name,
-                exc,
-                len(state.partial),
-            )
-            await _end_with_error(
-                request,
-                resp,
-                s,
-                f"engine {s.upstream.name} stopped in the middle of the reply "
-                f"({type(exc).__name__}); retry shortly (`traylm status` says whether it restarts)",
-            )
+            log_broke_off(s.upstream.name, exc, len(state.partial))
+            await _end_with_error(request, resp, s, broke_off_message(s.upstream.name, exc))
         s.record(200, *count_usage(state.counted, s.model, s.metrics, chunks=state.chunks))
         await _to_client(resp.write_eof())
     except ClientGone as exc:
@@ -425,15 +463,8 @@ async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
 async def _open_stream(
     request: web.Request, upstream_resp: EngineReply, upstream: Upstream
 ) -> web.StreamResponse:
-    headers = {
-        "Content-Type": upstream_resp.headers.get("Content-Type", "text/event-stream"),
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-        "X-Traylm-Engine": upstream.name,
-    }
-    if upstream.remote:
-        headers["X-Traylm-Route"] = "remote"
-    resp = EventStreamResponse(status=200, headers=headers)
+    ctype = upstream_resp.headers.get("Content-Type", "text/event-stream")
+    resp = EventStreamResponse(status=200, headers=stream_headers(ctype, upstream))
     await resp.prepare(request)
     return resp
 

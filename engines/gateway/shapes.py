@@ -30,6 +30,10 @@ _ANTHROPIC_TYPES = {
 }
 
 
+INTERNAL_ERROR = "internal error in the traylm gateway; see the daemon log"
+"""What a client is told of a bug in the gateway (the log has the traceback)."""
+
+
 def is_anthropic(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
