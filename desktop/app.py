@@ -17,20 +17,20 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, QRect, QTimer, Signal
+from PySide6.QtCore import QObject, QRect, Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
-from desktop.fixes import FIX_PAGES, INSTALL_ENGINE, SETUP, START_DAEMON, Fix
-from desktop.icons import app_icon
-from desktop.instance import InstanceServer, PrimaryLock, send_command
-from desktop.notify import Notifier
-from desktop.quit_dialog import QuitDialog
-from desktop.state import AppState
-from desktop.theme import ThemeFollower
-from desktop.tray import TrayController, Windows
-from engines.config import Paths
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import FIX_PAGES, INSTALL_ENGINE, SETUP, START_DAEMON, Fix
+from desktop.daemon.state import AppState
+from desktop.look.theme import ThemeFollower
+from desktop.session.instance import InstanceServer, PrimaryLock, send_command
+from desktop.tray.icon import TrayController, Windows
+from desktop.tray.icons import app_icon
+from desktop.tray.notify import Notifier
+from desktop.tray.quit_dialog import QuitDialog
+from engines.config.sections import Paths
 from engines.events import DaemonStopping
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ class DesktopApp(QObject):
         self.setup: SetupDialog | None = None
         self._setup_offered = False
         for signal in (self.state.envs_changed, self.state.settings_changed,
-                       self.state.profiles_changed, self.state.gpu.overview_changed):  # fmt: skip
+                       self.state.profiles_changed, self.state.gpu.overview_changed,
+                       self.state.servable_changed):  # fmt: skip
             signal.connect(self.offer_setup_once)
         self.state.event_received.connect(self.on_event_received)
         self.quit_dialog: QuitDialog | None = None
@@ -149,7 +150,11 @@ class DesktopApp(QObject):
         by itself, once, as soon as the daemon has said enough to know."""
         s = self.state
         settings = s.settings
-        known = s.envs is not None and (s.gpu.overview is not None or bool(s.gpu.error))
+        known = (
+            s.envs is not None
+            and s.servable_listed  # the daemon said what can start here
+            and (s.gpu.overview is not None or bool(s.gpu.error))
+        )
         if (
             not self.offer_setup
             or self._setup_offered
@@ -287,6 +292,10 @@ def _rect(r: QRect) -> list[int]:
 
 
 def _raise(window: QWidget) -> None:
+    """Bring a window to the front, un-minimized: show() alone leaves a minimized window in the
+    taskbar, and without a tray a relaunch then showed nothing."""
+    if window.isMinimized():
+        window.setWindowState(window.windowState() & ~Qt.WindowState.WindowMinimized)
     window.show()
     window.raise_()
     window.activateWindow()
@@ -366,7 +375,7 @@ def main(argv: Sequence[str] = ()) -> int:
             print("traylm: another tray app holds the lock but does not answer", file=sys.stderr)
             return 1
         return 0
-    from desktop.unix_signals import SignalWatcher
+    from desktop.session.unix_signals import SignalWatcher
 
     app = DesktopApp(paths, spawn_daemon=not args.no_daemon_start, use_tray=not args.no_tray)
     app.finished.connect(qapp.quit)

@@ -2,78 +2,88 @@
 hands each exactly what it uses, mounts their routes on the gateway, serves, and shuts down on a
 deadline. No part imports this module back (an import-linter contract checks it).
 
-One daemon per user (a lock file in the state dir). It writes ``daemon.json`` (pid, URL and the
-control token, mode 0600) once it serves, and removes it on the way out.
+One daemon per user (a lock file in the state dir). The gateway serves through
+``gateway/server.py``; once it does, ``daemon.json`` (daemon_file.py: pid, URL and the control
+token, mode 0600) is written, and removed on the way out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import gc
-import json
 import logging
-import os
 import secrets
 import signal
 from typing import IO, Protocol
 
 from aiohttp import web
 
-from engines import __version__, daemon_lock
+from engines import __version__
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
-from engines.bus import EventBus
 from engines.chats.routes import CHATS, chats_routes
 from engines.chats.service import ChatsFeature
 from engines.chats.store import ChatStore
-from engines.config import Paths, Settings
+from engines.config.live import LiveSettings
+from engines.config.profiles import ProfileStore
+from engines.config.sections import Paths, Settings
 from engines.control.routes import CONTROL, control_routes
 from engines.control.service import ControlAPI, DaemonStatus, EngineControl
-from engines.envs import EnvManager
-from engines.errors import PortInUseError, TraylmError
+from engines.core import daemon_lock
+from engines.core.bus import EventBus
+from engines.core.daemon_file import DaemonFile
+from engines.core.filemodes import make_private
+from engines.core.http import mount
+from engines.core.metrics import MetricsRegistry
+from engines.core.procs import (
+    PidRegistry,
+    raise_open_files_limit,
+    reap_orphans,
+)
+from engines.core.store import Store
+from engines.envs.manager import EnvManager
+from engines.errors import DiskFull, TraylmError
 from engines.events.codec import to_plain
-from engines.events.core import DaemonStopping
-from engines.filemodes import make_private
+from engines.events.core import DaemonStopping, Notice
 from engines.gateway.app import build_app
-from engines.gateway.connections import ConnectionGate, Listener, http_logger
-from engines.gateway.express import ExpressLane
+from engines.gateway.server import GatewayServer
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
 from engines.gpu.routes import GPU, gpu_routes
 from engines.gpu.service import GPUFeature
-from engines.http import mount
 from engines.hub.routes import HUB, hub_routes
 from engines.hub.service import HubFeature
-from engines.metrics import MetricsRegistry
-from engines.ondemand.catalog import FolderSource
+from engines.multinode.follower import FollowerRanks
+from engines.multinode.routes import SPREAD, extend_peer_app
+from engines.multinode.routes import control_routes as spread_routes
+from engines.multinode.service import MultiNode
+from engines.ondemand.parts import Parts
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
-from engines.ondemand.service import GPUReadings, ModelsOnDemand
-from engines.procs import (
-    MAX_CONNECTIONS_CEILING,
-    PidRegistry,
-    connections_for,
-    port_holder,
-    raise_open_files_limit,
-    reap_orphans,
-)
-from engines.profiles import ProfileStore
+from engines.ondemand.service import ModelsOnDemand
+from engines.peers.replicas import BoxReplicas
+from engines.peers.routes import PEERS, peer_app, peers_routes
+from engines.peers.service import PeersFeature
+from engines.peers.serving import extend_peer_app as serve_boxes
+from engines.recorder.routes import REQUESTS, requests_routes
+from engines.recorder.service import RequestRecorder
 from engines.remote.routes import REMOTE, remote_routes
 from engines.remote.service import RemoteFallback
-from engines.settings import LiveSettings
-from engines.store import Store
-from engines.supervisor import ManagedEngine, Supervisor
-from engines.tomlfile import write_bytes_atomic
-from engines.traffic import EngineTraffic
+from engines.runtime.supervisor import ManagedEngine, Supervisor
+from engines.runtime.traffic import EngineTraffic
+from engines.runtime.warm import WarmPool
 from engines.trt.env import env_extras
 from engines.trt.routes import TRT, trt_routes
 from engines.trt.service import TRTFeature
-from engines.warm import WarmPool
+from engines.tune.power import PowerLimits
+from engines.tune.previous import PreviousProfiles
+from engines.tune.routes import TUNE, tune_routes
+from engines.tune.service import TuneFeature
+from engines.tune.variants import library_models
+from engines.upgrade.history import UpgradeHistory
+from engines.upgrade.routes import UPGRADE, upgrade_routes
+from engines.upgrade.service import UpgradeFeature
 
 log = logging.getLogger(__name__)
-
-DAEMON_JSON_CHECK_S = 2.0
 
 
 class DaemonAlreadyRunning(TraylmError):
@@ -110,55 +120,46 @@ class Daemon:
         self.warm = WarmPool(self.live.current.engines.warm_starts)
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
-        self.store = Store(paths.db_path)
+        self.store = Store(paths.db_path, on_disk_full=self._disk_full)
         self.pids = PidRegistry(paths.engine_pids_json)
         self.token = secrets.token_urlsafe(32)
         self.reaped: list[str] = []
         self._stop = asyncio.Event()
         self._close_apps = False
         self._lock_fh: IO[str] | None = None
-        self._runner: web.AppRunner | None = None
-        self.listener: Listener | None = None
-        self._fd_connections = MAX_CONNECTIONS_CEILING
-        g = self.live.current.gateway
-        self.gate = ConnectionGate(
-            max_connections=g.max_connections,
-            header_timeout_s=g.header_timeout_s,
-            lan=g.lan_sharing,
-        )
-        self.live.subscribe(self._listen_settings)
-        self._info: dict[str, object] = {}
+        self.gateway = GatewayServer(self.live)
+        self.daemon_file = DaemonFile(paths.daemon_json)
         self._background: set[asyncio.Task[None]] = set()
         self._build()
 
     def _build(self) -> None:
-        """Every part, each given what it uses. Order matters only where one part is another's
-        dependency (the gateway before the GPU feature, the GPU inventory before hub and trt)."""
+        """Every part, each given what it uses, in the order they need each other: models on
+        demand first (the gateway routes through it; engine control, the hub and multinode
+        place through it), then the gateway, the GPU feature (it pauses the gateway), the hub
+        and trt (they read the GPU inventory), engine control. What models on demand uses of
+        those later parts is handed over once, when they exist (``ondemand.connect``)."""
         live, paths, publish = self.live, self.paths, self.bus.publish
-        self.usage = UsageRecorder(self.store, live)
-        self.chats = ChatsFeature(ChatStore(self.store), publish)
-        self.remote = RemoteFallback(lambda: live.current.remote, publish)
-        # models on demand is the gateway's router, so it comes first; what it reads of parts
-        # built after it (the GPU feature, the hub library, engine starts) goes through lambdas
+        self.peers = PeersFeature(
+            settings=live, folder=paths.data_dir / "peers", peer_app=self._peer_app
+        )
+        self.boxes = BoxReplicas(
+            peers=self.peers, settings=live, end_requests=self.traffic.end_all, publish=publish
+        )
         self.ondemand = ModelsOnDemand(
             settings=live,
             engines=self.supervisor,
-            start_engine=lambda p: self.control.start_engine(p, placed=True),
-            check_start=lambda p: self.control.check_start(p),
             profiles=self.profiles,
-            library=lambda: self.hub.library.models(),
-            gpus=GPUReadings(
-                gpus=lambda: self.gpu.inventory.gpus(),
-                latest=lambda: self.gpu.sampler.latest,
-                simulated=lambda: self.gpu.backend.simulated,
-            ),
-            activity=lambda upstream: self.ctx.activity(upstream),
             publish=publish,
             attached_file=paths.config_dir / "attached.toml",
-            extra_sources=(
-                FolderSource(lambda: self.hub.folders.list(), lambda: set(self.profiles.names())),
-            ),
+            bus=self.bus,
+            boxes=self.boxes,
         )
+        self.usage = UsageRecorder(self.store, live)
+        self.requests = RequestRecorder(
+            paths.data_dir / "requests.db", live, upstream_of=self.ondemand.upstream
+        )
+        self.chats = ChatsFeature(ChatStore(self.store), publish)
+        self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
             routing=self.ondemand,
@@ -168,8 +169,10 @@ class Daemon:
             usage=self.usage.record,
             traffic=self.traffic,
             replies=self.chats.tap_reply,
+            exchanges=self.requests.record,
+            kept=self.requests.responses,
+            publish=publish,
         )
-        self.gate.lane = ExpressLane(self.ctx)
         self.gpu = GPUFeature(
             settings=live,
             bus=self.bus,
@@ -208,6 +211,18 @@ class Daemon:
             logs_dir=paths.logs_dir,
             publish=publish,
         )
+        self.multinode = MultiNode(
+            peers=self.peers,
+            followers=FollowerRanks(
+                envs=self.envs,
+                logs_dir=paths.logs_dir,
+                pids=self.pids,
+                box_name=lambda: self.peers.box_name,
+                place=self.ondemand.placer.place_rank,
+                cache_dir=paths.engine_cache_dir,
+            ),
+            load_profile=lambda name: asyncio.to_thread(self.profiles.load, name),
+        )
         self.control = EngineControl(
             supervisor=self.supervisor,
             envs=self.envs,
@@ -222,19 +237,56 @@ class Daemon:
             check_available=self.hub.require_available,
             traffic=self.traffic,
             place=self.ondemand.placer.place_started,
+            gpu_count=self._gpu_count,
+            spread=self.multinode.ranks,
+        )
+        self.ondemand.connect(
+            Parts(control=self.control, gateway=self.ctx, gpus=self.gpu, hub=self.hub)
+        )
+        self.tune = TuneFeature(
+            control=self.control,
+            engines=self.supervisor,
+            bench=self.bench,
+            ondemand=self.ondemand,
+            envs=self.envs,
+            profiles=self.profiles,
+            settings=live,
+            gpu_count=self._gpu_count,
+            previous=PreviousProfiles(
+                paths.data_dir / "tune" / "previous", paths.profiles_dir, self.profiles
+            ),
+            power=PowerLimits(self.gpu),
+            local_models=lambda: library_models(self.hub),
+            publish=publish,
+        )
+        self.upgrade = UpgradeFeature(
+            control=self.control,
+            tune=self.tune,
+            envs=self.envs,
+            profiles=self.profiles,
+            engines=self.supervisor,
+            history=UpgradeHistory(paths.data_dir / "upgrade"),
+            publish=publish,
         )
         self.status = DaemonStatus(
             settings=live,
             engines=self.supervisor,
             paused=lambda: self.ctx.paused,
             reaped=lambda: self.reaped,
-            bound=lambda: self.listener.addresses() if self.listener is not None else [],
+            bound=self.gateway.addresses,
             providers={
-                "connections": self._connections_status,
+                "connections": self.gateway.connections,
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
+                "tune": self.tune.status,
+                "upgrade": self.upgrade.status,
                 "models": lambda: to_plain(self.ondemand.ps()),
+                "disk": self._disk_status,
+                "peers": self.peers.status,
+                "boxes": self.boxes.status,
+                "spread": self.multinode.status,
+                "requests": self.requests.status,
             },
         )
         self.features: list[Feature] = [
@@ -244,8 +296,14 @@ class Daemon:
             self.trt,
             self.remote,
             self.usage,
+            self.requests,
             self.chats,
             self.bench,
+            self.tune,  # stopped before the bench: its measurement is a bench run
+            self.upgrade,  # stopped before the tune: its measurement is a tune
+            self.peers,
+            self.boxes,
+            self.multinode,
         ]
 
     def _app(self) -> web.Application:
@@ -270,48 +328,58 @@ class Daemon:
         mount(app, REMOTE, self.remote, remote_routes())
         mount(app, CHATS, self.chats, chats_routes())
         mount(app, BENCH, self.bench, bench_routes())
+        mount(app, TUNE, self.tune, tune_routes())
+        mount(app, UPGRADE, self.upgrade, upgrade_routes())
         mount(app, ONDEMAND, self.ondemand, ondemand_routes())
+        mount(app, PEERS, self.peers, peers_routes())
+        mount(app, SPREAD, self.multinode, spread_routes())
+        mount(app, REQUESTS, self.requests, requests_routes())
         return app
 
-    def _connections_status(self) -> dict[str, int]:
-        gate = self.gate
-        return {
-            "open": gate.open,
-            "max": gate.max_connections,
-            "refused_total": gate.refused_total,
-            "evicted_total": gate.evicted_total,
-            "head_timeouts_total": gate.timed_out_total,
-            "foreign_refused_total": gate.foreign_total,
-        }
+    def _peer_app(self, peers: PeersFeature) -> web.Application:
+        """The listener's application for paired boxes: pairing's routes, a model across
+        boxes' (multinode), and this box's models served to paired boxes (peers/serving.py)."""
 
-    def _listen_settings(self, settings: Settings) -> None:
-        """Connection limits apply at once; LAN sharing turned on or off moves the socket
-        (and, off, closes the connections other computers hold)."""
-        g = settings.gateway
-        self.gate.configure(
-            max_connections=min(g.max_connections, self._fd_connections),
-            header_timeout_s=g.header_timeout_s,
-            lan=g.lan_sharing,
-        )
-        if not g.lan_sharing and (closed := self.gate.close_foreign()):
-            log.warning("LAN sharing is off: closed %d connections from other computers", closed)
-        listener = self.listener
-        if listener is not None and listener.host != settings.bind_host:
-            task = asyncio.create_task(self._rebind(listener, settings.bind_host))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _rebind(self, listener: Listener, host: str) -> None:
-        try:
-            await listener.rebind(host)
-        except OSError as exc:
-            log.error(
-                "the gateway could not move to %s:%d (%s); it still listens on %s",
-                host,
-                listener.port,
-                exc.strerror,
-                ", ".join(listener.addresses()) or "nothing",
+        def extend(app: web.Application) -> None:
+            extend_peer_app(app, self.multinode)
+            serve_boxes(
+                app, ctx=self.ctx, shared=self.ondemand.shared, gpus=self.gpu.inventory.gpus
             )
+
+        return peer_app(peers, extend=extend)
+
+    async def _gpu_count(self) -> int:
+        """The GPUs an engine can be placed on (the simulator's included)."""
+        return len(await self.gpu.inventory.gpus())
+
+    def _disk_full(self, full: DiskFull | None) -> None:
+        """The store found the disk full, or writable again (from the writing thread): a
+        notice for the tray; the details are in /api/status's ``disk``."""
+        if full is not None:
+            notice = Notice(
+                level="warning", title="Disk full", message=full.message, source=full.code
+            )
+        else:
+            notice = Notice(
+                level="info",
+                title="Disk space back",
+                message="traylm.db is written again; what was kept in memory is being saved",
+                source="disk_space",
+            )
+        self.bus.publish_threadsafe(notice)
+
+    def _disk_status(self) -> dict[str, object]:
+        """Whether the disk of traylm's data folder has room, and what waits in memory."""
+        full = self.store.full
+        return {
+            "full": full is not None,
+            "folder": str(self.paths.data_dir),
+            "message": full.message if full is not None else "",
+            "full_since_s": self.store.full_since_s,
+            "usage_rows_waiting": self.usage.waiting,
+            "usage_rows_dropped": self.usage.dropped,
+            "replies_waiting": self.chats.replies_waiting,
+        }
 
     @property
     def settings(self) -> Settings:
@@ -347,19 +415,19 @@ class Daemon:
         for line in await asyncio.to_thread(make_private, self.paths):
             log.warning("made private (was readable by others): %s", line)
         self._take_lock()
-        self._fd_connections = connections_for(raise_open_files_limit())
-        self._listen_settings(self.settings)
+        self.gateway.limit_connections(raise_open_files_limit())
         try:
             if install_signal_handlers:  # from here on: a SIGTERM during start-up stops cleanly
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, self.request_stop, sig.name)
+                self._stop_on_hangup(loop)
             self.reaped = await asyncio.to_thread(reap_orphans, self.pids)
             await asyncio.to_thread(self.store.open)
             await self._serve()
             for feature in self.features:
                 await feature.start()
-            keeper = asyncio.create_task(self._keep_daemon_json(), name="daemon.json")
+            keeper = asyncio.create_task(self.daemon_file.keep(), name="daemon.json")
             self._background.add(keeper)
             if freeze_heap:
                 # what start-up built lives as long as the process: the collector stops scanning
@@ -373,55 +441,39 @@ class Daemon:
         finally:
             await self._shutdown()
 
-    async def _serve(self) -> None:
-        g = self.settings.gateway
-        runner = web.AppRunner(
-            self._app(),
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=2.0,
-            logger=http_logger(),
-            keepalive_timeout=g.keepalive_timeout_s,
+    def _stop_on_hangup(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGHUP stops the daemon as SIGTERM does: engines stopped, streams told why,
+        daemon.json removed. It comes when the terminal or ssh session that runs `traylm serve`
+        closes, and a daemon nobody can see any more should not go on holding the GPUs (a
+        daemon started by the tray app or systemd has no terminal, so none comes to it).
+        Started with SIGHUP ignored (`nohup traylm serve`), the daemon keeps ignoring it.
+        No reload: settings changes apply while it runs (`traylm config set`)."""
+        if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+            log.info(
+                "SIGHUP is ignored (nohup): the daemon goes on serving when its terminal closes"
+            )
+            return
+        loop.add_signal_handler(
+            signal.SIGHUP,
+            self.request_stop,
+            "SIGHUP (the terminal or session of `traylm serve` closed; "
+            "`nohup traylm serve` or the tray app keeps a daemon serving)",
         )
-        await runner.setup()
-        self._runner = runner
-        self.listener = Listener(runner, port=g.port, gate=self.gate)
-        try:
-            await self.listener.bind(self.settings.bind_host)
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                holder = port_holder(self.settings.bind_host, g.port) or "another process"
-                raise PortInUseError(
-                    f"port {g.port} is held by {holder}; stop it, or move traylm with "
-                    f"`traylm config set gateway.port {g.port + 1}`"
-                ) from exc
-            raise
-        self._info = {
-            "pid": os.getpid(),
-            "url": f"http://127.0.0.1:{g.port}",
-            "port": g.port,
-            "token": self.token,
-            "version": __version__,
-            "started_at_s": self.status.started_at_s,
-        }
-        self._write_daemon_json()
+
+    async def _serve(self) -> None:
+        await self.gateway.start(self._app())
+        port = self.settings.gateway.port
+        self.daemon_file.write(
+            {
+                "url": f"http://127.0.0.1:{port}",
+                "port": port,
+                "token": self.token,
+                "version": __version__,
+                "started_at_s": self.status.started_at_s,
+            }
+        )
         if self._lock_fh is not None:
-            daemon_lock.note(self._lock_fh, port=g.port)
-
-    def _write_daemon_json(self) -> None:
-        write_bytes_atomic(self.paths.daemon_json, json.dumps(self._info).encode(), mode=0o600)
-
-    async def _keep_daemon_json(self) -> None:
-        """Write daemon.json again when it was deleted or overwritten while the daemon runs
-        (every client finds the daemon and its token through it)."""
-        while True:
-            await asyncio.sleep(DAEMON_JSON_CHECK_S)
-            try:
-                if not await asyncio.to_thread(self._daemon_json_intact):
-                    await asyncio.to_thread(self._write_daemon_json)
-                    log.warning("%s was removed or changed; wrote it again", self.paths.daemon_json)
-            except OSError as exc:
-                log.warning("cannot write %s: %s", self.paths.daemon_json, exc.strerror)
+            daemon_lock.note(self._lock_fh, port=port)
 
     async def _shutdown(self) -> None:
         for task in self._background:
@@ -439,26 +491,10 @@ class Daemon:
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
         await self.warm.close()
-        if self._runner is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._runner.cleanup(), 5)
-        with contextlib.suppress(FileNotFoundError):
-            if self._owns_daemon_json():
-                self.paths.daemon_json.unlink()
+        await self.gateway.stop()
+        self.daemon_file.remove()
         self.store.close()
         self._release_lock()
-
-    def _daemon_json_intact(self) -> bool:
-        try:
-            return bool(json.loads(self.paths.daemon_json.read_text()) == self._info)
-        except (OSError, ValueError):
-            return False
-
-    def _owns_daemon_json(self) -> bool:
-        try:
-            return bool(json.loads(self.paths.daemon_json.read_text())["pid"] == os.getpid())
-        except (OSError, ValueError, KeyError):
-            return False
 
     def _take_lock(self) -> None:
         fh = daemon_lock.take(self.paths.daemon_lock)

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.config import Paths, Settings, load_settings
-from engines.envs import EnvInfo, EnvManager
+from engines.config.sections import Paths, Settings, load_settings
+from engines.core.procs import port_holder
+from engines.envs.manager import EnvInfo, EnvManager
 from engines.gpu.helper_client import HelperClient
-from engines.procs import port_holder
 
 GIB = 1 << 30
 DISK_BLOCK_BYTES = 2 * GIB  # less than this free: a download or an engine install fails

@@ -7,16 +7,19 @@ class TraylmError(Exception):
     """Root of every error traylm raises on purpose.
 
     ``code`` is a stable machine-readable name (shown in the control API and events);
-    the message is for people and ends with what to do.
+    the message is for people and ends with what to do. ``brief``: the same in a few words,
+    for a menu or a greyed entry ("needs an NVIDIA GPU (this computer has none)"); the message
+    when not given.
     """
 
     code = "traylm_error"
     http_status = 500
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, brief: str = "") -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.brief = brief or message
 
     @property
     def message(self) -> str:
@@ -109,6 +112,15 @@ class ControlAPIError(TraylmError):
     def __init__(self, message: str, *, code: str, http_status: int) -> None:
         super().__init__(message, code=code)
         self.http_status = http_status
+
+
+class DiskFull(TraylmError):
+    """The disk holding traylm's data folder is full: traylm.db could not be written. Nothing
+    was half-written; the message names the folder and what to free. Usage rows and chat
+    replies are kept in memory meanwhile and written once there is room (HTTP 507)."""
+
+    code = "disk_full"
+    http_status = 507
 
 
 class GPUError(TraylmError):
@@ -232,3 +244,50 @@ class ChatNotFound(TraylmError):
 
     code = "chat_not_found"
     http_status = 404
+
+
+class PeerError(TraylmError):
+    """Pairing or talking to a paired box failed; the message names the box and the fix."""
+
+    code = "peer_error"
+    http_status = 409
+
+
+class PairingRefused(PeerError):
+    """A pairing code that is wrong, used, expired, or no pairing in progress."""
+
+    code = "pairing_refused"
+    http_status = 403
+
+
+class PeerNotFound(PeerError):
+    code = "peer_not_found"
+    http_status = 404
+
+
+class PeerUnreachable(PeerError):
+    code = "peer_unreachable"
+    http_status = 502
+
+
+class PreflightFailed(PeerError):
+    """A model across boxes cannot start: a box differs (engine, model bytes), cannot be
+    reached on the rendezvous port, or its clock is far off; each named with its fix."""
+
+    code = "preflight_failed"
+
+
+class TuneError(TraylmError):
+    """The tuner cannot start or stopped (a model no candidate fits, a budget too small for two
+    repetitions, the profile itself failing to run); the message says what to do."""
+
+    code = "tune_error"
+    http_status = 409
+
+
+class UpgradeError(TraylmError):
+    """A guarded engine upgrade cannot start (another runs, nothing to compare on, no newer
+    version could be looked up); the message says what to do."""
+
+    code = "upgrade_error"
+    http_status = 409

@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from engines.client import DaemonClient
-from engines.config import EngineSettings, GatewaySettings, Paths, Settings
+from engines.config.sections import EngineSettings, GatewaySettings, Paths, Settings
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.fakes.hub_endpoint import ReachableEndpoint
 
@@ -114,6 +114,13 @@ def fake_env(paths: Paths) -> Path:
     return make_fake_vllm_env(paths.envs_dir)
 
 
+@pytest.fixture
+def fake_cuda_env(paths: Paths) -> Path:
+    """A FAKE vLLM env for CUDA: its engines run on the (simulated) GPUs; one from `fake_env`
+    runs on the CPU and holds no GPU."""
+    return make_fake_vllm_env(paths.envs_dir, device="cuda")
+
+
 def fast_settings(port: int, **gateway: Any) -> Settings:
     """Settings tuned for tests: quick restarts and stops."""
     return Settings(
@@ -130,6 +137,8 @@ class RunningDaemon:
     url: str
     client: DaemonClient
     paths: Paths
+    task: asyncio.Task[None] | None = None
+    """The daemon's run (done once it stopped)."""
 
     @property
     def port(self) -> int:
@@ -159,7 +168,8 @@ async def daemon_factory(paths: Paths) -> AsyncIterator[DaemonFactory]:
             task.result()  # raises the start-up error
         client = await DaemonClient.connect(paths)
         running.append((daemon, task, client))
-        return RunningDaemon(daemon, f"http://127.0.0.1:{settings.gateway.port}", client, paths)
+        url = f"http://127.0.0.1:{settings.gateway.port}"
+        return RunningDaemon(daemon, url, client, paths, task)
 
     yield start
     for daemon, task, client in running:

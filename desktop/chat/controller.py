@@ -5,11 +5,12 @@ a time with regenerate, edit-and-resend and stop."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from desktop.bridge import Bridge
+from desktop.chat.context import DROP_OLDEST, STOP, Message, left_out
 from desktop.chat.stream import (
     ChatDelta,
     ChatError,
@@ -17,12 +18,19 @@ from desktop.chat.stream import (
     ChatRequest,
     ChatStreamEnded,
     ModelsListed,
+    context_tokens,
 )
-from desktop.messages import CallResult
-from desktop.state import AppState
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.messages import CallResult
+from desktop.daemon.state import AppState
 from engines.events import ChatChanged, ChatSummary, ChatTranscript, EngineState, EngineStateChanged
 
 RELOAD_DEBOUNCE_MS = 150
+SUMMARY_ASK = (
+    "Summarize our conversation so far in a few sentences: the facts, decisions and open "
+    "questions someone continuing it would need."
+)
+SUMMARY_MAX_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -34,12 +42,14 @@ class ChatOptions:
     temperature: float
     top_p: float
     max_tokens: int
+    context_policy: int = STOP  # desktop/chat/context.py: what a too-long conversation does
 
     def params(self) -> dict[str, float]:
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": float(self.max_tokens),
+            "context_policy": float(self.context_policy),
         }
 
 
@@ -78,6 +88,10 @@ class ChatController(QObject):
         self.options: ChatOptions | None = None
         self.retry_when_served = ""  # a model: resend as soon as an engine serves it
         self.pending_replies: list[tuple[int, dict[str, object], int]] = []
+        self.context_sizes: dict[str, int] = {}  # each model's context, where known
+        self.context_used: int | None = None  # tokens the open chat's last reply took
+        self.dropped = 0  # turns of the open chat left out of its requests to fit
+        self.summarizing = False  # a summary for a new chat is being asked
         self._ids = itertools.count(1)
         self._reload_chats = _debounced(self, self.load_chats)
         self._reload_models = _debounced(self, self.load_models)
@@ -87,6 +101,7 @@ class ChatController(QObject):
         state.profiles_changed.connect(self._reload_models.start)
         state.library_changed.connect(self._reload_models.start)
         state.envs_changed.connect(self.models_changed)  # an engine installed: a model can start
+        state.servable_changed.connect(self.models_changed)  # why each cannot start, anew
 
     # ----------------------------------------------------------------- loading
 
@@ -119,16 +134,20 @@ class ChatController(QObject):
             return
         self.models, self.models_error = result.value.names, result.value.error
         self.loaded = result.value.loaded
+        self.context_sizes.update(result.value.context_tokens)
         self.models_changed.emit()
         if self.retry_when_served and self.retry_when_served in self.loaded:
             self.retry_when_served = ""
             self.retry()
 
+    def accepts_images(self, model: str) -> bool:
+        """The daemon read a vision encoder in ``model``'s config.json."""
+        served = self.state.servable.get(model)
+        return served is not None and served.accepts_images
+
     def blocker(self, model: str) -> str:
-        """Why a listed model cannot start here ("" when it can, or when no profile serves it:
-        a library model or an attached server is left to the daemon to judge)."""
-        entry = self.state.profile_serving(model) or self.state.profile(model)
-        return self.state.blocker(entry) if entry is not None else ""
+        """Why a listed model cannot start here ("" when it can): the daemon's answer."""
+        return self.state.why_blocked(model)
 
     def open_chat(self, chat_id: int) -> None:
         if self.streaming is not None:
@@ -141,6 +160,7 @@ class ChatController(QObject):
             if previous != result.value.chat.chat_id and self.streaming is None:
                 self.last_error = None
                 self.error_cleared.emit()
+                self._forget_context(result.value)
             self.transcript = result.value
             self.transcript_changed.emit()
         elif not result.ok:
@@ -150,8 +170,19 @@ class ChatController(QObject):
         if self.streaming is not None:
             return
         self.transcript = None
+        self._forget_context(None)
         self.error_cleared.emit()
         self.transcript_changed.emit()
+
+    def _forget_context(self, transcript: ChatTranscript | None) -> None:
+        """Another chat: nothing left out yet; its last reply says how full the context is."""
+        self.dropped = 0
+        self.context_used = None
+        for m in reversed(transcript.messages if transcript else ()):
+            if m.role == "assistant" and "prompt_tokens" in m.stats:
+                used = m.stats["prompt_tokens"] + m.stats.get("completion_tokens", 0)
+                self.context_used = int(used)
+                break
 
     def delete_chat(self, chat_id: int) -> None:
         if self.transcript is not None and self.transcript.chat.chat_id == chat_id:
@@ -168,13 +199,34 @@ class ChatController(QObject):
 
     # ----------------------------------------------------------------- sending
 
-    def send(self, text: str, options: ChatOptions, *, edit_position: int | None = None) -> bool:
-        """Store the user's message (replacing from ``edit_position``), then stream a reply."""
-        if self.streaming is not None or not text.strip():
+    def send(
+        self,
+        text: str,
+        options: ChatOptions,
+        *,
+        edit_position: int | None = None,
+        images: tuple[str, ...] = (),
+    ) -> bool:
+        """Store the user's message (replacing from ``edit_position``), then stream a reply.
+        Images go only to a model whose config says it takes them; for another the chat says
+        why instead of sending (vLLM would answer "not a multimodal model")."""
+        if self.streaming is not None or not (text.strip() or images):
+            return False
+        if images and not self.accepts_images(options.model):
+            self._raise(
+                ChatError(
+                    "images_not_accepted",
+                    f"{options.model or 'this model'} does not take images: its config.json "
+                    "describes no vision encoder. Pick a vision model (LLaVA, Qwen2-VL, "
+                    "Gemma 3, ...) or leave the images out.",
+                )
+            )
             return False
         self.options = options
         self.error_cleared.emit()
-        message = {"role": "user", "content": text}
+        message: dict[str, object] = {"role": "user", "content": text}
+        if images:
+            message["images"] = list(images)
 
         def with_chat(chat_id: int) -> None:
             self.bridge.call(
@@ -193,11 +245,11 @@ class ChatController(QObject):
             )
         else:
             chat = self.transcript.chat
-            self._save_options(chat, options)
+            self.save_options(chat, options)
             with_chat(chat.chat_id)
         return True
 
-    def _save_options(self, chat: ChatSummary, options: ChatOptions) -> None:
+    def save_options(self, chat: ChatSummary, options: ChatOptions) -> None:
         if (chat.model, chat.system_prompt, dict(chat.params)) != (
             options.model,
             options.system_prompt,
@@ -243,13 +295,14 @@ class ChatController(QObject):
         if not options.model:
             self._raise(ChatError("model_not_found", "no model is served: start an engine first"))
             return
-        history = [(m.role, m.content) for m in self.transcript.messages if m.position < position]
-        if options.system_prompt.strip():
-            history.insert(0, ("system", options.system_prompt))
+        history = self._history(position, options, self.dropped)
+        if history is None:  # nothing more can be left out
+            self.dropped = 0
+            history = self._history(position, options, 0) or ()
         request = ChatRequest(
             next(self._ids),
             options.model,
-            tuple(history),
+            history,
             options.temperature,
             options.top_p,
             options.max_tokens,
@@ -266,6 +319,19 @@ class ChatController(QObject):
         self.state.set_local_streams(1)
         self.stream_started.emit(self.streaming)
 
+    def _history(
+        self, position: int, options: ChatOptions, drop: int
+    ) -> tuple[Message, ...] | None:
+        """The messages a reply at ``position`` is asked with: the system prompt, then the
+        conversation with ``drop`` turns left out by the chat's policy (None: not possible)."""
+        assert self.transcript is not None
+        history: list[Message] = [
+            (m.role, m.content, m.images) for m in self.transcript.messages if m.position < position
+        ]
+        if options.system_prompt.strip():
+            history.insert(0, ("system", options.system_prompt, ()))
+        return left_out(history, options.context_policy, drop)
+
     def _options_from(self, chat: ChatSummary) -> ChatOptions:
         p = chat.params
         return ChatOptions(
@@ -274,6 +340,7 @@ class ChatController(QObject):
             float(p.get("temperature", 0.7)),
             float(p.get("top_p", 1.0)),
             int(p.get("max_tokens", 1024)),
+            int(p.get("context_policy", STOP)),
         )
 
     def stop(self) -> None:
@@ -306,6 +373,12 @@ class ChatController(QObject):
             if not result.ok and not result.cancelled:
                 self._raise(ChatError("http_error", result.error))
             return
+        if self._leave_out_more(streaming, ended):
+            self.stream_ended.emit(None)
+            self._stream(streaming.position)  # again, with one more turn left out
+            return
+        if ended.content and ended.prompt_tokens is not None:
+            self.context_used = ended.prompt_tokens + ended.completion_tokens
         if ended.content:
             reply: dict[str, object] = {
                 "role": "assistant",
@@ -318,6 +391,81 @@ class ChatController(QObject):
         self.stream_ended.emit(ended)
         if ended.error is not None:
             self._raise(ended.error)
+
+    def summarize_into_new_chat(self, opened: Callable[[str], None]) -> None:
+        """A new chat that starts from a summary of this one (asked of the model with as many
+        of the oldest turns left out as it takes to fit), its system prompt; ``opened`` gets
+        the question this chat could not answer, to ask it there."""
+        t = self.transcript
+        if t is None or self.streaming is not None or self.summarizing:
+            return
+        options = self.options or self._options_from(t.chat)
+        messages: list[Message] = [(m.role, m.content, m.images) for m in t.messages]
+        question = messages.pop()[1] if messages and messages[-1][0] == "user" else ""
+        self.summarizing = True
+
+        def ask(drop: int) -> None:
+            kept = left_out(messages, DROP_OLDEST, drop)
+            if kept is None:
+                self.summarizing = False
+                self._raise(ChatError("context_full", "not even one turn fits the context"))
+                return
+            request = ChatRequest(
+                next(self._ids), options.model, (*kept, ("user", SUMMARY_ASK, ())),
+                options.temperature, options.top_p, min(SUMMARY_MAX_TOKENS, options.max_tokens),
+            )  # fmt: skip
+            self.bridge.call_gateway(lambda g: g.stream_chat(request), lambda r: got(r, drop))
+
+        def got(result: CallResult, drop: int) -> None:
+            ended = result.value
+            if not isinstance(ended, ChatStreamEnded) or (ended.error and not ended.content):
+                error = ended.error if isinstance(ended, ChatStreamEnded) else None
+                if error is not None and error.kind == "context_full":
+                    ask(drop + 1)
+                    return
+                self.summarizing = False
+                self._raise(error or ChatError("http_error", result.error))
+                return
+            system = f"A summary of an earlier conversation:\n{ended.content.strip()}"
+            new_options = ChatOptions(
+                options.model, system, options.temperature, options.top_p,
+                options.max_tokens, options.context_policy,
+            )  # fmt: skip
+
+            def created(r: CallResult) -> None:
+                self.summarizing = False
+                if r.ok and isinstance(r.value, ChatSummary):
+                    self.options = new_options
+                    self.open_chat(r.value.chat_id)
+                    opened(question)
+                else:
+                    self._failed_store(r)
+
+            self.bridge.call(
+                lambda c: c.create_chat(
+                    model=options.model, system_prompt=system, params=new_options.params()
+                ),
+                created,
+            )
+
+        ask(0)
+
+    def _leave_out_more(self, streaming: Streaming, ended: ChatStreamEnded) -> bool:
+        """The conversation does not fit the model's context: with a policy that allows it,
+        leave one more turn out (True: the reply is asked again)."""
+        error = ended.error
+        if error is None or error.kind != "context_full" or ended.content:
+            return False
+        size = context_tokens(error.message)
+        if size is not None:
+            self.context_sizes[streaming.model] = size
+        if self.transcript is None or self.transcript.chat.chat_id != streaming.chat_id:
+            return False
+        options = self.options or self._options_from(self.transcript.chat)
+        if self._history(streaming.position, options, self.dropped + 1) is None:
+            return False
+        self.dropped += 1
+        return True
 
     def _store_reply(self, chat_id: int, reply: dict[str, object], position: int) -> None:
         """Store a reply; while the daemon is away it waits and is stored once it is back."""

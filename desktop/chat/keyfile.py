@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.config import Paths
-from engines.tomlfile import write_bytes_atomic
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_bytes_atomic
 
 
 def key_path(paths: Paths) -> Path:

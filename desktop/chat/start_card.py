@@ -12,10 +12,10 @@ from PySide6.QtCore import QObject, QTimer
 
 from desktop.chat.controller import ChatController
 from desktop.chat.transcript import ErrorCard
-from desktop.fixes import ENGINE_LOG, Fix, fix_for
-from desktop.formatting import fmt_duration
-from desktop.messages import CallResult
-from desktop.state import AppState
+from desktop.daemon.fixes import ENGINE_LOG, Fix, fix_for
+from desktop.daemon.messages import CallResult
+from desktop.daemon.state import AppState
+from desktop.look.formatting import fmt_duration
 from engines.events import EngineState
 
 FixButtons = list[tuple[str, str, Callable[[], None]]]

@@ -12,21 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 
+from desktop.chat.context import Message
+
 Post = Callable[[object], None]
 DELTA_EVERY_S = 0.04
+# an engine's refusal of a conversation longer than its context (vLLM: "This model's maximum
+# context length is 4096 tokens. However, you requested ..."; newer: "... is too large")
+CONTEXT_FULL = re.compile(r"maximum context length|more than the model's context", re.IGNORECASE)
+MIN_RATE_SPAN_S = 0.02  # tokens arriving over less than this give no tokens/s figure
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     request_id: int
     model: str
-    messages: tuple[tuple[str, str], ...]  # (role, content)
+    messages: tuple[Message, ...]  # (role, content, images)
     temperature: float
     top_p: float
     max_tokens: int
@@ -36,13 +43,26 @@ class ChatRequest:
     def payload(self) -> dict[str, object]:
         return {
             "model": self.model,
-            "messages": [{"role": r, "content": c} for r, c in self.messages],
+            "messages": [
+                {"role": role, "content": _content(text, images)}
+                for role, text, images in self.messages
+            ],
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
         }
+
+
+def _content(text: str, images: tuple[str, ...]) -> str | list[dict[str, object]]:
+    """A message's content: its text, or with images OpenAI's content parts (the text, then
+    one ``image_url`` part per image), which vLLM's chat template turns into image tokens."""
+    if not images:
+        return text
+    parts: list[dict[str, object]] = [{"type": "text", "text": text}] if text else []
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    return parts
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class ModelsListed:
     error: ChatError | None
     loaded: tuple[str, ...] = ()
     """Those answering now (no load before the reply)."""
+    context_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Each model's context in tokens, where the gateway says (vLLM's ``max_model_len``)."""
 
 
 @dataclass(frozen=True)
@@ -86,12 +108,13 @@ class ChatStreamEnded:
     request_id: int
     model: str
     content: str
-    finish_reason: str  # stop | length | stopped | error | interrupted
+    finish_reason: str  # stop | length | context | stopped | error | interrupted
     ttft_s: float | None
     tokens_per_s: float | None
     completion_tokens: int
     duration_s: float
     error: ChatError | None = None
+    prompt_tokens: int | None = None  # how much of the context the conversation took
 
     def stats(self) -> dict[str, float]:
         out = {"duration_s": round(self.duration_s, 3)}
@@ -101,6 +124,8 @@ class ChatStreamEnded:
             out["tokens_per_s"] = round(self.tokens_per_s, 2)
         if self.completion_tokens:
             out["completion_tokens"] = float(self.completion_tokens)
+        if self.prompt_tokens is not None:
+            out["prompt_tokens"] = float(self.prompt_tokens)
         return out
 
 
@@ -126,7 +151,16 @@ def error_from_body(status: int, body: bytes) -> ChatError:
     if status == 401:
         type_ = "unauthorized"
     kind = _ERROR_KINDS.get(type_, "model_not_found" if status == 404 else "http_error")
+    if status == 400 and CONTEXT_FULL.search(message):
+        kind = "context_full"  # the engine's words (vLLM's 400): the window says it plainly
     return ChatError(kind, message or f"HTTP {status}", status, type_)
+
+
+def context_tokens(message: str) -> int | None:
+    """The model's context in tokens, from the engine's error ("maximum context length is
+    4096 tokens"), when it says."""
+    found = re.search(r"context length is (\d+)", message)
+    return int(found.group(1)) if found else None
 
 
 class _Collector:
@@ -137,11 +171,13 @@ class _Collector:
         self.post = post
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
+        self.last_token_at = 0.0
         self.parts: list[str] = []
         self.pending = ""
         self.last_post = 0.0
         self.chunks = 0
         self.usage_tokens: int | None = None
+        self.prompt_tokens: int | None = None
         self.finish = ""
         self.error: ChatError | None = None
 
@@ -174,6 +210,8 @@ class _Collector:
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.usage_tokens = usage["completion_tokens"]
+            prompt = usage.get("prompt_tokens")
+            self.prompt_tokens = prompt if isinstance(prompt, int) else None
         for choice in chunk.get("choices") or ():
             delta = (choice.get("delta") or {}).get("content")
             if delta:
@@ -186,6 +224,7 @@ class _Collector:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
+        self.last_token_at = now
         self.chunks += 1
         self.parts.append(text)
         self.pending += text
@@ -204,19 +243,28 @@ class _Collector:
         tokens = self.usage_tokens if self.usage_tokens is not None else self.chunks
         ttft = self.first_token_at - self.started if self.first_token_at is not None else None
         rate = None
-        if self.first_token_at is not None and tokens > 1 and end > self.first_token_at:
-            rate = (tokens - 1) / (end - self.first_token_at)  # decode rate after the first
+        first = self.first_token_at
+        span_s = self.last_token_at - first if first is not None else 0.0
+        # the decode rate after the first token, from when the tokens arrived; tokens that came
+        # in one burst (held back on their way, a reply of a few tokens) give no measurable rate
+        if tokens > 1 and span_s >= MIN_RATE_SPAN_S:
+            rate = (tokens - 1) / span_s
         error = error or self.error
+        finish = finish or self.finish or "stop"
+        cut_early = self.usage_tokens is not None and tokens < self.request.max_tokens
+        if finish == "length" and cut_early:
+            finish = "context"  # cut before max_tokens: the model's context was full
         return ChatStreamEnded(
             request_id=self.request.request_id,
             model=self.request.model,
             content="".join(self.parts),
-            finish_reason=_finish_reason(error, finish or self.finish or "stop"),
+            finish_reason=_finish_reason(error, finish),
             ttft_s=ttft,
             tokens_per_s=rate,
             completion_tokens=tokens,
             duration_s=end - self.started,
             error=error,
+            prompt_tokens=self.prompt_tokens,
         )
 
 
@@ -245,17 +293,20 @@ class GatewayHTTP:
         return self._session
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        """The chat's own credential: the daemon's control token lets it through whatever the
+        API keys (a key added in Settings never locks the open chat out); a key entered by
+        hand is sent too."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.control_token:
+            headers["X-Traylm-Token"] = self.control_token
+        return headers
 
     def _keep_reply(self, request: ChatRequest) -> dict[str, str]:
         """Ask the daemon to keep the reply in the conversation as it streams (it survives the
         app being killed mid-reply)."""
         if not request.chat_id or request.position < 0 or not self.control_token:
             return {}
-        return {
-            "X-Traylm-Chat-Reply": f"{request.chat_id}:{request.position}",
-            "X-Traylm-Token": self.control_token,
-        }
+        return {"X-Traylm-Chat-Reply": f"{request.chat_id}:{request.position}"}
 
     def _unreachable(self, exc: BaseException) -> ChatError:
         where = self.base_url or "the gateway (no daemon connected yet)"
@@ -290,7 +341,12 @@ class GatewayHTTP:
         listed.sort(key=lambda m: rank.get(str(m.get("status", "loaded")), 2))
         names = tuple(str(m["id"]) for m in listed)
         loaded = tuple(str(m["id"]) for m in listed if m.get("status", "loaded") == "loaded")
-        return ModelsListed(names, None, loaded)
+        context = {
+            str(m["id"]): int(m["max_model_len"])
+            for m in listed
+            if isinstance(m.get("max_model_len"), int) and m["max_model_len"] > 0
+        }
+        return ModelsListed(names, None, loaded, context)
 
     async def stream_chat(self, request: ChatRequest) -> ChatStreamEnded:
         collector = _Collector(request, self._post)

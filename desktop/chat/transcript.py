@@ -21,8 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.chat.images import Thumbnails
 from desktop.chat.markdown import Block, split_blocks
-from desktop.theme import text_label
+from desktop.look.theme import text_label
 from engines.events import ChatMessage
 
 CODE_MAX_LINES = 30
@@ -43,9 +44,11 @@ def stats_text(stats: Mapping[str, float], finish: str) -> str:
     if tokens is not None:
         parts.append(f"{int(tokens)} tokens")
     if finish == "stopped":
-        parts.append("stopped")
+        parts.append("reply stopped by you")
     elif finish == "length":
         parts.append("cut at max tokens")
+    elif finish == "context":
+        parts.append("cut: the model's context is full")
     elif finish in ("error", "interrupted"):
         parts.append("interrupted")
     return " · ".join(parts)
@@ -98,10 +101,10 @@ class CodeBlockView(QFrame):
         QTimer.singleShot(1500, self.copy_button, lambda: self.copy_button.setText("Copy"))
 
 
-def _text_label(text: str) -> QLabel:
+def _text_label(text: str, *, markdown: bool = True) -> QLabel:
     label = QLabel()
     label.setObjectName("messageText")
-    label.setTextFormat(Qt.TextFormat.MarkdownText)
+    label.setTextFormat(Qt.TextFormat.MarkdownText if markdown else Qt.TextFormat.PlainText)
     label.setWordWrap(True)
     label.setOpenExternalLinks(True)
     label.setTextInteractionFlags(
@@ -157,6 +160,8 @@ class MessageView(QFrame):
                 lambda: self.regenerate_requested.emit(self.position)
             )
         outer.addLayout(header)
+        self.images = Thumbnails(removable=False)
+        outer.addWidget(self.images)
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         outer.addLayout(self.body)
@@ -164,9 +169,17 @@ class MessageView(QFrame):
         self._views: list[QWidget] = []
         self.text = ""
 
+    def show_images(self, images: tuple[str, ...]) -> None:
+        """The pictures the message carries, as thumbnails above its text."""
+        self.images.set_images(images)
+
     def set_text(self, text: str) -> None:
         self.text = text
-        blocks = split_blocks(text) or (Block("text", ""),)
+        # what the user typed is shown as typed (its line breaks kept); replies are Markdown
+        markdown = self.role != "user"
+        blocks = (split_blocks(text) if markdown else (Block("text", text),)) or (
+            Block("text", ""),
+        )
         same_shape = len(blocks) == len(self._blocks) and all(
             a.kind == b.kind for a, b in zip(blocks, self._blocks, strict=True)
         )
@@ -176,7 +189,9 @@ class MessageView(QFrame):
             self._views = []
             for block in blocks:
                 widget: QWidget = (
-                    CodeBlockView(block) if block.kind == "code" else _text_label(block.text)
+                    CodeBlockView(block)
+                    if block.kind == "code"
+                    else _text_label(block.text, markdown=markdown)
                 )
                 self.body.addWidget(widget)
                 self._views.append(widget)
@@ -305,6 +320,7 @@ class TranscriptView(QScrollArea):
                 title = "System"
             view = MessageView(msg.role, title, msg.position)
             view.set_text(msg.content)
+            view.show_images(msg.images)
             view.set_stats(stats_text(msg.stats, msg.finish_reason))
             # the last message unanswered (the app or the daemon died before the reply) or
             # answered only in part: Retry asks for a (new) reply

@@ -1,9 +1,11 @@
 """The chat window: conversations on the left; model, parameters, the transcript and the
-composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a streaming reply."""
+composer on the right. Enter sends (Shift+Enter starts a new line), Esc stops a streaming reply
+or cancels an edit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import cast
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
@@ -11,6 +13,7 @@ from PySide6.QtGui import QCloseEvent, QKeyEvent, QKeySequence, QShortcut, QStan
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -29,18 +32,28 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
+from desktop.chat.context import DROP_OLDEST, KEEP_FIRST, POLICIES, context_text
 from desktop.chat.controller import ChatController, ChatOptions, Streaming
+from desktop.chat.images import (
+    IMAGE_FILES,
+    MAX_IMAGES,
+    ImageComposer,
+    Thumbnails,
+    data_url,
+    read_image,
+)
 from desktop.chat.keyfile import read_key, write_key
 from desktop.chat.start_card import StartCard
 from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
-from desktop.fixes import Fix, fix_for
-from desktop.state import AppState
-from desktop.theme import primary
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import Fix, fix_for
+from desktop.daemon.state import AppState
+from desktop.look.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
+from desktop.widgets.elided_list import elide_rows
 from desktop.widgets.sizing import resize_within_screen
 
 NO_MODEL = "(no model served)"
@@ -67,6 +80,7 @@ class ChatWindow(QMainWindow):
         self.bridge = bridge
         self.controller = ChatController(bridge, state, self)
         self.editing: int | None = None
+        self._draft = ""  # what the composer held before Edit (Cancel puts it back)
         self._shown_chat: int | None = None
         self.run_fix = run_fix
         self.open_setup = open_setup
@@ -113,7 +127,7 @@ class ChatWindow(QMainWindow):
         self.setCentralWidget(central)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.on_send_clicked)
         QShortcut(QKeySequence("Ctrl+Enter"), self, self.on_send_clicked)
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.on_stop_clicked)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.on_escape_pressed)
 
     def _sidebar(self) -> QWidget:
         side = QWidget()
@@ -125,6 +139,7 @@ class ChatWindow(QMainWindow):
         layout.addWidget(self.new_button)
         self.chat_list = QListWidget()
         self.chat_list.setObjectName("chatList")
+        elide_rows(self.chat_list)  # a long title ends in "…" (whole in its tooltip)
         self.chat_list.itemClicked.connect(self.on_chat_clicked)
         layout.addWidget(self.chat_list, 1)
         self.delete_button = QPushButton("Delete")
@@ -145,7 +160,7 @@ class ChatWindow(QMainWindow):
         top.addWidget(self.model_picker, 1)
         refresh = QToolButton()
         refresh.setText("↻")
-        refresh.setToolTip("Reload the served models (GET /v1/models)")
+        refresh.setToolTip("Reload the list of served models")
         refresh.clicked.connect(self.controller.load_models)
         top.addWidget(refresh)
         self.params_toggle = QToolButton()
@@ -159,21 +174,48 @@ class ChatWindow(QMainWindow):
         self.transcript.edit_requested.connect(self.on_edit_requested)
         self.transcript.regenerate_requested.connect(lambda _p: self.controller.regenerate())
         layout.addWidget(self.transcript, 1)
-        self.edit_note = QLabel("Editing your last message: sending replaces it and what follows.")
-        self.edit_note.setObjectName("editNote")
-        self.edit_note.setVisible(False)
-        layout.addWidget(self.edit_note)
+        layout.addWidget(self._edit_bar())
+        self.pending = Thumbnails(removable=True)
+        self.pending.setObjectName("pendingImages")
+        layout.addWidget(self.pending)
         layout.addLayout(self._composer_row())
+        bottom = QHBoxLayout()
         self.status = QLabel("")
         self.status.setObjectName("chatStatus")
-        layout.addWidget(self.status)
+        bottom.addWidget(self.status, 1)
+        self.context_label = QLabel("")  # how full the model's context is
+        self.context_label.setObjectName("contextUsage")
+        bottom.addWidget(self.context_label)
+        layout.addLayout(bottom)
         return main
+
+    def _edit_bar(self) -> QWidget:
+        """Shown while a message is edited: what Send will replace, and a way back."""
+        self.edit_note = QFrame()
+        self.edit_note.setObjectName("editNote")
+        row = QHBoxLayout(self.edit_note)
+        row.setContentsMargins(6, 4, 6, 4)
+        self.edit_text = QLabel(
+            "Editing your last message: Send replaces it and the reply after it."
+        )
+        self.edit_text.setWordWrap(True)
+        row.addWidget(self.edit_text, 1)
+        self.cancel_edit_button = QPushButton("Cancel edit")
+        self.cancel_edit_button.setObjectName("cancelEdit")
+        self.cancel_edit_button.setToolTip("Esc: keep the message and its reply as they are")
+        self.cancel_edit_button.clicked.connect(self.on_cancel_edit_clicked)
+        row.addWidget(self.cancel_edit_button)
+        self.edit_note.setVisible(False)
+        return self.edit_note
 
     def _composer_row(self) -> QHBoxLayout:
         row = QHBoxLayout()
-        self.composer = QPlainTextEdit()
+        self.composer = ImageComposer()
         self.composer.setObjectName("composer")
-        self.composer.setPlaceholderText("Message (Enter sends, Shift+Enter new line, Esc stops)")
+        self.composer.setPlaceholderText(
+            "Message (Enter sends, Shift+Enter new line, Esc stops; paste or drop an image)"
+        )
+        self.composer.image_added.connect(self.on_image_added)
         self.composer.setMaximumHeight(110)
         self.composer.installEventFilter(self)
         row.addWidget(self.composer, 1)
@@ -186,8 +228,15 @@ class ChatWindow(QMainWindow):
         self.stop_button.setObjectName("stop")
         self.stop_button.setToolTip("Esc")
         self.stop_button.clicked.connect(self.on_stop_clicked)
+        self.image_button = QPushButton("Image…")
+        self.image_button.setObjectName("attachImage")
+        self.image_button.setToolTip(
+            "Add a picture for a vision model (you can also paste or drop one on the message)"
+        )
+        self.image_button.clicked.connect(self.on_image_clicked)
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.image_button)
         buttons.addStretch(1)
         row.addLayout(buttons)
         return row
@@ -220,6 +269,14 @@ class ChatWindow(QMainWindow):
             row.addWidget(widget)
         row.addStretch(1)
         form.addRow(row)
+        self.context_policy = QComboBox()
+        self.context_policy.setObjectName("contextPolicy")
+        for value, text in POLICIES.items():
+            self.context_policy.addItem(text, value)
+        self.context_policy.setToolTip(
+            "What happens once this conversation no longer fits the model's context"
+        )
+        form.addRow("When the context is full", self.context_policy)
         panel.setVisible(False)
         self.params_toggle.toggled.connect(panel.setVisible)
         return panel
@@ -244,7 +301,13 @@ class ChatWindow(QMainWindow):
             self.temperature.value(),
             self.top_p.value(),
             self.max_tokens.value(),
+            int(self.context_policy.currentData()),
         )
+
+    def _show_context(self) -> None:
+        c = self.controller
+        size = c.context_sizes.get(self.options().model)
+        self.context_label.setText(context_text(c.context_used, size, c.dropped))
 
     # ----------------------------------------------------------------- slots: controller
 
@@ -252,18 +315,26 @@ class ChatWindow(QMainWindow):
         current = self.controller.transcript.chat.chat_id if self.controller.transcript else None
         self.chat_list.clear()
         for s in self.controller.summaries:
-            item = QListWidgetItem(s.title or "(untitled)")
+            title = s.title or "(untitled)"
+            item = QListWidgetItem(title)
             item.setData(CHAT_ID_ROLE, s.chat_id)
-            item.setToolTip(f"{s.model or 'no model'} · {s.message_count} messages")
+            item.setToolTip(f"{title}\n{s.model or 'no model'} · {s.message_count} messages")
             self.chat_list.addItem(item)
             if s.chat_id == current:
                 item.setSelected(True)
 
     def on_transcript_changed(self) -> None:
         t = self.controller.transcript
+        if self.editing is not None and (
+            t is None or all(m.position != self.editing or m.role != "user" for m in t.messages)
+        ):
+            self.on_cancel_edit_clicked()  # the edited message is gone (deleted elsewhere)
         if t is None:
             self.transcript.set_messages((), "")
             self.setWindowTitle("traylm — Chat")
+            if not self.controller.streaming:
+                self.status.setText("")  # the last reply's figures belong to the chat left
+            self._shown_chat = None
         else:
             self.transcript.set_messages(t.messages, t.chat.model)
             for row in range(self.chat_list.count()):
@@ -275,6 +346,7 @@ class ChatWindow(QMainWindow):
                 if self._shown_chat != t.chat.chat_id:
                     self.status.setText("")
             self._shown_chat = t.chat.chat_id
+        self._show_context()
         self._update_buttons()
 
     def _load_options(self, model: str, system: str, params: object) -> None:
@@ -287,6 +359,8 @@ class ChatWindow(QMainWindow):
             self.temperature.setValue(float(get("temperature", self.temperature.value())))
             self.top_p.setValue(float(get("top_p", self.top_p.value())))
             self.max_tokens.setValue(int(get("max_tokens", self.max_tokens.value())))
+            policy = self.context_policy.findData(int(get("context_policy", 0)))
+            self.context_policy.setCurrentIndex(max(policy, 0))
 
     def on_models_changed(self) -> None:
         current = self.model_picker.currentText()
@@ -374,16 +448,62 @@ class ChatWindow(QMainWindow):
             summary = stats_text(ended.stats(), ended.finish_reason)
             self.status.setText(f"{ended.model}: {summary}" if summary else "")
             self._tell_answered(bool(ended.content) and ended.error is None)
+        self._show_context()
         self._update_buttons()
 
     def on_error_raised(self, error: ChatError) -> None:
         self.status.setText("")
+        if error.kind == "context_full":
+            self._context_full(error)
+            return
         fix = self._load_fix(error)
         fixes = self._fixes(error)
         if fix is not None and fix.action:
             fixes.insert(0, ("loadFix", fix.label, lambda: self.run_fix(fix)))
         cli = fix.cli if fix is not None else ""
         self.transcript.error_card.show_error(error.message, fixes, cli=cli)
+
+    def _context_full(self, error: ChatError) -> None:
+        """Past the model's context every message would fail the same way: say so plainly and
+        offer what fits (leave turns out, by this chat's policy from now on; a new chat)."""
+        model = self.options().model
+        size = self.controller.context_sizes.get(model)
+        within = f" ({size:,} tokens)" if size else ""
+        tried = self.context_policy.currentData() != 0  # it left out what it could
+        text = f"This conversation no longer fits {model}'s context{within}" + (
+            ", even with older turns left out. Start a new chat."
+            if tried
+            else ". Leave older turns out of what the model sees (the conversation here stays "
+            "whole), or start a new chat."
+        )
+        fixes: list[tuple[str, str, Callable[[], None]]] = [
+            ("dropOldest", POLICIES[DROP_OLDEST], lambda: self.on_policy_fix(DROP_OLDEST)),
+            ("keepFirst", POLICIES[KEEP_FIRST], lambda: self.on_policy_fix(KEEP_FIRST)),
+            ("newSummary", "New chat with a summary", self.on_summary_fix),
+            ("newChat", "New chat", self.on_new_clicked),
+        ]
+        self.transcript.error_card.show_error(text, fixes[2:] if tried else fixes)
+        self._update_buttons()  # no Retry: it would fail the same way
+
+    def on_summary_fix(self) -> None:
+        """A new chat that starts from the model's summary of this one, the unanswered
+        question in its composer."""
+        self.transcript.error_card.setVisible(False)
+        self.status.setText(f"Asking {self.options().model} for a summary of this chat…")
+        self.controller.summarize_into_new_chat(self.on_summary_opened)
+
+    def on_summary_opened(self, question: str) -> None:
+        self.status.setText("A new chat from the summary (its system prompt, under Parameters)")
+        self.composer.setPlainText(question)
+        self.composer.setFocus()
+
+    def on_policy_fix(self, policy: int) -> None:
+        self.context_policy.setCurrentIndex(self.context_policy.findData(policy))
+        self.controller.options = self.options()
+        t = self.controller.transcript
+        if t is not None:
+            self.controller.save_options(t.chat, self.controller.options)
+        self.controller.retry()
 
     def _load_fix(self, error: ChatError) -> Fix | None:
         """A failed load (models on demand) says why; its fix: the engine's log, or what the
@@ -398,6 +518,8 @@ class ChatWindow(QMainWindow):
         c = self.controller
         model = self.options().model
         fixes: list[tuple[str, str, Callable[[], None]]] = []
+        if error.kind == "images_not_accepted":
+            return fixes  # a retry would be refused the same way: the message says what to do
         if error.kind in ("model_not_found", "engine_unavailable"):
             entry = self.state.profile_serving(model) if model else None
             profile = entry.name if entry else self.state.current_profile()
@@ -447,21 +569,66 @@ class ChatWindow(QMainWindow):
 
     def on_send_clicked(self) -> None:
         text = self.composer.toPlainText()
-        if self.controller.send(text, self.options(), edit_position=self.editing):
+        images = self.pending.images
+        if self.controller.send(text, self.options(), edit_position=self.editing, images=images):
             self.composer.clear()
-            self.editing = None
-            self.edit_note.setVisible(False)
+            self.pending.clear()
+            self._end_edit()
+
+    def on_image_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add an image", "", IMAGE_FILES)
+        if path:
+            self.add_image_file(path)
+
+    def add_image_file(self, path: str) -> None:
+        image = read_image(Path(path))
+        if image is None:
+            self.status.setText(f"{Path(path).name} is not a picture traylm can read")
+            return
+        self.on_image_added(data_url(image))
+
+    def on_image_added(self, url: str) -> None:
+        """A picture for the next message; the status says at once when the model cannot
+        take it (sending then says so too, and keeps it here)."""
+        if not self.pending.add(url):
+            self.status.setText(f"A message carries at most {MAX_IMAGES} images")
+            return
+        model = self.options().model
+        if model and not self.controller.accepts_images(model):
+            self.status.setText(f"{model} does not take images: pick a vision model to send them")
 
     def on_stop_clicked(self) -> None:
         self.controller.stop()
 
+    def on_escape_pressed(self) -> None:
+        """Esc stops a streaming reply; otherwise it cancels an edit."""
+        if self.controller.streaming is not None:
+            self.on_stop_clicked()
+        elif self.editing is not None:
+            self.on_cancel_edit_clicked()
+
+    def on_cancel_edit_clicked(self) -> None:
+        """The edited message and its reply stay; the composer gets back what it held."""
+        if self.editing is None:
+            return
+        self.composer.setPlainText(self._draft)
+        self._end_edit()
+
+    def _end_edit(self) -> None:
+        self.editing = None
+        self._draft = ""
+        self.edit_note.setVisible(False)
+        self.send_button.setText("Send")
+
     def on_new_clicked(self) -> None:
+        if self.controller.streaming is not None:
+            return
+        self.on_cancel_edit_clicked()
         self.chat_list.clearSelection()
         self.controller.new_chat()
 
     def on_chat_clicked(self, item: QListWidgetItem) -> None:
-        self.editing = None
-        self.edit_note.setVisible(False)
+        self.on_cancel_edit_clicked()
         self.controller.open_chat(int(item.data(CHAT_ID_ROLE)))
 
     def on_delete_clicked(self) -> None:
@@ -478,17 +645,22 @@ class ChatWindow(QMainWindow):
             return
         message = next((m for m in t.messages if m.position == position), None)
         if message is not None:
+            if self.editing is None:
+                self._draft = self.composer.toPlainText()
             self.editing = position
             self.composer.setPlainText(message.content)
             self.composer.setFocus()
             self.edit_note.setVisible(True)
+            self.send_button.setText("Send edit")
 
     def _update_buttons(self) -> None:
         streaming = self.controller.streaming is not None
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         self.new_button.setEnabled(not streaming)
-        self.transcript.offer_retry(not streaming)
+        last = self.controller.last_error
+        full = last is not None and last.kind == "context_full"
+        self.transcript.offer_retry(not streaming and not full)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """Enter sends and Shift+Enter starts a new line in the composer (as in LM Studio and
@@ -501,7 +673,7 @@ class ChatWindow(QMainWindow):
                 self.on_send_clicked()
                 return True
             if event.key() == Qt.Key.Key_Escape:
-                self.on_stop_clicked()
+                self.on_escape_pressed()
                 return True
         return super().eventFilter(watched, event)
 

@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.bench_results import BenchResults
 from desktop.dashboard.page import Page, PageContext
-from desktop.formatting import fmt_when
-from desktop.messages import CallResult
-from desktop.theme import primary
+from desktop.look.formatting import fmt_when
+from desktop.look.theme import primary
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import SelectionMode, read_only_table
 from engines.client import DaemonClient

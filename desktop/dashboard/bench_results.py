@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.formatting import fmt_ms, fmt_when
+from desktop.look.formatting import fmt_ms, fmt_when
 from engines.events import BenchLevel, BenchRun, LatencyStats
 
 COLUMNS = (

@@ -1,11 +1,13 @@
 """The Engines page: live throughput, the engines with start/stop/restart, the profile editor,
-the logs with diagnoses, and the engine environments."""
+the logs with diagnoses, and the engine environments. The Start picker offers the profiles and
+the registered model folders; one the daemon says cannot start here is greyed with its reason."""
 
 from __future__ import annotations
 
 import html
 
-from PySide6.QtGui import QColor
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -17,18 +19,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.boxes import BoxReplica
+from desktop.daemon.fixes import ENGINE_LOG, PROFILES, Fix
+from desktop.daemon.state import LIVE_STATES
 from desktop.dashboard.envs_view import EnvsView
 from desktop.dashboard.logs_view import LogsView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.profile_editor import ProfileEditor
 from desktop.dashboard.trt_view import TRTView
-from desktop.fixes import ENGINE_LOG, PROFILES, Fix
-from desktop.messages import ThroughputSampled
-from desktop.state import LIVE_STATES
-from desktop.theme import primary
+from desktop.look.theme import primary
 from desktop.widgets.chart import LiveChart
 from desktop.widgets.table import read_only_table
-from engines.events import EngineState
+from engines.events import EngineState, GatewayThroughput
 
 COLUMNS = ("Engine", "State", "Serves", "Port", "PID", "Restarts", "Detail")
 STATE_COLORS = {
@@ -38,11 +40,11 @@ STATE_COLORS = {
     EngineState.FAILED: "#d62828",
     EngineState.STOPPED: "#6c737d",
 }
+BOX_STATES = {"ready": EngineState.READY, "away": EngineState.FAILED}
+"""A paired box's replica takes its colour from the engine state it is like."""
 
 
 class EnginesPage(Page):
-    live_charts = True
-
     def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
         layout = QVBoxLayout(self)
@@ -62,10 +64,13 @@ class EnginesPage(Page):
         layout.addWidget(self.tabs)
         ctx.state.engines_changed.connect(self.on_engines_changed)
         ctx.state.profiles_changed.connect(self.on_profiles_changed)
+        ctx.state.library_changed.connect(self.on_profiles_changed)
+        ctx.state.servable_changed.connect(self.on_profiles_changed)
         ctx.state.throughput_sampled.connect(self.on_throughput_sampled)
         ctx.state.connection_changed.connect(self.on_selection_changed)
         ctx.state.connection_changed.connect(self.on_status_changed)
         ctx.state.status_changed.connect(self.on_status_changed)
+        ctx.state.status_changed.connect(self.on_engines_changed)  # the paired boxes' replicas
         self.on_profiles_changed()
         self.on_status_changed()
         self.on_engines_changed()
@@ -106,6 +111,7 @@ class EnginesPage(Page):
         self.profile_picker = QComboBox()
         self.profile_picker.setObjectName("startProfilePicker")
         self.profile_picker.setMinimumWidth(220)
+        self.profile_picker.currentIndexChanged.connect(self.on_selection_changed)
         row.addWidget(self.profile_picker)
         self.start_button = primary(QPushButton("Start"))
         self.start_button.setObjectName("startEngine")
@@ -129,22 +135,48 @@ class EnginesPage(Page):
     # ----------------------------------------------------------------- state → widgets
 
     def on_profiles_changed(self) -> None:
-        current = self.profile_picker.currentText() or self.ctx.state.current_profile()
-        self.profile_picker.clear()
-        self.profile_picker.addItems([p.name for p in self.ctx.state.profiles])
-        if current:
-            self.profile_picker.setCurrentText(current)
+        """The profiles, then the registered model folders; each the daemon says cannot start
+        here is greyed, its reason beside it and as its tooltip."""
+        state = self.ctx.state
+        current = self.picked() or state.current_profile()
+        picker = self.profile_picker
+        picker.blockSignals(True)
+        picker.clear()
+        names = [p.name for p in state.profiles]
+        names += [f.name for f in state.folders if f.name not in names and not f.problems]
+        model = picker.model()
+        assert isinstance(model, QStandardItemModel)  # QComboBox's own
+        for name in names:
+            why = state.why_blocked(name)
+            picker.addItem(f"{name}  ({why})" if why else name, name)
+            item = model.item(picker.count() - 1)
+            item.setEnabled(not why)
+            item.setToolTip(why)
+        index = picker.findData(current)
+        if index < 0 or state.why_blocked(current):
+            index = next((i for i in range(picker.count()) if model.item(i).isEnabled()), index)
+        picker.setCurrentIndex(max(index, 0) if picker.count() else -1)
+        picker.blockSignals(False)
         self.on_selection_changed()
 
+    def picked(self) -> str:
+        """The profile or model folder the Start button would start."""
+        name = self.profile_picker.currentData(Qt.ItemDataRole.UserRole)
+        return name if isinstance(name, str) else ""
+
     def on_engines_changed(self) -> None:
+        """This box's engines, then the paired boxes' replicas (read-only rows: their engines
+        are that box's)."""
         selected = self.selected_engine()
         engines = sorted(self.ctx.state.engines.values(), key=lambda e: e.engine_id)
-        self.table.setRowCount(len(engines))
+        boxes = self.ctx.state.box_replicas
+        self.table.setRowCount(len(engines) + len(boxes))
         for r, e in enumerate(engines):
             values = (
                 e.engine_id,
                 str(e.state),
-                ", ".join(e.served_names),
+                ", ".join(e.served_names)
+                + (f" ({text})" if (text := self.ctx.state.replica_text(e)) else ""),
                 str(e.port or "–"),
                 str(e.pid or "–"),
                 str(e.restarts),
@@ -157,9 +189,22 @@ class EnginesPage(Page):
                 self.table.setItem(r, c, item)
             if e.engine_id == selected:
                 self.table.selectRow(r)
-        if self.table.currentRow() < 0 and engines:
+        for r, b in enumerate(boxes, start=len(engines)):
+            state = "away" if b.away else "ready"
+            values = (f"{b.name}@{b.box}", state, f"{b.name} ({b.label})", "–", "–", "–", b.detail)
+            for c, value in enumerate(values):
+                item = QTableWidgetItem(value)
+                if c == 1:
+                    item.setForeground(QColor(STATE_COLORS[BOX_STATES[state]]))
+                self.table.setItem(r, c, item)
+            if values[0] == selected:
+                self.table.selectRow(r)
+        if self.table.currentRow() < 0 and self.table.rowCount():
             self.table.selectRow(0)
         self.on_selection_changed()
+
+    def _is(self, replica: BoxReplica) -> bool:
+        return self.selected_engine() == f"{replica.name}@{replica.box}"
 
     def selected_engine(self) -> str:
         row = self.table.currentRow()
@@ -172,10 +217,22 @@ class EnginesPage(Page):
         self.stop_button.setEnabled(live)
         self.restart_button.setEnabled(engine is not None)
         self.chat_button.setEnabled(engine is not None and engine.state == EngineState.READY)
-        self.start_button.setEnabled(self.ctx.state.connected and self.profile_picker.count() > 0)
+        blocked = self.ctx.state.why_blocked(self.picked())
+        self.start_button.setEnabled(
+            self.ctx.state.connected and bool(self.picked()) and not blocked
+        )
+        self.start_button.setToolTip(blocked)
         if not self.ctx.state.connected:
             self.detail.setText(
                 "Not connected to the daemon: engines are unknown until it is back."
+            )
+            return
+        box = next((b for b in self.ctx.state.box_replicas if self._is(b)), None)
+        if box is not None:
+            self.detail.setText(
+                f"<b>{html.escape(box.name)}</b> is served by the paired box "
+                f"<b>{html.escape(box.box)}</b> from its own engines (start and stop them "
+                f"there): {html.escape(box.detail)}"
             )
             return
         if engine is None:
@@ -209,14 +266,14 @@ class EnginesPage(Page):
                 f"{remote.routed_requests} requests sent there so far."
             )
 
-    def on_throughput_sampled(self, sample: ThroughputSampled) -> None:
+    def on_throughput_sampled(self, sample: GatewayThroughput) -> None:
         self.tokens_chart.append("all models", sample.tokens_per_s)
         self.inflight_chart.append("requests", float(sample.in_flight))
 
     # ----------------------------------------------------------------- actions
 
     def on_start_clicked(self) -> None:
-        name = self.profile_picker.currentText()
+        name = self.picked()
         if name:
             self.ctx.actions.start_profile(name)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
     QComboBox,
     QGroupBox,
@@ -20,10 +21,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.install_text import PHASE_WORDS
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.install_text import PHASE_WORDS, install_words
-from desktop.messages import CallResult
-from desktop.theme import primary
+from desktop.look.theme import primary
 from desktop.widgets.log_view import log_view
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
@@ -39,6 +40,9 @@ class EnvsView(QWidget):
         super().__init__(parent)
         self.ctx = ctx
         self.envs: tuple[Mapping[str, object], ...] = ()
+        self._ticker = QTimer(self)  # the install's clock, between its events
+        self._ticker.setInterval(1000)
+        self._ticker.timeout.connect(self.on_tick)
         layout = QVBoxLayout(self)
         self.table = read_only_table(
             [c.capitalize() for c in COLUMNS],
@@ -159,7 +163,19 @@ class EnvsView(QWidget):
             self.install_status.warning(f"Cancelled: {event.line}.")
             self.reload()
         else:
-            self.install_status.neutral(install_words(event))
+            self.install_status.neutral(self.ctx.state.install_text())
+        if ended:
+            self._ticker.stop()
+        elif not self._ticker.isActive():
+            self._ticker.start()
+
+    def on_tick(self) -> None:
+        """While pip is silent (a large download) the clock still moves."""
+        text = self.ctx.state.install_text()
+        if text:
+            self.install_status.neutral(text)
+        else:
+            self._ticker.stop()
 
     def on_envs_changed(self) -> None:
         if self.isVisible():
@@ -182,7 +198,16 @@ class EnvsView(QWidget):
                     pid = env.get("installing_pid")
                     text = "yes" if value else "NO (install did not finish)"
                     text = f"installing now (pid {pid})" if pid else text
-                self.table.setItem(r, c, QTableWidgetItem(text))
+                item = QTableWidgetItem(text)
+                if key == "complete" and (held := str(env.get("held") or "")):
+                    # a guarded upgrade kept it out of use: profiles pick it only by version
+                    item.setText(f"{text}, held back")
+                    version = env.get("version", "")
+                    item.setToolTip(
+                        f"{held}\nOnly a profile with engine_version = {version} runs it; "
+                        f"`traylm engines remove --version {version}` deletes it."
+                    )
+                self.table.setItem(r, c, item)
         if self.envs and self.table.currentRow() < 0:
             self.table.selectRow(0)
         if not self.envs:

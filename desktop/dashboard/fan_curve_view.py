@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.messages import CallResult
 from desktop.widgets.curve_editor import CurveEditor
 from desktop.widgets.result_label import ResultLabel
 from engines.events import (

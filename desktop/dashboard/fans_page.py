@@ -18,11 +18,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.fan_curve_view import FanCurveView
 from desktop.dashboard.guard_view import GuardView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.power_view import PowerView
-from desktop.messages import CallResult
 from engines.events import Event, GPUControlChanged, GPUPresets, GPUSampled
 
 
@@ -34,7 +34,8 @@ class FansPage(Page):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         top = QHBoxLayout()
-        top.addWidget(QLabel("GPU"))
+        self.gpu_label = QLabel("GPU")
+        top.addWidget(self.gpu_label)
         self.gpu_picker = QComboBox()
         self.gpu_picker.setObjectName("fansGpu")
         self.gpu_picker.setMinimumWidth(360)
@@ -52,6 +53,17 @@ class FansPage(Page):
         self.helper.setTextFormat(Qt.TextFormat.RichText)
         self.helper.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.helper)
+        self.no_gpu = QLabel(
+            "<b>No NVIDIA GPU on this computer.</b> Fan curves, power limits and the thermal "
+            "guard act on NVIDIA GPUs; models here run on the CPU (Engines shows them). To "
+            "try these pages, turn on the GPU simulator in Settings."
+        )
+        self.no_gpu.setObjectName("noGpuCard")
+        self.no_gpu.setWordWrap(True)
+        self.no_gpu.setProperty("role", "card")
+        self.no_gpu.setContentsMargins(12, 12, 12, 12)
+        self.no_gpu.setVisible(False)
+        layout.addWidget(self.no_gpu, 1, Qt.AlignmentFlag.AlignTop)  # at the top, not centred
         # one tab each, so that every part fits a 1366×768 screen without scrolling
         self.tabs = QTabWidget()
         self.tabs.setObjectName("fansTabs")
@@ -88,6 +100,11 @@ class FansPage(Page):
             self.gpu_picker.blockSignals(False)
             self.on_gpu_picked()
         self.sim_badge.setVisible(gpu.simulated)
+        # no GPU at all: nothing to edit, so no editor, and no helper to install for it
+        none = gpu.overview is not None and not gpu.available
+        self.no_gpu.setVisible(none)
+        for widget in (self.tabs, self.helper, self.gpu_picker, self.gpu_label):
+            widget.setVisible(not none)
         self._show_helper()
         for view in (self.fans, self.power, self.guard):
             view.setEnabled(gpu.available)
@@ -105,9 +122,11 @@ class FansPage(Page):
             for warning in h.warnings:
                 text += f"<br><span style='color:#b7791f'>{html.escape(warning)}</span>"
         else:
+            # the detail may carry the install hint already: said once
+            hint = "" if h.install_hint in h.detail else f"<br>{html.escape(h.install_hint)}"
             text = (
                 "<b>Read-only: traylm-gpud is not running.</b> "
-                f"{html.escape(h.detail)}<br>{html.escape(h.install_hint)}"
+                f"{html.escape(h.detail)}{hint}"
                 "<br>Curves and limits are still checked below; Apply needs the helper."
             )
         self.helper.setText(text)

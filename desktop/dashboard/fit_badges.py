@@ -9,7 +9,7 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from desktop.formatting import fmt_bytes
+from desktop.look.formatting import fmt_bytes
 from engines.events import FitResult
 
 ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "sglang": "SGLang"}
@@ -51,13 +51,17 @@ class FitBadges(QWidget):
         self.results = []
         self.fixes.setText(html.escape(text))
 
-    def show_results(self, results: list[FitResult]) -> None:
+    def show_results(self, results: list[FitResult], *, example: bool = False) -> None:
+        """The verdicts per engine and GPU count. ``example``: this computer has no NVIDIA GPU,
+        so the daemon judged the model on two RTX 4090s; the heads and the text say so (they
+        read as this computer's GPUs otherwise)."""
         self.clear()
         self.results = results
         engines = list(dict.fromkeys(r.engine for r in results))
         counts = sorted({len(r.gpus) for r in results})
         for c, n in enumerate(counts):
-            head = QLabel(f"<b>{n} × {results[0].gpus[0].name if results else 'GPU'}</b>")
+            name = results[0].gpus[0].name if results else "GPU"
+            head = QLabel(f"<b>{n} × {name}</b>" + (" (example)" if example else ""))
             self.grid.addWidget(head, 0, c + 1)
         for row, engine in enumerate(engines, start=1):
             self.grid.addWidget(QLabel(ENGINE_NAMES.get(engine, engine)), row, 0)
@@ -66,7 +70,14 @@ class FitBadges(QWidget):
                 if result is not None:
                     self.grid.addWidget(self._badge(result), row, c + 1)
         self.grid.setColumnStretch(len(counts) + 1, 1)
-        self.fixes.setText(self._fixes_html())
+        note = (
+            "<b>This computer has no NVIDIA GPU:</b> the badges say how the model would fit on "
+            "RTX 4090s. Here models run on the CPU (small ones: the first-run setup proposes "
+            "some).<br>"
+            if example
+            else ""
+        )
+        self.fixes.setText(note + self._fixes_html())
 
     def _badge(self, r: FitResult) -> QLabel:
         verdict = verdict_of(r)

@@ -14,12 +14,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.library import LibraryStart, library_starts
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.formatting import fmt_bytes
-from desktop.library import LibraryStart, library_starts
-from desktop.messages import CallResult
-from desktop.theme import primary
-from desktop.widgets.folder import ChooseFolder, ask_for_folder
+from desktop.look.formatting import fmt_bytes
+from desktop.look.theme import primary
+from desktop.widgets.folder import ChooseFolder, ask_for_folder, start_dir
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import LocalFolder
@@ -60,6 +60,7 @@ class FoldersView(QWidget):
         ctx.state.library_changed.connect(self.on_library_changed)
         ctx.state.engines_changed.connect(self.on_library_changed)
         ctx.state.envs_changed.connect(self.on_selection_changed)
+        ctx.state.servable_changed.connect(self.on_library_changed)
         self.on_library_changed()
 
     @property
@@ -113,7 +114,7 @@ class FoldersView(QWidget):
         self.ctx.bridge.call(lambda c: c.add_local_folder(path), done)
 
     def on_add_clicked(self) -> None:
-        path = self.choose_folder(self)
+        path = self.choose_folder(self, start_dir(self.ctx.state.folders))
         if path:
             self.add_folder(path)
 

@@ -9,14 +9,20 @@ page opens with the last two minutes from ``GET /api/gpus/history``.
 from __future__ import annotations
 
 import html
+import re
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from desktop.daemon.boxes import Box, BoxReplica
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.gpu_card import HISTORY_POINTS, GPUCard
+from desktop.dashboard.host_usage import HostUsage
 from desktop.dashboard.page import Page, PageContext
-from desktop.messages import CallResult
+from desktop.look.formatting import fmt_bytes
 from engines.events import GPUHistory, GPUInfo, GPUSampled, GPUState, GuardLevel
+
+RETRY_NOTE = re.compile(r" \(retrying in \d+ s\)$")
 
 
 class GPUsPage(Page):
@@ -37,6 +43,21 @@ class GPUsPage(Page):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         layout.addWidget(self.summary)
+        self.host = QLabel("")  # CPU and RAM, the computer's and each engine's
+        self.host.setObjectName("hostUsage")
+        self.host.setWordWrap(True)
+        self.host.setTextFormat(Qt.TextFormat.RichText)
+        layout.addWidget(self.host)
+        self._usage: HostUsage | None = None
+        self._host_timer = QTimer(self)
+        self._host_timer.setInterval(2000)
+        self._host_timer.timeout.connect(self.on_host_tick)
+        self.boxes = QLabel("")  # the paired boxes' GPUs: theirs, shown, not controlled here
+        self.boxes.setObjectName("boxGPUs")
+        self.boxes.setWordWrap(True)
+        self.boxes.setTextFormat(Qt.TextFormat.RichText)
+        self.boxes.setVisible(False)
+        layout.addWidget(self.boxes)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -50,7 +71,9 @@ class GPUsPage(Page):
         gpu.overview_changed.connect(self.on_overview_changed)
         gpu.sampled.connect(self.on_gpu_sampled)
         gpu.guard_acted.connect(lambda _e: self.on_overview_changed())
+        ctx.state.status_changed.connect(self.on_boxes_changed)
         self.on_overview_changed()
+        self.on_boxes_changed()
 
     # ----------------------------------------------------------------- state → widgets
 
@@ -70,15 +93,28 @@ class GPUsPage(Page):
                 "(<code>traylm serve --simulate-gpus N</code>), not from hardware.",
             )
         elif ov.state != GPUState.OK:
-            self._set_source("unknown", f"<b>No GPU telemetry:</b> {html.escape(ov.message)}")
+            # the daemon's "(retrying in 2 s)" was true once and then stood still on the page
+            reason = RETRY_NOTE.sub("", ov.message)
+            self._set_source(
+                "unknown",
+                f"<b>No GPU telemetry:</b> {html.escape(reason)}. This computer's CPU and RAM "
+                "are below.",
+            )
         else:
             self._set_source("live", f"Live readings through {html.escape(ov.backend.upper())}.")
         self._rebuild(gpu.infos())
-        self.summary.setText(self._summary_html())
+        # no GPU: no power supply, fan control or charts to speak of (CPU and RAM are below)
+        self.summary.setText(self._summary_html() if gpu.available else "")
         for uuid in gpu.latest:
             card = self.cards.get(uuid)
             if card is not None:
                 self._show_facts(card, uuid)
+
+    def on_boxes_changed(self) -> None:
+        """Each paired box's GPUs under its name (nothing when none is paired)."""
+        state = self.ctx.state
+        self.boxes.setText(boxes_html(state.boxes, state.box_replicas))
+        self.boxes.setVisible(bool(state.boxes))
 
     def _set_source(self, kind: str, text: str) -> None:
         self.source.setText(text)
@@ -158,7 +194,17 @@ class GPUsPage(Page):
 
     # ----------------------------------------------------------------- history
 
+    def on_host_tick(self) -> None:
+        if self._usage is None:
+            self._usage = HostUsage()
+        self.host.setText(self._usage.text(self.ctx.state.live_engines()))
+
+    def page_hidden(self) -> None:
+        self._host_timer.stop()
+
     def page_shown(self) -> None:
+        self.on_host_tick()
+        self._host_timer.start()
         if not self._history_loaded and self.cards:
             self._load_history()
         for uuid, card in self.cards.items():
@@ -179,3 +225,27 @@ class GPUsPage(Page):
             if isinstance(h, GPUHistory) and h.uuid in self.cards:
                 self.cards[h.uuid].show_history(h)
         self.history_shown = True
+
+
+def boxes_html(boxes: tuple[Box, ...], replicas: tuple[BoxReplica, ...]) -> str:
+    """A section per paired box: its GPUs as it reports them (name, memory, the models it
+    serves here on each), or why it is away."""
+    parts = []
+    for box in boxes:
+        lines = [
+            f"<h3>{html.escape(box.name)} <small>(paired box: its GPUs, read-only)</small></h3>"
+        ]
+        if box.problem:
+            lines.append(f"<b style='color:#d62828'>away:</b> {html.escape(box.problem)}")
+        on_box = [r for r in replicas if r.box == box.name]
+        for g in box.gpus:
+            memory = fmt_bytes(g.memory_total_bytes) if g.memory_total_bytes else "memory ?"
+            serves = ", ".join(r.name for r in on_box if g.index in r.gpus)
+            lines.append(
+                f"GPU {g.index}: {html.escape(g.name)}, {memory}"
+                + (f" — serves {html.escape(serves)}" if serves else "")
+            )
+        if not box.gpus and not box.problem:
+            lines.append("no GPU (its models run on its CPU)")
+        parts.append(lines[0] + "<br>".join(lines[1:]))  # a heading breaks its own line
+    return "".join(parts)

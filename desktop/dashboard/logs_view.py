@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.messages import CallResult
 from desktop.widgets.log_view import log_view
 from engines.events import Diagnosis, EngineDiagnosed, EngineLogLine, Event
 

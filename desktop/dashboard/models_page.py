@@ -9,13 +9,13 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QTabWidget, QVBoxLayout, QWidget
 
+from desktop.daemon.fixes import LIBRARY, LOCAL_FOLDER, Fix
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.downloads_view import DownloadsView
 from desktop.dashboard.folders_view import FoldersView
 from desktop.dashboard.library_view import LibraryView
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.search_view import SearchView
-from desktop.fixes import LIBRARY, LOCAL_FOLDER, Fix
-from desktop.messages import CallResult
 
 
 class ModelsPage(Page):

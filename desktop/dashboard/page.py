@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from PySide6.QtWidgets import QWidget
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
-from desktop.fixes import Fix
-from desktop.notify import Notifier
-from desktop.state import AppState
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import Fix
+from desktop.daemon.state import AppState
+from desktop.tray.notify import Notifier
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,6 @@ class PageContext:
 class Page(QWidget):
     """A dashboard page. Pages are built the first time they are shown; ``page_shown`` and
     ``page_hidden`` start and stop anything live (charts, log following)."""
-
-    live_charts = False  # True: the page wants throughput samples every second while shown
 
     def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)

@@ -37,10 +37,22 @@ def _bench(ctx: PageContext) -> Page:
     return BenchPage(ctx)
 
 
+def _tune(ctx: PageContext) -> Page:
+    from desktop.dashboard.tune_page import TunePage
+
+    return TunePage(ctx)
+
+
 def _engines(ctx: PageContext) -> Page:
     from desktop.dashboard.engines_page import EnginesPage
 
     return EnginesPage(ctx)
+
+
+def _requests(ctx: PageContext) -> Page:
+    from desktop.dashboard.requests_page import RequestsPage
+
+    return RequestsPage(ctx)
 
 
 def _settings(ctx: PageContext) -> Page:
@@ -98,6 +110,21 @@ PAGES: tuple[PageSpec, ...] = (
         _bench,
         "Benchmark runs: start one, follow it, compare two (tokens/s, TTFT/TPOT/ITL/E2EL, "
         "energy per token), HTML reports.",
+    ),
+    PageSpec(
+        "tune",
+        "Tune",
+        _tune,
+        "The tuner: measure candidate settings for a profile on this machine (a preset or your "
+        "recorded traffic, a goal, a time budget), follow it, read the table with its noise "
+        "bands, Pareto set and recommendation, apply it or undo it.",
+    ),
+    PageSpec(
+        "requests",
+        "Requests",
+        _requests,
+        "Every request through the gateway (the flight recorder): a live list with filters, "
+        "the request and its reply, the prompt as the engine templated it, copy as curl, replay.",
     ),
     PageSpec(
         "settings",

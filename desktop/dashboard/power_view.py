@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.messages import CallResult
 from desktop.widgets.result_label import ResultLabel
 from engines.events import GPUInfo, PowerLimitStatus, PowerPreset
 
@@ -142,7 +142,12 @@ class PowerView(QGroupBox):
         self.min_label.setText(f"{s.min_mw / 1000:.0f} W")
         self.max_label.setText(f"{s.max_mw / 1000:.0f} W")
         self.value_label.setText(f"<b>{self.slider.value()} W</b>")
-        by = {"user": "set by you", "guard": "LOWERED BY THE THERMAL GUARD", "": "not changed"}
+        by = {
+            "user": "set by you",
+            "guard": "LOWERED BY THE THERMAL GUARD",
+            "tune": "set by traylm tune while it measures; put back after",
+            "": "not changed",
+        }
         self.facts.setText(
             f"Enforced now: {_w(s.enforced_mw)} ({by.get(s.controlled_by, s.controlled_by)}) · "
             f"default {_w(s.default_mw)} · this card accepts {_w(s.min_mw)}–{_w(s.max_mw)}."

@@ -19,10 +19,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
 from desktop.dashboard.profile_form import ProfileForm
-from desktop.messages import CallResult
 from desktop.widgets.confirm import second_click
+from desktop.widgets.result_label import COLORS
 
 VALIDATE_AFTER_MS = 300
 NAME_ROLE = Qt.ItemDataRole.UserRole
@@ -35,6 +36,7 @@ class ProfileEditor(QWidget):
         self._seq = itertools.count(1)
         self._latest = 0
         self.valid = False
+        self._accepted = False  # the last check said valid: its "can start here" follows the list
         self.loaded_name = ""
         layout = QHBoxLayout(self)
         layout.addLayout(self._list_column())
@@ -44,6 +46,7 @@ class ProfileEditor(QWidget):
         self._timer.setInterval(VALIDATE_AFTER_MS)
         self._timer.timeout.connect(self.validate_now)
         ctx.state.profiles_changed.connect(self.on_profiles_changed)
+        ctx.state.servable_changed.connect(self.on_servable_changed)
         self.on_profiles_changed()
 
     def _list_column(self) -> QVBoxLayout:
@@ -80,6 +83,7 @@ class ProfileEditor(QWidget):
         self.preset_note.setVisible(False)
         right.addWidget(self.preset_note)
         self.form = ProfileForm()
+        self.form.library_folders = lambda: self.ctx.state.folders
         self.form.changed.connect(self.schedule_validation)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -162,6 +166,7 @@ class ProfileEditor(QWidget):
     # ----------------------------------------------------------------- validation
 
     def schedule_validation(self) -> None:
+        self._accepted = False
         self.validation.setText("checking…")
         self._timer.start()
 
@@ -184,15 +189,30 @@ class ProfileEditor(QWidget):
     def _on_checked(self, seq: int, result: CallResult) -> None:
         if seq != self._latest:
             return  # an older check answered after a newer one was sent
+        self._accepted = result.ok
         if result.ok:
-            self._show(True, "✓ valid: the daemon accepts this profile")
+            self._say_accepted()
         else:
             self._show(False, result.error)
 
-    def _show(self, ok: bool, text: str) -> None:
+    def _say_accepted(self) -> None:
+        """ "valid", and whether the profile as saved can start here: the daemon's servable
+        list says, and says it again when it changes (a listing can come after the check)."""
+        why = self.ctx.state.why_blocked(self.name.text().strip())  # as saved, here
+        where = f"; as saved it cannot start on this computer: {why}" if why else ""
+        self._show(True, f"✓ valid: the daemon accepts this profile{where}", blocked=bool(why))
+
+    def on_servable_changed(self) -> None:
+        if self._accepted:
+            self._say_accepted()
+
+    def _show(self, ok: bool, text: str, *, blocked: bool = False) -> None:
+        """Green when the profile is valid and can start here, amber when it is valid but
+        cannot start on this computer (green read as "all good"), red when it is refused."""
         self.valid = ok
         self.validation.setProperty("valid", ok)
-        self.validation.setStyleSheet("color: #2f9e44;" if ok else "color: #d62828;")
+        state = "error" if not ok else "warning" if blocked else "ok"
+        self.validation.setStyleSheet(f"color: {COLORS[state]};")
         self.validation.setText(text)
         self.save_button.setEnabled(ok)
 

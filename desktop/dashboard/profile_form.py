@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from PySide6.QtCore import Signal
@@ -23,9 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.widgets.folder import ChooseFolder, ask_for_folder
-from engines.fields import doc
-from engines.profiles import Profile
+from desktop.widgets.folder import ChooseFolder, ask_for_folder, start_dir
+from engines.config.fields import doc
+from engines.config.profiles import Profile
+from engines.events import LocalFolder
 
 SKIPPED = frozenset({"name"})
 FieldWidget = QLineEdit | QComboBox | QCheckBox | QPlainTextEdit
@@ -44,6 +45,8 @@ class ProfileForm(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.choose_folder: ChooseFolder = ask_for_folder  # tests answer for the user
+        # the library's folders (Browse… opens beside the newest when the field is empty)
+        self.library_folders: Callable[[], Sequence[LocalFolder]] = tuple
         self.layout_ = QFormLayout(self)
         self.widgets: dict[str, FieldWidget] = {}
         self.types: dict[str, tuple[Any, bool]] = {}
@@ -76,7 +79,7 @@ class ProfileForm(QWidget):
         return row
 
     def on_browse_clicked(self, line: QLineEdit) -> None:
-        folder = self.choose_folder(self)
+        folder = self.choose_folder(self, start_dir(self.library_folders(), line.text()))
         if folder:
             line.setText(folder)
 

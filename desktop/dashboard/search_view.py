@@ -22,11 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.fixes import Fix, fix_for
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.fit_badges import FitBadges
 from desktop.dashboard.page import PageContext
-from desktop.fixes import Fix, fix_for
-from desktop.formatting import fmt_bytes, fmt_count
-from desktop.messages import CallResult
+from desktop.look.formatting import fmt_bytes, fmt_count
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import DownloadStatus, FitResult, ModelDetails, ModelSummary
@@ -248,7 +248,8 @@ class SearchView(QWidget):
             self.fit.clear(f"no fit estimate: {result.error}")
             return
         fits = [r for r in result.value if isinstance(r, FitResult)]
-        self.fit.show_results(fits)
+        gpu = self.ctx.state.gpu
+        self.fit.show_results(fits, example=gpu.overview is not None and not gpu.available)
 
     def on_trust_toggled(self, on: bool) -> None:
         if self.details is not None:

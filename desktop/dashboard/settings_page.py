@@ -6,7 +6,7 @@ is the setting's doc line from the daemon."""
 from __future__ import annotations
 
 import html
-import os
+from collections.abc import Mapping
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -27,15 +27,90 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop import autostart
 from desktop.chat.keyfile import write_key
+from desktop.daemon.fixes import HUB_LOGIN, Fix
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import Page, PageContext
-from desktop.fixes import HUB_LOGIN, Fix
-from desktop.hf_token import token_source, write_token
-from desktop.messages import CallResult
-from desktop.theme import THEMES
+from desktop.look.theme import THEMES
+from desktop.session import autostart
+from engines.config.sections import Settings
+from engines.events import HFTokenStatus
 
 RESTART_NOTE = "takes effect when the daemon restarts"
+# what a saved setting is called in words (the form's labels), never its key
+LABELS = {
+    "gateway.port": "Port",
+    "gateway.lan_sharing": "LAN sharing",
+    "gateway.keys_for": "Keys needed by",
+    "ui.autostart": "Autostart",
+    "ui.quit_action": "Quit action",
+    "ui.notifications": "Notifications",
+    "ui.theme": "Colours",
+    "hub.endpoint": "Hugging Face endpoint",
+    "energy.electricity_price_per_kwh": "Electricity price",
+    "energy.currency": "Currency",
+    "energy.psu_watts": "Power supply",
+    "gpu.simulate_gpus": "GPU simulator",
+}
+
+
+ADD_KEY, CONFIRM_ADD_KEY = "Add key", "Add the key"
+KEYS_FOR = {"all": "every client (this computer too)", "lan": "LAN clients only"}
+
+
+def key_effect(settings: Settings | None) -> str:
+    """What adding a key changes, in the words of the setting that decides it."""
+    if settings is not None and settings.gateway.api_key_sha256:
+        return "Another key for the same clients; the existing keys stay valid."
+    if settings is not None and settings.gateway.keys_for == "lan":
+        return (
+            "From now on, clients on the LAN must send this key; apps on this computer still "
+            "need none. traylm's chat keeps working."
+        )
+    return (
+        "From now on every client must send this key, apps on this computer too: those "
+        "without it get 401 (choose 'LAN clients only' below to spare them). traylm's chat "
+        "keeps working."
+    )
+
+
+RESTART, CONFIRM_RESTART = "Restart the daemon", "Restart now"
+
+
+def restart_plan(
+    loaded: tuple[str, ...], settings: Settings | None, status: Mapping[str, object]
+) -> str:
+    """What a restart will do, said before it does it."""
+    stops = (
+        f"Restarting stops {', '.join(loaded)} (replies being written are cut off) and loads "
+        "it again once the daemon is back"
+        if loaded
+        else "Restarting stops the daemon for a few seconds (no model is loaded)"
+    )
+    bound = status.get("bound")
+    where = ", ".join(map(str, bound)) if isinstance(bound, list | tuple) else ""
+    if settings is not None and where and _port_of(where) != settings.gateway.port:
+        stops += f"; the endpoint moves to port {settings.gateway.port}"
+    return f"{stops}. Click “{CONFIRM_RESTART}” to go ahead."
+
+
+def _port_of(address: str) -> int:
+    """The port of "127.0.0.1:8000" (the first address of a list)."""
+    tail = address.split(",")[0].rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def saved_text(key: str, value: object, note: str = "") -> str:
+    """ "Saved: Colours dark" for a change the daemon took, in the form's words."""
+    if key == "gateway.keys_for":
+        shown = KEYS_FOR.get(str(value), str(value))
+    elif isinstance(value, bool):
+        shown = "on" if value else "off"
+    elif value == "":
+        shown = "the default"
+    else:
+        shown = str(value)
+    return f"Saved: {LABELS.get(key, key)} {shown}" + (f" ({note})" if note else "")
 
 
 class SettingsPage(Page):
@@ -62,6 +137,7 @@ class SettingsPage(Page):
         outer.addWidget(self.result)
         ctx.state.settings_changed.connect(self.on_settings_changed)
         ctx.state.status_changed.connect(self.on_settings_changed)
+        ctx.actions.daemon_restarted.connect(self.on_daemon_restarted)
         self.on_settings_changed()
 
     # ----------------------------------------------------------------- groups
@@ -80,9 +156,12 @@ class SettingsPage(Page):
         )
         port_row = QHBoxLayout()
         port_row.addWidget(self.port)
-        self.restart_daemon = QPushButton("Restart the daemon")
+        self.restart_daemon = QPushButton(RESTART)
         self.restart_daemon.setObjectName("restartDaemon")
-        self.restart_daemon.setToolTip("Stops running engines; the app reconnects on its own")
+        self.restart_daemon.setToolTip(
+            "Stops the daemon and its engines, starts it again with the saved settings, and "
+            "loads the models that were loaded; the first click says what it will stop"
+        )
         self.restart_daemon.clicked.connect(self.on_restart_daemon_clicked)
         port_row.addWidget(self.restart_daemon)
         port_row.addStretch(1)
@@ -101,7 +180,7 @@ class SettingsPage(Page):
         self.keys.setMaximumHeight(90)
         self._tooltips["gateway.api_key_sha256"] = self.keys
         key_buttons = QHBoxLayout()
-        add = QPushButton("Add key")
+        add = self.add_key_button = QPushButton(ADD_KEY)
         add.setObjectName("addApiKey")
         add.clicked.connect(self.on_add_key_clicked)
         remove = QPushButton("Remove selected")
@@ -113,12 +192,27 @@ class SettingsPage(Page):
         keys = QVBoxLayout()
         keys.addWidget(self.keys)
         keys.addLayout(key_buttons)
+        self.key_note = QLabel("")  # what a key changes, said before it takes effect
+        self.key_note.setObjectName("apiKeyNote")
+        self.key_note.setWordWrap(True)
+        self.key_note.setVisible(False)
+        keys.addWidget(self.key_note)
         self.new_key = QLineEdit()
         self.new_key.setObjectName("newApiKey")
         self.new_key.setReadOnly(True)
         self.new_key.setVisible(False)
         keys.addWidget(self.new_key)
         form.addRow("API keys", keys)
+        self.keys_for = QComboBox()
+        self.keys_for.setMaximumWidth(280)
+        self.keys_for.setObjectName("gateway.keys_for")
+        for value, text in KEYS_FOR.items():
+            self.keys_for.addItem(text, value)
+        self.keys_for.currentIndexChanged.connect(
+            lambda _i: self._apply("gateway.keys_for", self.keys_for.currentData())
+        )
+        form.addRow("Keys needed by", self.keys_for)
+        self._tooltips["gateway.keys_for"] = self.keys_for
         return box
 
     def _desktop(self) -> QWidget:
@@ -166,8 +260,13 @@ class SettingsPage(Page):
         save = QPushButton("Save token")
         save.setObjectName("saveHfToken")
         save.clicked.connect(self.on_save_token_clicked)
+        self.clear_hf_token = QPushButton("Remove")
+        self.clear_hf_token.setObjectName("clearHfToken")
+        self.clear_hf_token.setToolTip("Remove the saved token (the file hf auth login writes)")
+        self.clear_hf_token.clicked.connect(self.on_clear_token_clicked)
         row.addWidget(self.hf_token, 1)
         row.addWidget(save)
+        row.addWidget(self.clear_hf_token)
         form.addRow("Token", row)
         self.hf_status = QLabel("")
         self.hf_status.setObjectName("hfTokenStatus")
@@ -240,6 +339,7 @@ class SettingsPage(Page):
             self.port.setValue(s.gateway.port)
             self.lan.setChecked(s.gateway.lan_sharing)
             has_keys = bool(s.gateway.api_key_sha256)
+            self.keys_for.setCurrentIndex(max(0, self.keys_for.findData(s.gateway.keys_for)))
             self.lan.setEnabled(has_keys or s.gateway.lan_sharing)
             if not has_keys:
                 self.lan.setToolTip(
@@ -259,15 +359,21 @@ class SettingsPage(Page):
             self.currency.setText(s.energy.currency)
             self.psu.setValue(int(s.energy.psu_watts))
             self.simulate.setValue(s.gpu.simulate_gpus)
-            self.hf_status.setText(token_source(s.hub.token_env, os.environ))
         finally:
             self._loading = False
+        self.ctx.bridge.call(lambda c: c.hf_token(), self._show_token)
         status = state.status
         host = status.get("bind_host", "?")
-        self.bound.setText(
-            f"{host}:{s.gateway.port}"
-            + (" (API key required)" if status.get("api_key_required") else " (no API key)")
-        )
+        bound = status.get("bound")
+        # the sockets really bound; a port saved since takes effect with a restart
+        where = ", ".join(map(str, bound)) if isinstance(bound, list | tuple) and bound else ""
+        port = _port_of(where) if where else s.gateway.port
+        required = " (no API key)"
+        if status.get("api_key_required"):
+            lan_only = s.gateway.keys_for == "lan"
+            required = " (API key required from the LAN)" if lan_only else " (API key required)"
+        later = f"; port {s.gateway.port} after a restart" if port != s.gateway.port else ""
+        self.bound.setText(f"{where or f'{host}:{port}'}{required}{later}")
 
     def show_fix(self, fix: Fix) -> None:
         field = self.hf_token if fix.action == HUB_LOGIN else self.port
@@ -284,7 +390,7 @@ class SettingsPage(Page):
 
         def done(result: CallResult) -> None:
             if result.ok:
-                self._say(True, f"Saved {key} = {value!r}" + (f" ({note})" if note else ""))
+                self._say(True, saved_text(key, value, note))
             else:
                 self._say(False, result.error)
                 self.on_settings_changed()  # put the widget back to what the daemon has
@@ -307,6 +413,15 @@ class SettingsPage(Page):
         self._apply("ui.autostart", on, f"{'wrote' if on else 'removed'} {path}")
 
     def on_add_key_clicked(self) -> None:
+        """The first click says what a key changes; the second adds it."""
+        if self.add_key_button.text() == ADD_KEY:
+            self.key_note.setText(key_effect(self.ctx.state.settings))
+            self.key_note.setVisible(True)
+            self.add_key_button.setText(CONFIRM_ADD_KEY)
+            return
+        self.add_key_button.setText(ADD_KEY)
+        self.key_note.setVisible(False)
+
         def added(result: CallResult) -> None:
             if not result.ok or not isinstance(result.value, str):
                 self._say(False, result.error)
@@ -342,23 +457,72 @@ class SettingsPage(Page):
         self.ctx.bridge.call(lambda c: c.remove_api_key(digest), removed)
 
     def on_save_token_clicked(self) -> None:
+        """The daemon saves it (its hub route): the file every Hugging Face tool reads."""
         token = self.hf_token.text().strip()
         if not token:
             return
-        try:
-            path = write_token(token)
-        except OSError as exc:
-            self._say(False, f"cannot save the token: {exc}")
+
+        def saved(result: CallResult) -> None:
+            self._show_token(result)
+            if isinstance(result.value, HFTokenStatus):
+                self.hf_token.clear()
+                self._say(True, f"Hugging Face token saved to {html.escape(result.value.path)}")
+
+        self.ctx.bridge.call(lambda c: c.set_hf_token(token), saved)
+
+    def on_clear_token_clicked(self) -> None:
+        def cleared(result: CallResult) -> None:
+            self._show_token(result)
+            if result.ok:
+                self._say(True, "The saved Hugging Face token is removed")
+
+        self.ctx.bridge.call(lambda c: c.clear_hf_token(), cleared)
+
+    def _show_token(self, result: CallResult) -> None:
+        """The daemon's answer about its token, in words, or why there is none."""
+        if not result.ok or not isinstance(result.value, HFTokenStatus):
+            self._say(False, result.error or "the daemon did not say where its token is")
             return
-        self.hf_token.clear()
-        self._say(True, f"Hugging Face token saved to {html.escape(str(path))}")
-        self.on_settings_changed()
+        self.hf_status.setText(token_text(result.value))
+        self.clear_hf_token.setEnabled(result.value.source == "file")
 
     def on_restart_daemon_clicked(self) -> None:
+        """The first click says what a restart stops and brings back; the second restarts."""
+        actions = self.ctx.actions
+        if self.restart_daemon.text() == RESTART:
+            self.restart_daemon.setText(CONFIRM_RESTART)
+            self._say(True, restart_plan(actions.loaded_names(), self.ctx.state.settings,
+                                         self.ctx.state.status))  # fmt: skip
+            return
+        self.restart_daemon.setText(RESTART)
         self._say(True, "Restarting the daemon…")
-        self.ctx.actions.restart_daemon()
+
+        def failed(result: CallResult) -> None:
+            if not result.ok:
+                self._say(False, f"The daemon did not restart: {result.error}")
+
+        actions.restart_daemon(then=failed)
+
+    def on_daemon_restarted(self, back: object) -> None:
+        names = ", ".join(back) if isinstance(back, tuple) else ""
+        url = self.ctx.state.connection.url
+        self._say(True, f"The daemon restarted: serving on {url}"
+                        + (f"; loading {names} again" if names else ""))  # fmt: skip
 
 
 def _current(settings: object, key: str) -> object:
     section, _, name = key.partition(".")
     return getattr(getattr(settings, section, None), name, None)
+
+
+def token_text(status: HFTokenStatus) -> str:
+    """Where the daemon's Hugging Face token comes from, in a sentence."""
+    if status.source == "env":
+        where = (
+            f"A token is set in ${status.env_var} (the daemon's environment); it takes precedence."
+        )
+    elif status.source == "file":
+        where = f"A token is saved in {status.path}."
+    else:
+        return "No token: public models only (gated models such as Llama need one)."
+    return f"{where} {status.withheld_reason}" if status.withheld_reason else where

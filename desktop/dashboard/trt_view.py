@@ -21,9 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import PageContext
-from desktop.formatting import fmt_bytes, fmt_duration, fmt_when
-from desktop.messages import CallResult
+from desktop.look.formatting import fmt_bytes, fmt_duration, fmt_when
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import Event, TRTBuildProgress, TRTCacheEntry

@@ -1,9 +1,7 @@
 """The dashboard: one window, a page list on the left, the page on the right.
 
-Pages are built when first shown. While the window is visible and the page has live charts the
-bridge samples throughput every second; otherwise every few seconds (for the tray tooltip).
-Without a system tray this window is the app's main window: the tray menu sits in its menu bar
-and closing it quits.
+Pages are built when first shown. Without a system tray this window is the app's main window:
+the tray menu sits in its menu bar and closing it quits.
 """
 
 from __future__ import annotations
@@ -24,20 +22,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import Fix
+from desktop.daemon.state import AppState
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.unavailable import UnavailablePage
-from desktop.fixes import Fix
-from desktop.link import IDLE_METRICS_S
-from desktop.notify import Notification, Notifier
-from desktop.state import AppState
+from desktop.tray.notify import Notification, Notifier
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.notice_bar import NoticeBar
 from desktop.widgets.sizing import resize_within_screen
 
-LIVE_METRICS_S = 1.0
 NAV_WIDTH = 184
 KEY_ROLE = Qt.ItemDataRole.UserRole
 
@@ -86,6 +82,22 @@ class DashboardWindow(QMainWindow):
         notifier.notified.connect(self.on_notified)
         first = next(i for i, spec in enumerate(PAGES) if spec.available)
         self.nav.setCurrentRow(first)
+        # until someone picks a page, the window lands on one that has something to show
+        self._landing = True
+        self.nav.itemClicked.connect(self._stop_landing)
+        state.gpu.overview_changed.connect(self.on_gpu_overview_changed)
+        self.on_gpu_overview_changed()
+
+    def _stop_landing(self, *_: object) -> None:
+        self._landing = False
+
+    def on_gpu_overview_changed(self) -> None:
+        """Without any GPU the GPUs page has nothing to show: Engines is the landing page."""
+        gpu = self.ctx.state.gpu
+        if self._landing and gpu.overview is not None and not gpu.available:
+            if self.current_key() == "gpus":
+                self.show_page("engines")
+            self._landing = False
 
     def _body(self) -> QHBoxLayout:
         """The page list on the left, the pages on the right."""
@@ -125,6 +137,7 @@ class DashboardWindow(QMainWindow):
         return self.pages.get(self.current_key())
 
     def show_page(self, key: str) -> None:
+        self._landing = False
         for row, spec in enumerate(PAGES):
             if spec.key == key:
                 self.nav.setCurrentRow(row)
@@ -156,26 +169,18 @@ class DashboardWindow(QMainWindow):
         self.stack.setCurrentWidget(page)
         if self.isVisible():
             page.page_shown()
-        self._update_metrics_rate()
-
-    def _update_metrics_rate(self) -> None:
-        page = self.current_page()
-        live = self.isVisible() and page is not None and page.live_charts
-        self.bridge.set_metrics_interval(LIVE_METRICS_S if live else IDLE_METRICS_S)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         page = self.current_page()
         if page is not None:
             page.page_shown()
-        self._update_metrics_rate()
 
     def hideEvent(self, event: QHideEvent) -> None:
         super().hideEvent(event)
         page = self.current_page()
         if page is not None:
             page.page_hidden()
-        self._update_metrics_rate()
 
     # ----------------------------------------------------------------- notifications
 

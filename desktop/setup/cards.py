@@ -18,12 +18,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.fixes import Fix
 from desktop.dashboard.fit_badges import VERDICTS
-from desktop.fixes import Fix
-from desktop.formatting import fmt_bytes
+from desktop.look.formatting import fmt_bytes
+from desktop.look.theme import SPACE_M, SPACE_S, SPACE_XS, primary, text_label
 from desktop.setup.flow import StepView
 from desktop.setup.proposals import Proposal
-from desktop.theme import SPACE_M, SPACE_S, SPACE_XS, primary, text_label
 from engines.events import FitResult
 
 STATUS_MARKS = {"done": "✓ done", "working": "working…", "error": "needs you", "waiting": ""}

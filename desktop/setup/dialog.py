@@ -22,15 +22,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
-from desktop.fixes import INSTALL_ENGINE, LOCAL_FOLDER, Fix
-from desktop.messages import CallResult
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import INSTALL_ENGINE, LOCAL_FOLDER, Fix
+from desktop.daemon.messages import CallResult
+from desktop.daemon.state import AppState
+from desktop.look.theme import SPACE_L, SPACE_M, primary
 from desktop.setup.cards import ProposalRow, StepCard
 from desktop.setup.flow import OFFLINE_CODES, STEPS, SetupFlow
-from desktop.state import AppState
-from desktop.theme import SPACE_L, SPACE_M, primary
-from desktop.widgets.folder import ChooseFolder, ask_for_folder
+from desktop.widgets.folder import ChooseFolder, ask_for_folder, start_dir
 from desktop.widgets.sizing import resize_within_screen
 
 TITLES = {"hardware": "This computer", "engine": "The engine", "model": "A model",
@@ -103,8 +103,8 @@ class SetupDialog(QDialog):
         self.simulate_button = QPushButton("Explore the GPU pages with two simulated RTX 4090s")
         self.simulate_button.setObjectName("setupSimulate")
         self.simulate_button.setToolTip(
-            "Sets gpu.simulate_gpus = 2 and restarts the daemon: the GPU, fan and power pages "
-            "then show simulated cards. Models still run on the CPU."
+            "Turns on the GPU simulator (Settings) and restarts the daemon: the GPU, fan and "
+            "power pages then show simulated cards. Models still run on the CPU."
         )
         self.simulate_button.clicked.connect(self.on_simulate_clicked)
         row = QHBoxLayout()
@@ -198,6 +198,11 @@ class SetupDialog(QDialog):
             code, error = flow.fit_errors.get(name, ("", ""))
             row.show_fit(flow.fits.get(name), error, offline=code in OFFLINE_CODES)
             row.radio.setChecked(flow.choice is not None and flow.choice.name == name)
+        checked = self.group.checkedButton()
+        if flow.choice is None and checked is not None:
+            self.group.setExclusive(False)  # an exclusive group keeps one checked: none is
+            checked.setChecked(False)
+            self.group.setExclusive(True)
             row.setEnabled(not flow.auto or bool(flow.errors))
         if flow.offline:
             self.offline.setText(
@@ -230,7 +235,7 @@ class SetupDialog(QDialog):
                 self.flow.choose(row.proposal)
 
     def on_browse_clicked(self) -> None:
-        path = self.choose_folder(self)
+        path = self.choose_folder(self, start_dir(self.state.folders))
         if path:
             self.flow.use_folder(path)
 

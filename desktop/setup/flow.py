@@ -15,15 +15,14 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from desktop.actions import Actions
-from desktop.bridge import Bridge
-from desktop.fixes import ENGINE_LOG, INSTALL_ENGINE, LOCAL_FOLDER, Fix, fix_for
-from desktop.formatting import fmt_bytes, fmt_duration, fmt_rate
-from desktop.install_text import download_share, install_words
-from desktop.messages import CallResult
-from desktop.readiness import ENGINE_NAMES
-from desktop.setup.proposals import Proposal, folder_proposal, proposals
-from desktop.state import AppState
+from desktop.daemon.actions import Actions
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import ENGINE_LOG, INSTALL_ENGINE, LOCAL_FOLDER, Fix, fix_for
+from desktop.daemon.install_text import download_share
+from desktop.daemon.messages import CallResult
+from desktop.daemon.state import AppState
+from desktop.look.formatting import fmt_bytes, fmt_duration, fmt_rate
+from desktop.setup.proposals import Proposal, folder_proposal, from_daemon
 from engines.client import DaemonClient
 from engines.events import (
     DownloadProgress,
@@ -34,6 +33,7 @@ from engines.events import (
     Event,
     FitResult,
     LocalFolder,
+    SetupProposal,
 )
 
 STEPS = ("hardware", "engine", "model", "start")
@@ -80,20 +80,42 @@ class SetupFlow(QObject):
         self._ticker = QTimer(self)
         self._ticker.setInterval(1000)  # elapsed time on a long wait
         self._ticker.timeout.connect(self.changed)
-        self._listed_for: tuple[int, tuple[str, ...]] | None = None  # GPUs, profiles
-        for signal in (state.envs_changed, state.library_changed, state.engines_changed):
+        self._listed_for: tuple[int, tuple[tuple[str, str], ...]] | None = None  # _listing_inputs()
+        for signal in (
+            state.envs_changed,
+            state.library_changed,
+            state.engines_changed,
+        ):
             signal.connect(self.on_state_changed)
-        for signal in (state.profiles_changed, state.gpu.overview_changed):
+        for signal in (
+            state.profiles_changed,
+            state.gpu.overview_changed,
+            state.servable_changed,
+        ):
             signal.connect(self.on_hardware_changed)
         state.event_received.connect(self.on_event_received)
 
     # ----------------------------------------------------------------- reading the state
 
     def begin(self) -> None:
-        """Look at this computer and list what to serve (with fits from the daemon)."""
-        self._listed_for = (self.state.real_gpus, tuple(p.name for p in self.state.profiles))
-        self.proposals = proposals(self.state)
-        self.proposals += [p for p in self._folders() if p.name not in self._names()]
+        """Ask the daemon what to serve on this computer (its proposals, then each one's fit).
+        A setup that finished starts over: run again, it picks another model."""
+        if self.done:
+            self.done = self.auto = self.chatting = False
+            self.errors, self.asked = {}, set()
+            self.started_s, self.download, self.download_failed = None, None, None
+        self._listed_for = self._listing_inputs()
+        self.bridge.call(lambda c: c.setup_proposals(), self._on_proposals)
+
+    def _on_proposals(self, result: CallResult) -> None:
+        """The daemon's proposals (none when it could not answer: the folders remain), then
+        the folders registered here or chosen meanwhile."""
+        offered = result.value if result.ok and isinstance(result.value, tuple) else ()
+        chosen = [p for p in self.proposals if p.kind == "folder"]
+        self.proposals = [from_daemon(p) for p in offered if isinstance(p, SetupProposal)]
+        for folder in [*chosen, *self._folders()]:
+            if folder.name not in self._names():
+                self.proposals.append(folder)
         if self.choice is None or self.choice.name not in self._names():
             self.choice = self._first_fitting()
         self.fits, self.fit_errors = {}, {}
@@ -101,6 +123,14 @@ class SetupFlow(QObject):
             if proposal.repo_id:
                 self._load_fit(proposal)
         self.changed.emit()
+
+    def _listing_inputs(self) -> tuple[int, tuple[tuple[str, str], ...]]:
+        """What the proposals depend on: the GPUs, the profiles, and whether the daemon says
+        each needs GPUs this computer lacks."""
+        profiles = self.state.profiles
+        return self.state.real_gpus, tuple(
+            (p.name, self.state.blocked_code(p.name)) for p in profiles
+        )
 
     def _names(self) -> set[str]:
         return {p.name for p in self.proposals}
@@ -113,12 +143,16 @@ class SetupFlow(QObject):
         ]
 
     def _first_fitting(self) -> Proposal | None:
+        """The default: the first that fits; offline, only a folder on this computer (a Hub
+        model's download would fail, and so would the install made for it)."""
+        if self.offline:
+            return next((p for p in self.proposals if p.kind == "folder"), None)
         fitting = [p for p in self.proposals if self.fit_verdict(p) != "wont_fit"]
         candidates = fitting or self.proposals
         return candidates[0] if candidates else None
 
     def _load_fit(self, proposal: Proposal) -> None:
-        gpus = self.state.real_gpus
+        on_cpu = proposal.device == "cpu"
         repo = proposal.repo_id
         fields = proposal.profile
         context = fields.get("max_model_len")  # the profile's context, not the model's longest
@@ -127,10 +161,10 @@ class SetupFlow(QObject):
 
         async def fit(c: DaemonClient) -> list[FitResult]:
             length = int(str(context)) if context else None
-            if gpus == 0:
+            if on_cpu:
                 return await c.model_fit(repo, device="cpu", context=length)
             return await c.model_fit(
-                repo, engine="vllm", gpus=min(gpus, tp), context=length, kv_cache_dtype=kv
+                repo, engine="vllm", gpus=tp, context=length, kv_cache_dtype=kv
             )
 
         def done(result: CallResult) -> None:
@@ -138,7 +172,10 @@ class SetupFlow(QObject):
                 self.fits[proposal.name] = result.value[0]
             elif not result.ok:
                 self.fit_errors[proposal.name] = (result.error_code, result.error)
-            if self.choice is not None and self.fit_verdict(self.choice) == "wont_fit":
+            choice = self.choice
+            wont_fit = choice is not None and self.fit_verdict(choice) == "wont_fit"
+            from_hub = choice is not None and choice.kind != "folder"
+            if (wont_fit or (self.offline and from_hub)) and not self.auto:
                 self.choice = self._first_fitting()
             self.changed.emit()
 
@@ -200,13 +237,13 @@ class SetupFlow(QObject):
         build = "CPU build" if device == "cpu" else "CUDA build"
         install = self.state.install
         if install is not None:
-            return StepView("working", f"Installing vLLM ({build}): {install_words(install)}",
+            return StepView("working", f"Installing vLLM ({build}): {self.state.install_text()}",
                             download_share(install))  # fmt: skip
         if self.state.envs is None:
             return StepView("working", "checking the installed engines…")
         for env in self.state.envs:
             if env.complete and env.engine == "vllm" and env.device == device:
-                return StepView("done", f"{ENGINE_NAMES['vllm']} {env.version} ({build}) is "
+                return StepView("done", f"vLLM {env.version} ({build}) is "
                                 "installed.")  # fmt: skip
         size = "about 3.5 GB" if device == "cpu" else "about 8 GB"
         text = f"vLLM ({build}) is not installed yet: {size}, a few minutes."
@@ -227,6 +264,12 @@ class SetupFlow(QObject):
 
     def _model(self) -> StepView:
         choice = self.choice
+        if choice is None and self.offline:  # asked first: nothing to install or fetch for
+            return StepView(
+                "waiting",
+                "Choose a model folder on this computer first (the button below): nothing is "
+                "installed or downloaded until then.",
+            )
         if choice is None:
             return StepView("waiting", "Pick a model below, or a folder on this computer.")
         if self.model_ready():
@@ -433,7 +476,7 @@ class SetupFlow(QObject):
 
     def on_hardware_changed(self) -> None:
         """The GPUs or the profiles changed: list the proposals again (once per change)."""
-        listed = (self.state.real_gpus, tuple(p.name for p in self.state.profiles))
+        listed = self._listing_inputs()
         if self._listed_for is not None and listed != self._listed_for:
             self.begin()
         self.changed.emit()

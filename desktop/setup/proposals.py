@@ -1,20 +1,15 @@
-"""What the first-run setup proposes to serve on this computer.
-
-With NVIDIA GPUs: the shipped presets that fit the GPUs present (a TP 2 preset needs two). On a
-computer without one: the small instruct models of ``resources/starters.toml`` for vLLM's CPU
-build. A model folder chosen with Browse… is a proposal too. Pure functions of the app state.
+"""What the first-run setup proposes to serve on this computer: the daemon's proposals (the
+presets its GPUs start, or the small models for vLLM's CPU build: engines/ondemand/
+proposals.py), and the model folders registered here or chosen with Browse….
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from desktop.readiness import gpus_needed
-from desktop.state import AppState
-from engines.config import resources_dir
+from engines.events import SetupProposal
 
 
 @dataclass(frozen=True)
@@ -30,6 +25,7 @@ class Proposal:
         default_factory=lambda: MappingProxyType({})
     )  # the fields a starter's profile gets
     path: str = ""  # a folder's
+    device: str = ""  # where the daemon would run it: "cuda" | "cpu" ("" for a folder)
 
     @property
     def served_name(self) -> str:
@@ -37,54 +33,17 @@ class Proposal:
         return str(served) if served else self.name
 
 
-def cpu_starters() -> list[Proposal]:
-    data = tomllib.loads((resources_dir() / "starters.toml").read_text())
-    starters = []
-    for item in data.get("cpu", []):
-        profile = {
-            "engine": "vllm",
-            "model": str(item["repo_id"]),
-            "served_name": str(item["name"]),
-            "device": "auto",
-            "max_model_len": int(item.get("max_model_len", 4096)),
-            "description": f"{item['title']} (set up for the CPU build)",
-        }
-        starters.append(
-            Proposal(
-                name=str(item["name"]),
-                repo_id=str(item["repo_id"]),
-                title=str(item["title"]),
-                about=str(item.get("about", "")),
-                kind="starter",
-                profile=MappingProxyType(profile),
-            )
-        )
-    return starters
-
-
-def proposals(state: AppState) -> list[Proposal]:
-    """The presets this computer's GPUs can run, or the CPU starters without a GPU."""
-    gpus = state.real_gpus
-    if gpus == 0:
-        return cpu_starters()
-    found = []
-    for entry in state.profiles:
-        if not entry.preset or gpus_needed(entry) > gpus:
-            continue
-        device = str(entry.fields.get("device", "auto"))
-        if device == "cpu":
-            continue
-        found.append(
-            Proposal(
-                name=entry.name,
-                repo_id=str(entry.fields.get("model", "")),
-                title=entry.name,
-                about=entry.description,
-                kind="preset",
-                profile=MappingProxyType(dict(entry.fields)),
-            )
-        )
-    return found
+def from_daemon(proposal: SetupProposal) -> Proposal:
+    """One of the daemon's proposals (GET /api/setup/proposals) as the setup shows it."""
+    return Proposal(
+        name=proposal.name,
+        repo_id=proposal.repo_id,
+        title=proposal.title,
+        about=proposal.about,
+        kind=proposal.kind,
+        profile=MappingProxyType(dict(proposal.profile)),
+        device=proposal.device,
+    )
 
 
 def folder_proposal(name: str, path: str, served_name: str, family: str) -> Proposal:

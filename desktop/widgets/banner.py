@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from desktop.actions import Actions
-from desktop.messages import ConnectionChanged, LinkState
-from desktop.state import AppState
+from desktop.daemon.actions import Actions
+from desktop.daemon.messages import ConnectionChanged, LinkState
+from desktop.daemon.state import AppState
 
 
 class ConnectionBanner(QFrame):

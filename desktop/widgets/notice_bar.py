@@ -10,9 +10,9 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from desktop.fixes import Fix
-from desktop.notify import Notification
-from desktop.theme import SPACE_M, SPACE_S, primary, text_label
+from desktop.daemon.fixes import Fix
+from desktop.look.theme import SPACE_M, SPACE_S, primary, text_label
+from desktop.tray.notify import Notification
 
 RunFix = Callable[[Fix], None]
 

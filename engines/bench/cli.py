@@ -25,6 +25,7 @@ from typing import Any
 from engines.bench.compare import cell, compare, format_table
 from engines.bench.metrics import DEFINITIONS
 from engines.client import DaemonClient
+from engines.client.model_wait import load_and_wait
 from engines.errors import ConfigError, TraylmError
 from engines.events.bench import (
     BenchConfig,
@@ -35,9 +36,10 @@ from engines.events.bench import (
     BenchState,
 )
 from engines.events.codec import to_plain
-from engines.model_wait import load_and_wait
 
 API_KEY_ENV = "TRAYLM_API_KEY"
+FILE_CONCURRENCY = 256
+"""Most requests of a workload file in flight at once (its recorded pace decides the rest)."""
 FINISH_POLL_S = 2.0
 CANCEL_ANSWER_S = 20.0  # the daemon's stop grace for its worker (8 s, then SIGKILL) and a margin
 PLAIN_PROGRESS_EVERY_S = 5.0
@@ -55,8 +57,23 @@ def add_parsers(sub: Any) -> None:
         default="",
         help="an engine's OpenAI URL, e.g. http://127.0.0.1:PORT/v1 (default: the gateway)",
     )
-    s.add_argument("--workload", choices=("random", "chat"), default="random")
-    s.add_argument("--concurrency", default="1", help="levels run one after the other, e.g. 1,8,32")
+    s.add_argument(
+        "--workload",
+        default="random",
+        help="random, chat, or a file from `traylm requests export` (sent again at its "
+        "recorded pace)",
+    )
+    s.add_argument(
+        "--as-fast-as-possible",
+        action="store_true",
+        help="a workload file: send its requests without waiting for their recorded times",
+    )
+    s.add_argument(
+        "--concurrency",
+        default="",
+        help="levels run one after the other, e.g. 1,8,32 (default 1; a workload file: "
+        f"{FILE_CONCURRENCY} at most in flight)",
+    )
     s.add_argument("--input-len", type=int, default=128, help="prompt tokens (random)")
     s.add_argument("--output-len", type=int, default=128, help="output tokens (random); cap (chat)")
     s.add_argument(
@@ -113,20 +130,39 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 
 async def _client() -> DaemonClient:
-    return await DaemonClient.connect()
+    return await DaemonClient.connect(plain_calls=True)
 
 
 # --------------------------------------------------------------------------- run
 
 
+def _workload(args: argparse.Namespace) -> tuple[str, str]:
+    """(workload, its file's absolute path or "")."""
+    from engines.bench.workload import WORKLOADS  # aiohttp: only for `bench run`
+
+    if args.workload in WORKLOADS:
+        return args.workload, ""
+    path = Path(args.workload).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(
+            f"--workload {args.workload!r} is neither {' nor '.join(WORKLOADS)} nor a file; "
+            "`traylm requests export FILE` writes one"
+        )
+    return "file", str(path)
+
+
 async def cmd_run(args: argparse.Namespace) -> int:
+    workload, workload_file = _workload(args)
+    default_levels = str(FILE_CONCURRENCY) if workload_file else "1"
     config = BenchConfig(
         model=args.model,
         url=args.url,
-        workload=args.workload,
+        workload=workload,
+        workload_file=workload_file,
+        as_fast_as_possible=args.as_fast_as_possible,
         input_len=args.input_len,
         output_len=args.output_len,
-        concurrency=parse_levels(args.concurrency),
+        concurrency=parse_levels(args.concurrency or default_levels),
         requests=args.requests,
         warmup=args.warmup,
         rate_rps=args.rate,

@@ -31,6 +31,16 @@ class RequestSpec:
     ignore_eos: bool = False
     input_tokens: int | None = None  # counted with the engine's tokenizer, or estimated
     input_source: str = "approx"  # "tokenize" | "approx"
+    body: Mapping[str, Any] | None = None
+    """A recorded request's body, sent as it is (its model replaced; engines/bench/replay.py)."""
+    path: str = ""
+    """The route of ``body`` ("/v1/embeddings"); "" for chat completions."""
+    at_s: float | None = None
+    """When to send it, from the start (a recorded pace); None: by the rate."""
+
+
+STREAMED_ROUTES = ("/v1/chat/completions", "/v1/completions")
+"""Recorded requests on these routes are streamed, so that their first token is timed."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,12 @@ class Target:
     @property
     def chat_url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
+
+    def url_of(self, spec: RequestSpec) -> str:
+        if not spec.path:
+            return self.chat_url
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        return root + spec.path
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -64,6 +80,12 @@ class LoadResult:
 
 
 def request_body(target: Target, spec: RequestSpec) -> dict[str, Any]:
+    if spec.body is not None:  # a recorded request, to the benchmarked model
+        recorded = {**spec.body, "model": target.model}
+        if spec.path in STREAMED_ROUTES:
+            recorded["stream"] = True
+            recorded["stream_options"] = {"include_usage": True}
+        return recorded
     body: dict[str, Any] = {
         "model": target.model,
         "messages": [dict(m) for m in spec.messages],
@@ -89,13 +111,18 @@ async def send_request(
     start = time.perf_counter()
     try:
         async with http.post(
-            target.chat_url,
+            target.url_of(spec),
             json=request_body(target, spec),
             headers=target.headers(),
             timeout=timeout,
         ) as resp:
             if resp.status != 200:
                 error = f"HTTP {resp.status}: {_error_message(await resp.text())}"
+            elif resp.content_type != "text/event-stream":  # a recorded non-streamed request
+                data = await resp.json(content_type=None)
+                chunks.append(time.perf_counter())
+                if isinstance(data, dict) and isinstance(data.get("usage"), dict):
+                    usage.update(data["usage"])
             else:
                 error = await _read_stream(resp, chunks, usage)
     except TimeoutError:
@@ -147,6 +174,8 @@ async def _read_stream(
 def _has_text(choices: Any) -> bool:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return False
+    if choices[0].get("text"):  # completions
+        return True
     delta = choices[0].get("delta") or {}
     if not isinstance(delta, dict):
         return False
@@ -195,7 +224,10 @@ async def run_load(
     result = LoadResult()
     slots = asyncio.Semaphore(max(1, concurrency))
     in_flight = 0
-    arrivals = poisson_arrivals_s(len(specs), rate_rps, seed)
+    if specs and all(s.at_s is not None for s in specs):  # a recorded pace
+        arrivals = [float(s.at_s or 0.0) for s in specs]
+    else:
+        arrivals = poisson_arrivals_s(len(specs), rate_rps, seed)
 
     async def one(spec: RequestSpec) -> None:
         nonlocal in_flight

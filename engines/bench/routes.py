@@ -9,8 +9,8 @@ from aiohttp import web
 from engines.bench.report import render_report
 from engines.bench.runs import summary
 from engines.bench.service import BenchFeature, config_from_body
+from engines.core.http import json_body, ok, traylm_errors
 from engines.errors import ConfigError
-from engines.http import json_body, ok, traylm_errors
 
 routes = web.RouteTableDef()
 MAX_REPORT_RUNS = 12

@@ -11,11 +11,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
 from engines.bench.load import LoadResult, RequestSpec, Target, run_load
 from engines.bench.metrics import RequestTiming, level_result
+from engines.bench.replay import read_workload_file
 from engines.bench.telemetry import TelemetryRecorder, TelemetrySource
 from engines.bench.workload import WORKLOADS, EngineTokenizer, build_requests
 from engines.errors import BenchError, ConfigError
@@ -44,9 +46,13 @@ def check_config(config: BenchConfig) -> None:
     """Raise ConfigError naming the first bad field and a valid value."""
     if not config.model:
         raise ConfigError("name the model to benchmark (--model; `traylm status` lists them)")
-    if config.workload not in WORKLOADS:
+    if config.workload == "file":
+        if not config.workload_file:
+            raise ConfigError("the file workload needs its file (--workload FILE)")
+    elif config.workload not in WORKLOADS:
         raise ConfigError(
-            f"unknown workload {config.workload!r}; use one of: {', '.join(WORKLOADS)}"
+            f"unknown workload {config.workload!r}; use one of: {', '.join(WORKLOADS)}, "
+            "or a file from `traylm requests export`"
         )
     if not 1 <= config.input_len <= 1_000_000 or not 1 <= config.output_len <= 1_000_000:
         raise ConfigError("--input-len and --output-len must be whole numbers from 1 up")
@@ -149,15 +155,21 @@ class _LevelRun:
         c = self.config
         count = requests_per_level(c, concurrency)
         self._emit(index, concurrency, "prepare", total=count)
-        specs = await build_requests(
-            c.workload,
-            count=count + c.warmup,
-            input_len=c.input_len,
-            output_len=c.output_len,
-            seed=c.seed * 100_003 + index,
-            tokenizer=self.tokenizer,
-        )
-        warm, measured = specs[: c.warmup], specs[c.warmup :]
+        if c.workload == "file":  # a recorded day, as it came: no warm-up
+            path = Path(c.workload_file)
+            paced = not c.as_fast_as_possible
+            specs = await asyncio.to_thread(read_workload_file, path, paced=paced)
+            count, warm, measured = len(specs), [], specs
+        else:
+            specs = await build_requests(
+                c.workload,
+                count=count + c.warmup,
+                input_len=c.input_len,
+                output_len=c.output_len,
+                seed=c.seed * 100_003 + index,
+                tokenizer=self.tokenizer,
+            )
+            warm, measured = specs[: c.warmup], specs[c.warmup :]
         if warm:
             self._emit(index, concurrency, "warmup", total=len(warm))
             done = await run_load(self.http, self.target, warm, concurrency=concurrency, stop=stop)

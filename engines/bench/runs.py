@@ -12,10 +12,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from engines.core.store import Store, dumps
 from engines.errors import BenchError
 from engines.events.bench import BenchConfig, BenchLevel, BenchRun, BenchRunSummary, BenchState
 from engines.events.codec import from_plain, to_plain
-from engines.store import Store, dumps
 
 
 class RunStore:

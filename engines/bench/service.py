@@ -38,7 +38,10 @@ from engines import __version__
 from engines.bench.metrics import DEFINITIONS
 from engines.bench.runner import check_config
 from engines.bench.runs import RunStore, summary
-from engines.errors import BenchError, ConfigError
+from engines.config.live import SettingsView
+from engines.core.http import dataclass_body
+from engines.core.store import Store
+from engines.errors import BenchError, ConfigError, DiskFull
 from engines.events.bench import (
     BenchConfig,
     BenchFinished,
@@ -50,17 +53,14 @@ from engines.events.bench import (
 from engines.events.codec import Event, from_plain, to_plain
 from engines.events.core import EngineState
 from engines.events.registry import from_wire
-from engines.settings import SettingsView
-from engines.store import Store
-from engines.supervisor import RoutingView
+from engines.runtime.supervisor import RoutingView
 
 if TYPE_CHECKING:
-    from engines.supervisor import ManagedEngine
+    from engines.runtime.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 8.0  # under the daemon's 10 s per feature stop
 WORKER_LINE_LIMIT = 64 * 1024 * 1024
-CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(BenchConfig)}
 
 
 @dataclasses.dataclass
@@ -158,6 +158,19 @@ class BenchFeature:
             self._job.watcher = asyncio.create_task(self._watch(self._job), name="bench run")
             return run
 
+    async def run_to_end(self, config: BenchConfig) -> BenchRun:
+        """Start a run and return it once it ended (stored). Cancelling the caller cancels
+        the run (its worker stopped, what finished kept) before the CancelledError goes on:
+        the tuner measures its candidates through this."""
+        run = await self.start_run(config)
+        job = self._job
+        assert job is not None and job.watcher is not None and job.run.id == run.id
+        try:
+            return await asyncio.shield(job.watcher)
+        except asyncio.CancelledError:
+            await self._end(job, BenchState.CANCELLED)
+            raise
+
     def _resolve(self, config: BenchConfig) -> tuple[str, str | None, dict[str, str]]:
         """(OpenAI base URL, server root for /tokenize or None, engine facts)."""
         if not config.url:
@@ -230,6 +243,8 @@ class BenchFeature:
         final = self._final(job, result, code)
         try:
             await asyncio.to_thread(self.runs.save, final)
+        except DiskFull as exc:
+            log.warning("benchmark run %d finished but was not stored: %s", final.id, exc.message)
         except Exception:  # boundary: a storage failure must not leave the run "running"
             log.exception("could not store benchmark run %d", final.id)
         self._job = None
@@ -344,28 +359,4 @@ def config_from_body(body: dict[str, Any]) -> tuple[BenchConfig, str]:
     api_key = body.pop("api_key", None) or ""
     if not isinstance(api_key, str):
         raise ConfigError("api_key must be text")
-    unknown = sorted(set(body) - set(CONFIG_FIELDS))
-    if unknown:
-        raise ConfigError(
-            f"unknown fields {', '.join(unknown)}; allowed: {', '.join(sorted(CONFIG_FIELDS))}"
-        )
-    defaults = BenchConfig(model="")
-    for name, value in body.items():
-        _check_type(name, value, getattr(defaults, name))
-    return from_plain(BenchConfig, body), api_key
-
-
-def _check_type(name: str, value: Any, default: Any) -> None:
-    if isinstance(default, bool) or isinstance(value, bool):
-        ok = isinstance(value, bool) and isinstance(default, bool)
-    elif isinstance(default, tuple):
-        ok = isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        )
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        kind = "a list of whole numbers" if isinstance(default, tuple) else type(default).__name__
-        raise ConfigError(f"{name} must be {kind}, not {value!r}")
+    return dataclass_body(BenchConfig(model=""), body), api_key

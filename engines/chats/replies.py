@@ -8,6 +8,10 @@ database as an assistant message marked interrupted, rewritten at most every ``S
 (one write in flight at a time), and marks it with the engine's finish reason once the stream
 ends with ``[DONE]``. A reply that ends any other way (the client went away, the engine died, an
 error event) stays interrupted, and the chat window offers Retry for it.
+
+A full disk (``DiskFull``): saves in progress are skipped (the store logs it once), and the
+reply as it ended is handed to ``kept_back`` (the chats feature writes it once there is room),
+so a reply the client got whole is marked complete, not interrupted, as soon as it can be.
 """
 
 from __future__ import annotations
@@ -20,27 +24,37 @@ from collections.abc import Callable
 from typing import Any
 
 from engines.chats.store import INTERRUPTED, ChatStore
+from engines.errors import DiskFull
 
 log = logging.getLogger(__name__)
 
 SAVE_EVERY_S = 0.5
+KeptBack = Callable[[int, str, str], None]
+"""(message id, text, finish reason): a reply's end that a full disk refused, to write later."""
 
 
 class ReplyTap:
     """One reply as it streams (see the module docstring). ``feed`` runs on the relay's path:
     it parses the events it is given and starts a save when one is due, never waits for it."""
 
-    def __init__(self, chats: ChatStore, message_id: int, ended: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        chats: ChatStore,
+        message_id: int,
+        ended: Callable[[], None],
+        kept_back: KeptBack,
+    ) -> None:
         self._chats = chats
         self._message_id = message_id
         self._ended = ended
+        self._kept_back = kept_back
         self._parts: list[str] = []
         self._finish = ""
         self._done = False
         self._failed = False
         self._dirty = False
         self._saved_at = time.monotonic()
-        self._saving: asyncio.Task[None] | None = None
+        self._saving: asyncio.Task[bool] | None = None
 
     @property
     def text(self) -> str:
@@ -81,22 +95,29 @@ class ReplyTap:
                 self._finish = choice["finish_reason"]
 
     async def finish(self) -> None:
-        """The stream is over: write the reply as it ended."""
+        """The stream is over: write the reply as it ended (later, when the disk is full)."""
         if self._saving is not None:
             await self._saving
         complete = self._done and not self._failed
         finish = (self._finish or "stop") if complete else INTERRUPTED
         self._dirty = True
-        await self._save(finish)
-        self._ended()
+        if await self._save(finish):
+            self._ended()
+        else:
+            self._kept_back(self._message_id, self.text, finish)
 
-    async def _save(self, finish: str) -> None:
+    async def _save(self, finish: str) -> bool:
+        """Write the reply so far; False when a full disk refused it."""
         text, self._dirty = self.text, False
         try:
             await asyncio.to_thread(
                 self._chats.save_reply, self._message_id, text, finish_reason=finish
             )
+        except DiskFull:
+            self._dirty = True
+            return False
         except Exception:  # boundary: keeping the reply must never break the reply itself
             log.exception("could not keep the chat reply %d", self._message_id)
         finally:
             self._saving = None
+        return True

@@ -14,8 +14,8 @@ from aiohttp import web
 
 from engines.chats.service import ChatsFeature
 from engines.chats.store import NewMessage
+from engines.core.http import json_body, ok, traylm_errors
 from engines.errors import ConfigError
-from engines.http import json_body, ok, traylm_errors
 
 CHATS: web.AppKey[ChatsFeature] = web.AppKey("chats", ChatsFeature)
 """``request.app[CHATS]``: the chats feature these routes act on (mounted by the daemon)."""

@@ -8,16 +8,19 @@ Bad input raises ``ConfigError`` naming the field; an unknown id raises ``ChatNo
 
 from __future__ import annotations
 
+import binascii
 import json
 import math
+import re
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.core.store import Store, dumps
 from engines.errors import ChatNotFound, ConfigError
 from engines.events.chat import CHAT_ROLES, ChatMessage, ChatSummary, ChatTranscript
-from engines.store import Store, dumps
 
 TITLE_MAX_CHARS = 200
 CONTENT_MAX_CHARS = 1_000_000
@@ -25,13 +28,22 @@ PARAM_BOUNDS: Mapping[str, tuple[float, float]] = {
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
     "max_tokens": (1.0, 1_048_576.0),
+    # when the conversation outgrows the model's context: 0 stop and say so, 1 leave the
+    # oldest turns out, 2 keep the first turn and the latest ones (the chat window does it)
+    "context_policy": (0.0, 2.0),
 }
-STAT_NAMES = frozenset({"ttft_s", "tokens_per_s", "completion_tokens", "duration_s"})
+STAT_NAMES = frozenset(
+    {"ttft_s", "tokens_per_s", "completion_tokens", "prompt_tokens", "duration_s"}
+)
 INTERRUPTED = "interrupted"
 """A reply that did not complete: still streaming, or cut off (app or daemon killed, engine
 died). The chat window offers Retry for it."""
-FINISH_REASONS = frozenset({"", "stop", "length", "stopped", "error", INTERRUPTED})
+# "context": cut because the model's context was full (before max_tokens)
+FINISH_REASONS = frozenset({"", "stop", "length", "context", "stopped", "error", INTERRUPTED})
 UPDATABLE = ("title", "model", "system_prompt", "params")
+IMAGES_MAX = 4
+IMAGE_MAX_CHARS = 8_000_000  # one image's data URL (about 6 MB of picture)
+IMAGE_URL = re.compile(r"data:image/(png|jpeg|webp|gif);base64,([A-Za-z0-9+/=]+)")
 
 _SUMMARY_SQL = (
     "SELECT c.*, (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id) AS message_count "
@@ -48,6 +60,7 @@ class NewMessage:
     model: str = ""
     stats: Mapping[str, float] = field(default_factory=dict)
     finish_reason: str = ""
+    images: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, data: object, where: str) -> NewMessage:
@@ -66,7 +79,28 @@ class NewMessage:
             raise ConfigError(
                 f"{where}.finish_reason must be one of {', '.join(sorted(FINISH_REASONS))}"
             )
-        return cls(role, content, model, _parse_stats(data.get("stats", {}), where), finish)
+        stats = _parse_stats(data.get("stats", {}), where)
+        images = _parse_images(data.get("images", []), where)
+        return cls(role, content, model, stats, finish, images)
+
+
+def _parse_images(raw: object, where: str) -> tuple[str, ...]:
+    """A message's images: PNG, JPEG, WebP or GIF ``data:`` URLs (base64), a few, each bounded:
+    they are kept in the chats table with the message."""
+    if not isinstance(raw, list) or len(raw) > IMAGES_MAX:
+        raise ConfigError(f"{where}.images must be a list of at most {IMAGES_MAX} images")
+    for i, url in enumerate(raw):
+        match = IMAGE_URL.fullmatch(url) if isinstance(url, str) else None
+        if match is None or len(url) > IMAGE_MAX_CHARS:
+            raise ConfigError(
+                f"{where}.images[{i}] must be a data:image/png, jpeg, webp or gif;base64 URL of "
+                f"at most {IMAGE_MAX_CHARS:,} characters (scale the picture down)"
+            )
+        try:
+            binascii.a2b_base64(match.group(2), strict_mode=True)
+        except binascii.Error as exc:
+            raise ConfigError(f"{where}.images[{i}] is not valid base64 ({exc})") from None
+    return tuple(raw)
 
 
 def _parse_stats(raw: object, where: str) -> dict[str, float]:
@@ -196,7 +230,9 @@ class ChatStore:
             chat = db.execute("SELECT title FROM chats WHERE id = ?", (chat_id,)).fetchone()
             if chat is None:
                 raise ChatNotFound(f"no conversation {chat_id}; it may have been deleted")
+            title = str(chat["title"])
             if truncate_from is not None:
+                title = _title_after_edit(db, chat_id, truncate_from, title)
                 db.execute(
                     "DELETE FROM messages WHERE chat_id = ? AND position >= ?",
                     (chat_id, truncate_from),
@@ -212,11 +248,12 @@ class ChatStore:
                 }
                 db.execute(
                     "INSERT INTO messages (chat_id, position, role, content, model, stats_json,"
-                    " created_s) VALUES (?,?,?,?,?,?,?)",
-                    (chat_id, position, msg.role, msg.content, msg.model, dumps(stats), now),
-                )
+                    " created_s, images_json) VALUES (?,?,?,?,?,?,?,?)",
+                    (chat_id, position, msg.role, msg.content, msg.model, dumps(stats), now,
+                     dumps(list(msg.images))),
+                )  # fmt: skip
                 position += 1
-            title = str(chat["title"]) or _title_from(messages)
+            title = title or _title_from(messages)
             db.execute(
                 "UPDATE chats SET updated_s = ?, title = ? WHERE id = ?", (now, title, chat_id)
             )
@@ -264,6 +301,21 @@ def _checked_fields(changes: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _title_after_edit(db: sqlite3.Connection, chat_id: int, position: int, title: str) -> str:
+    """The title once the messages from ``position`` on are replaced: a title taken from the
+    first question follows that question when it is edited ("" to take it anew); a title the
+    user gave stays."""
+    first = db.execute(
+        "SELECT position, content FROM messages WHERE chat_id = ? AND role = 'user'"
+        " ORDER BY position LIMIT 1",
+        (chat_id,),
+    ).fetchone()
+    if first is None or int(first[0]) < position:
+        return title
+    derived = _title_from([NewMessage("user", str(first[1]))])
+    return "" if title == derived else title
+
+
 def _title_from(messages: Sequence[NewMessage]) -> str:
     for msg in messages:
         if msg.role == "user" and msg.content.strip():
@@ -298,4 +350,5 @@ def _message(row: Mapping[str, Any]) -> ChatMessage:
         stats={str(k): float(v) for k, v in raw.items()},
         finish_reason=finish,
         created_s=float(row["created_s"]),
+        images=tuple(str(url) for url in json.loads(row["images_json"])),
     )

@@ -14,14 +14,20 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.config import SECTIONS
+from engines.config.fields import doc
+from engines.config.profiles import (
+    ACROSS_BOXES_WARNING,
+    Profile,
+    check_name,
+    profile_from_mapping,
+    profile_to_mapping,
+)
+from engines.config.sections import SECTIONS
 from engines.control.service import ControlAPI, adhoc_profile
-from engines.envs import env_summary
+from engines.core.http import error_response, event_stream, json_body, ok, traylm_errors
+from engines.envs.manager import env_summary
 from engines.errors import ConfigError, EngineEnvError, TraylmError
 from engines.events.codec import to_plain
-from engines.fields import doc
-from engines.http import error_response, json_body, ok, traylm_errors
-from engines.profiles import Profile, profile_from_mapping, profile_to_mapping
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -37,6 +43,12 @@ def control_routes() -> list[web.RouteDef]:
 
 def _api(request: web.Request) -> ControlAPI:
     return request.app[CONTROL]
+
+
+def _name(request: web.Request, key: str = "name", what: str = "profile") -> str:
+    """The name in the path, refused (400, with the rule) before any action unless it is a
+    valid profile name; engine ids are profile names."""
+    return check_name(request.match_info[key], what)
 
 
 # --------------------------------------------------------------------------- status
@@ -86,6 +98,7 @@ async def start_engine(request: web.Request) -> web.Response:
             await asyncio.to_thread(api.remember_folder, profile.model, profile.name)
         return ok(status, status=202)
     except TraylmError as exc:
+        log.warning("%s: %s", title, exc.message)  # a refused start is in the daemon's log too
         api.engines.notify_error(title, exc)
         return error_response(exc)
 
@@ -93,13 +106,13 @@ async def start_engine(request: web.Request) -> web.Response:
 @routes.post("/api/engines/{engine_id}/stop")
 @traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:
-    return ok(await _api(request).engines.stop_engine(request.match_info["engine_id"]))
+    return ok(await _api(request).engines.stop_engine(_name(request, "engine_id", "engine")))
 
 
 @routes.post("/api/engines/{engine_id}/restart")
 @traylm_errors
 async def restart_engine(request: web.Request) -> web.Response:
-    engine = _api(request).engines.engine(request.match_info["engine_id"])
+    engine = _api(request).engines.engine(_name(request, "engine_id", "engine"))
     await engine.restart()
     return ok(engine.status(), status=202)
 
@@ -107,7 +120,7 @@ async def restart_engine(request: web.Request) -> web.Response:
 @routes.get("/api/engines/{engine_id}/logs")
 @traylm_errors
 async def engine_logs(request: web.Request) -> web.Response:
-    engine = _api(request).engines.engine(request.match_info["engine_id"])
+    engine = _api(request).engines.engine(_name(request, "engine_id", "engine"))
     try:
         tail = int(request.query.get("tail", "200"))
     except ValueError:
@@ -140,7 +153,7 @@ async def profiles(request: web.Request) -> web.Response:
 @traylm_errors
 async def profile(request: web.Request) -> web.Response:
     d = _api(request)
-    p = await asyncio.to_thread(d.profiles.load, request.match_info["name"])
+    p = await asyncio.to_thread(d.profiles.load, _name(request))
     return ok(_profile_view(d, p))
 
 
@@ -149,21 +162,23 @@ async def profile(request: web.Request) -> web.Response:
 async def save_profile(request: web.Request) -> web.Response:
     """Validate and save; ``?dry_run=1`` only validates (the profile editor's live check)."""
     d = _api(request)
-    name = request.match_info["name"]
+    name = _name(request)
     body = await json_body(request)
     body.pop("name", None)
     p = profile_from_mapping(name, body)
     if request.query.get("dry_run") not in ("1", "true"):
         await asyncio.to_thread(d.profiles.save, p)
-    return ok({**_profile_view(d, p), "toml": profile_to_mapping(p)})
+    warnings = [ACROSS_BOXES_WARNING] if p.boxes else []  # where it is turned on
+    return ok({**_profile_view(d, p), "toml": profile_to_mapping(p), "warnings": warnings})
 
 
 @routes.delete("/api/profiles/{name}")
 @traylm_errors
 async def delete_profile(request: web.Request) -> web.Response:
     d = _api(request)
-    await asyncio.to_thread(d.profiles.delete, request.match_info["name"])
-    return ok({"deleted": request.match_info["name"]})
+    name = _name(request)
+    await asyncio.to_thread(d.profiles.delete, name)
+    return ok({"deleted": name})
 
 
 # --------------------------------------------------------------------------- settings
@@ -253,13 +268,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     kinds = (
         frozenset(k.strip() for k in kinds_param.split(",") if k.strip()) if kinds_param else None
     )
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
+    resp = event_stream(request)
     # subscribed before the first byte: a client that has seen the stream open misses nothing
     with d.bus.subscribe(kinds) as sub:
         await resp.prepare(request)

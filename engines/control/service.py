@@ -18,28 +18,29 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engines import __version__
-from engines.adapters import adapter_for
-from engines.adapters.base import EngineRuntime
-from engines.adapters.vllm_models import family_parsers
-from engines.bus import EventBus
-from engines.envs import RECIPES, EnvManager, has_nvidia_gpu
+from engines.config.live import SettingsEditor, SettingsView
+from engines.config.profiles import Profile, ProfileStore, profile_from_mapping, replica_base
+from engines.core.bus import EventBus
+from engines.core.modelinfo import read_model_info
+from engines.core.procs import PidRegistry
+from engines.envs.manager import RECIPES, EnvInfo, EnvManager, has_nvidia_gpu
+from engines.envs.pip_progress import PipStatus
 from engines.errors import (
     ConfigError,
     EngineEnvError,
     EngineNotFound,
+    GPUNotFound,
     ProfileNotFound,
     TraylmError,
 )
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
-from engines.modelinfo import read_model_info
-from engines.pip_progress import PipStatus
-from engines.procs import PidRegistry
-from engines.profiles import Profile, ProfileStore, profile_from_mapping
-from engines.settings import SettingsEditor, SettingsView
-from engines.supervisor import EngineView, ManagedEngine, Prepare, Supervisor
-from engines.traffic import EngineTraffic
-from engines.warm import WarmPool
+from engines.runtime.adapters import adapter_for
+from engines.runtime.adapters.base import EngineRuntime
+from engines.runtime.adapters.vllm_models import family_parsers
+from engines.runtime.supervisor import EngineView, ManagedEngine, Prepare, Ranks, Supervisor
+from engines.runtime.traffic import EngineTraffic
+from engines.runtime.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class LaunchHook(Protocol):
     ) -> Prepare | None: ...
 
 
+Spread = Callable[[Profile, EngineRuntime, str], Ranks]
+"""(profile, runtime, model) → the ranks on the other boxes of a model across boxes
+(engines/multinode/service.py MultiNode.ranks)."""
 Place = Callable[[Profile], Awaitable[Profile]]
 """Put a profile on GPUs before it starts (engines/ondemand/service.py place_started)."""
 TrustCheck = Callable[[str, str], Awaitable[None]]
@@ -88,12 +92,18 @@ class EngineControl:
         cache_dir: Path | None = None,
         warm: WarmPool | None = None,
         place: Place | None = None,
+        gpu_count: Callable[[], Awaitable[int]] | None = None,
+        spread: Spread | None = None,
     ) -> None:
         """``cache_dir``: where engines keep their compile caches (one folder per engine env);
         ``warm``: the processes started ahead for the next start of a profile; ``place``: puts a
         profile on GPUs before it starts (models on demand: resolves ``gpus = "auto"``, making
         room by unloading idle models, and books the engine); ``traffic``: the gateway's requests
-        in flight, which each engine's supervision reads and ends (engines/traffic.py)."""
+        in flight, which each engine's supervision reads and ends (engines/runtime/traffic.py);
+        ``gpu_count``: the GPUs engines can be placed on (the inventory, simulated ones
+        included; without it the GPU count is not checked)."""
+        self._gpu_count = gpu_count
+        self._spread = spread
         self._supervisor = supervisor
         self._envs = envs
         self._settings = settings
@@ -109,7 +119,7 @@ class EngineControl:
         self._check_available = check_available
         """(profile name, model) → None, or an error when the engine could not get the model
         (a Hub model, not downloaded, without network: HubFeature.require_available)."""
-        self._install_task: asyncio.Task[None] | None = None
+        self._install_task: asyncio.Task[EnvInfo] | None = None
         self._pip_published_s = 0.0
 
     async def stop(self) -> None:
@@ -125,10 +135,14 @@ class EngineControl:
         TraylmError subclasses with the fix in the message."""
         await self._checked(profile)
 
-    async def start_engine(self, profile: Profile, *, placed: bool = False) -> EngineStatus:
+    async def start_engine(
+        self, profile: Profile, *, placed: bool = False, warm: bool = True
+    ) -> EngineStatus:
         """Validate everything that can be checked before launch, place it on GPUs (unless
         ``placed``), then start (returns at once with state ``starting``). Raises TraylmError
-        subclasses with the fix in the message."""
+        subclasses with the fix in the message. ``warm=False``: no warm process is taken for
+        this start nor prepared for the next (a measured start that must be cold, and must not
+        evict the user's warm process)."""
         profile, runtime, model = await self._checked(profile)
         settings = self._settings.current.engines
         if self._warm is not None:
@@ -137,6 +151,7 @@ class EngineControl:
             profile = await self._place(profile)
         hook = self._launch_hooks.get(profile.engine)
         prepare = await hook(profile, runtime=runtime, model=model) if hook else None
+        ranks = self._spread(profile, runtime, model) if profile.boxes and self._spread else None
         engine = ManagedEngine(
             profile.name,
             profile=profile,
@@ -149,7 +164,8 @@ class EngineControl:
             publish=self._publish,
             prepare=prepare,
             traffic=self._traffic,
-            warm=self._warm,
+            warm=self._warm if warm else None,
+            ranks=ranks,
         )
         self._supervisor.add(engine)
         await engine.start()
@@ -160,12 +176,19 @@ class EngineControl:
         model, once every check before a launch passed."""
         adapter = adapter_for(profile.engine)
         device = resolve_device(profile)
+        if device == "cuda" and self._gpu_count is not None:  # the first reason: no GPU
+            _check_gpus(profile, await self._gpu_count())
         env = self._envs.find(profile.engine, device=device, version=profile.engine_version)
         runtime = await asyncio.to_thread(env.runtime)
         if self._cache_dir is not None:
             runtime = dataclasses.replace(runtime, cache_dir=self._cache_dir / env.name)
         model = resolve_model(profile)
         settings = self._settings.current.engines
+        if profile.boxes and self._spread is None:
+            raise ConfigError(
+                f"profile {profile.name!r} lists boxes, but this daemon runs without paired "
+                "boxes; pair them first (`traylm pair`)"
+            )
         if profile.trust_remote_code:  # the user must have trusted this model's code
             await self._check_trust(profile.name, model)
         await self._check_available(profile.name, model)  # offline and not downloaded: say so
@@ -174,13 +197,13 @@ class EngineControl:
         self._check_names_free(profile)
         check = profile
         if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
-            check = dataclasses.replace(profile, gpus=tuple(range(profile.world_size)))
+            check = dataclasses.replace(profile, gpus=tuple(range(profile.gpu_count)))
         adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
         return profile, runtime, model
 
     def _check_names_free(self, profile: Profile) -> None:
         for other in self._supervisor.engines.values():
-            if other.engine_id == profile.name or other.state in (
+            if replica_base(other.engine_id) == replica_base(profile.name) or other.state in (
                 EngineState.STOPPED,
                 EngineState.FAILED,
             ):
@@ -215,8 +238,18 @@ class EngineControl:
     def install_env(self, engine: str, *, device: str, version: str | None) -> dict[str, str]:
         """Start installing an engine env in the background (one at a time); progress and the
         outcome are published as EnvInstallProgress events."""
-        if device == "auto":
-            device = "cuda" if has_nvidia_gpu() else "cpu"
+        device = auto_device(device)
+        task = self.begin_install(engine, device=device, version=version)
+        task.add_done_callback(_retrieved)  # its failure was published: nobody awaits it
+        return {"engine": engine, "device": device, "version": version or "default"}
+
+    def begin_install(
+        self, engine: str, *, device: str, version: str | None, held: str = ""
+    ) -> asyncio.Task[EnvInfo]:
+        """The install as a task of its own (one at a time), published as EnvInstallProgress
+        events; the task raises the install's error. ``held``: EnvManager.install's (a guarded
+        upgrade installs the new version held back)."""
+        device = auto_device(device)
         if (engine, device) not in RECIPES:
             known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
             raise ConfigError(f"traylm cannot install {engine!r} for {device}; it knows: {known}")
@@ -240,20 +273,23 @@ class EngineControl:
                 last[:] = [status]
                 progress("install", "", status)
 
-        async def run() -> None:
+        async def run() -> EnvInfo:
             try:
-                await self._envs.install(
-                    engine, device=device, version=version, progress=progress, on_pip=on_pip
-                )
+                return await self._envs.install(
+                    engine, device=device, version=version, progress=progress, on_pip=on_pip,
+                    held=held,
+                )  # fmt: skip
             except TraylmError as exc:
                 progress("failed", exc.message)
                 self.notify_error(f"installing {engine} failed", exc)
+                raise
             except asyncio.CancelledError:
                 progress("cancelled", "the install was cancelled; its unfinished folder is gone")
                 raise
 
-        self._install_task = asyncio.create_task(run(), name=f"install:{engine}")
-        return {"engine": engine, "device": device, "version": version or "default"}
+        task = asyncio.create_task(run(), name=f"install:{engine}")
+        self._install_task = task
+        return task
 
     async def cancel_install(self) -> bool:
         """Cancel the running install (the installer removes its half-made venv and says
@@ -268,6 +304,12 @@ class EngineControl:
 
     def notify_error(self, title: str, exc: TraylmError) -> None:
         self._publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
+
+
+def _retrieved(task: asyncio.Task[EnvInfo]) -> None:
+    """Mark a background install's error as seen (it was published as its ``failed`` event)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _with_pip(event: EnvInstallProgress, pip: PipStatus) -> EnvInstallProgress:
@@ -355,9 +397,33 @@ class ControlAPI:
             return folder
 
 
+def _check_gpus(profile: Profile, here: int) -> None:
+    """A CUDA profile on a computer with too few GPUs: refused in words, before anything else
+    (the engine, the model) is looked at."""
+    if here == 0:
+        brief = "needs an NVIDIA GPU (this computer has none)"
+        raise GPUNotFound(
+            f"{profile.name} {brief}; on the CPU, serve a model folder (`traylm models add "
+            'PATH`) or a profile with device = "cpu"',
+            brief=brief,
+        )
+    if profile.gpu_count > here:
+        brief = f"needs {profile.gpu_count} NVIDIA GPUs ({here} here)"
+        raise GPUNotFound(
+            f"{profile.name} {brief}: lower its tensor_parallel_size × pipeline_parallel_size "
+            f"× data_parallel_size to {here}",
+            brief=brief,
+        )
+
+
 def resolve_device(profile: Profile) -> str:
-    if profile.device != "auto":
-        return profile.device
+    return auto_device(profile.device)
+
+
+def auto_device(device: str) -> str:
+    """``device``, with "auto" made "cuda" where an NVIDIA driver is, else "cpu"."""
+    if device != "auto":
+        return device
     return "cuda" if has_nvidia_gpu() else "cpu"
 
 

@@ -4,7 +4,9 @@ One module per feature, over a shared codec:
 
     codec.py     Event (the base: ``kind`` and ``ts_s``), to_plain, from_plain
     core.py      engine lifecycle, notices, the daemon stopping, engine-env installs
-    gpu.py  hub.py  trt.py  remote.py  chat.py  bench.py  models.py   each feature's types
+    gpu.py  hub.py  trt.py  remote.py  chat.py  bench.py  models.py  gateway.py  tune.py
+    upgrade.py  peers.py
+                 each feature's types
     registry.py  every event type by wire name, from_wire
 
 Code in engines/ imports the module it needs (``from engines.events.gpu import GPUInfo``), so
@@ -23,12 +25,16 @@ if TYPE_CHECKING:
     from engines.events.chat import *  # noqa: F403
     from engines.events.codec import *  # noqa: F403
     from engines.events.core import *  # noqa: F403
+    from engines.events.gateway import *  # noqa: F403
     from engines.events.gpu import *  # noqa: F403
     from engines.events.hub import *  # noqa: F403
     from engines.events.models import *  # noqa: F403
+    from engines.events.peers import *  # noqa: F403
     from engines.events.registry import *  # noqa: F403
     from engines.events.remote import *  # noqa: F403
     from engines.events.trt import *  # noqa: F403
+    from engines.events.tune import *  # noqa: F403
+    from engines.events.upgrade import *  # noqa: F403
 
 
 def __getattr__(name: str) -> Any:
@@ -36,7 +42,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(name)
     codec = importlib.import_module("engines.events.codec")
     registry = importlib.import_module("engines.events.registry")
-    for module in (codec, registry, *registry.MODULES):
+    for module in (codec, registry, *map(registry.feature_module, registry.MODULES)):
         if not name.startswith("_") and name in vars(module):
             value = vars(module)[name]
             globals()[name] = value

@@ -32,6 +32,9 @@ class BenchConfig:
     model: str
     url: str = ""  # OpenAI base URL of an engine (http://127.0.0.1:PORT/v1); "": the gateway
     workload: str = "random"  # "random" (fixed lengths, ignore_eos) | "chat" (varied prompts)
+    # | "file": workload_file, a flight-recorder export (engines/bench/replay.py)
+    workload_file: str = ""
+    as_fast_as_possible: bool = False  # file: ignore the recorded pace
     input_len: int = 128  # prompt tokens per request (random)
     output_len: int = 128  # generated tokens per request (random); the max_tokens cap (chat)
     concurrency: tuple[int, ...] = (1,)  # most requests in flight, one level after the other

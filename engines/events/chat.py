@@ -40,6 +40,8 @@ class ChatMessage:
     stats: Mapping[str, float]
     finish_reason: str
     created_s: float
+    images: tuple[str, ...] = ()
+    """Images the message carries (a user's, for a vision model), each a ``data:`` URL."""
 
 
 @dataclasses.dataclass(frozen=True)

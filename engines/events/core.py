@@ -78,6 +78,8 @@ class EngineStatus:
     """How long the current phase has run at this snapshot (its final length once ready)."""
     phases: tuple[PhaseTime, ...] = ()
     """Every phase of the last launch so far, in order."""
+    gpus: tuple[int, ...] = ()
+    """The CUDA GPUs it runs on (empty on the CPU)."""
 
     @property
     def stage(self) -> str:
@@ -162,7 +164,7 @@ class EnvInstallProgress(Event):
     """Progress of `traylm engines install` run by the daemon (phase: create, install, fix,
     probe, done, failed, cancelled). While pip runs, ``step`` says what it does (resolving,
     downloading, installing) and the byte counts how far the downloads are
-    (engines/pip_progress.py); ``line`` is then "" for a progress-only update."""
+    (engines/envs/pip_progress.py); ``line`` is then "" for a progress-only update."""
 
     kind: ClassVar[str] = "env.install"
     engine: str

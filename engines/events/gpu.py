@@ -144,7 +144,7 @@ class FanControl:
 class PowerControl:
     uuid: str
     limit_mw: int
-    source: str = "user"  # "user" | "guard"
+    source: str = "user"  # "user" | "guard" | "tune"
     persist: bool = False
 
 
@@ -277,7 +277,7 @@ class PowerLimitStatus:
     requested_mw: int | None = None
     applied: bool = False
     persist: bool = False
-    controlled_by: str = ""  # "" | "user" | "guard"
+    controlled_by: str = ""  # "" | "user" | "guard" | "tune"
     simulated: bool = False
 
 

@@ -197,12 +197,33 @@ class DownloadProgress(Event):
     files_total: int
 
 
+@dataclasses.dataclass(frozen=True)
+class HFTokenStatus:
+    """Which Hugging Face token the daemon finds (never the token itself): GET, PUT and
+    DELETE /api/hub/token."""
+
+    source: str
+    """"env" (a variable of the daemon's environment, which takes precedence), "file" (the
+    login file ``hf auth login`` writes, and traylm's Save token), or "" (none)."""
+    env_var: str
+    """The variable that holds it, when ``source`` is "env"."""
+    path: str
+    """The login file, where a saved token is (or would be) kept, readable only by you."""
+    sent: bool
+    """Sent to the configured endpoint (False when none, or withheld from an untrusted one)."""
+    withheld_reason: str = ""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LibraryChanged(Event):
     kind: ClassVar[str] = "library.changed"
     repo_id: str  # the repo, or the name of a model folder
     commit_sha: str
-    reason: str  # downloaded | deleted | verified | corrupt | trust | added | removed
+    reason: str  # downloaded | deleted | verified | corrupt | trust | added | changed | removed
+
+
+FOLDER_SETTINGS = ("tool_parser", "reasoning_parser")
+"""What a registered model folder keeps as settings of its own (`traylm models set`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,3 +240,5 @@ class LocalFolder:
     size_bytes: int  # weights
     added_s: float
     problems: tuple[str, ...]  # why it cannot be served now (deleted, shards missing); () = ok
+    tool_parser: str = ""  # vLLM's --tool-call-parser for it ("" = tool calling off)
+    reasoning_parser: str = ""  # vLLM's --reasoning-parser for it ("" = off)

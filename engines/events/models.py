@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from typing import ClassVar
 
 from engines.events.codec import Event
@@ -19,6 +20,16 @@ class ModelStatus(enum.StrEnum):
     LOADED = "loaded"
     LOADING = "loading"
     UNLOADED = "unloaded"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaInfo:
+    """One engine of a model served by several (``replicas`` in its profile)."""
+
+    engine_id: str
+    state: str
+    gpus: tuple[int, ...] = ()
+    in_flight: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +54,19 @@ class ServableModel:
     gpus_planned: bool = False
     external: bool = False
     detail: str = ""
+    blocked: str = ""
+    """Why it cannot start on this computer, in a few words ("needs an NVIDIA GPU (this computer
+    has none)", "needs the vLLM engine (CUDA build): traylm engines install vllm"); "" when it
+    can. The daemon's one answer, from the checks a start makes: a start or load of it is
+    refused by the same check, its message giving the fix. Every client shows this; none has
+    rules of its own."""
+    blocked_code: str = ""
+    """The refusal's error code (gpu_not_found, engine_env, hub_unavailable, ...)."""
+    replicas: tuple[ReplicaInfo, ...] = ()
+    """Its engines when it has more than one (the profile's ``replicas``), each with its
+    state and GPUs; empty for a model served by one engine."""
+    accepts_images: bool = False
+    """Its config.json describes a vision encoder: a chat may send it images."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +93,12 @@ class LoadedModel:
     external: bool = False
     url: str = ""
     detail: str = ""
+    ram_bytes: int = 0
+    """Host RAM booked for a model on the CPU (``gpus`` is then empty)."""
+    replica: str = ""
+    """"2/2" for the second of two engines serving one model; "" when one serves it."""
+    box: str = ""
+    """The paired box that serves it (its GPUs are that box's); "" for this box's own."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +127,29 @@ class Placement:
     """Only busy models stand in the way: it may fit once their requests finish."""
     on_cpu: bool = False
     """The engine runs on the CPU: no GPU placement."""
+    host_bytes: int = 0
+    """Host RAM it takes on the CPU (its booking)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupProposal:
+    """One model the first-run setup proposes to download (or find), start and chat with on
+    this computer: GET /api/setup/proposals (engines/ondemand/proposals.py)."""
+
+    name: str
+    """The profile's name: what `traylm start NAME` takes."""
+    repo_id: str
+    title: str
+    about: str
+    kind: str
+    """"preset" (a shipped profile this computer's GPUs can start) or "starter" (a small
+    model for vLLM's CPU build, whose profile the setup writes)."""
+    device: str  # cuda | cpu
+    profile: Mapping[str, object]
+    """The profile's fields (a starter's: those the setup writes), as in its TOML file."""
+    placement: Placement | None = None
+    """Where the planner puts a preset on the GPUs now, or why it cannot; None for a
+    starter (no profile yet: the hub's fit in this computer's memory says it)."""
 
 
 @dataclasses.dataclass(frozen=True)

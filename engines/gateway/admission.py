@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 
 
 class QueueFull(Exception):
@@ -25,7 +26,17 @@ class Admission:
     own future, and a slot that frees passes straight to the longest waiter (first come, first
     served)."""
 
-    def __init__(self, *, max_concurrent: int, max_queue: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        max_concurrent: int,
+        max_queue: int,
+        queue_timeout_s: float,
+        on_busy: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_busy``: called when a request takes a slot while none ran (the gateway's
+        throughput reporter starts there)."""
+        self.on_busy = on_busy
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
@@ -44,21 +55,11 @@ class Admission:
         """``async with admission.slot():`` holds a slot for the request's whole life."""
         return _Slot(self)
 
-    def try_enter(self) -> bool:
-        """Take a free slot now, without queueing (then ``leave`` when the request ends); False
-        when a request would have to wait for one."""
-        if self.in_flight < self.max_concurrent and not self._waiters:
-            self.in_flight += 1
-            return True
-        return False
-
-    def leave(self) -> None:
-        """The slot of a request that ended goes to the longest waiter, or is free."""
-        self._release()
-
     async def _acquire(self) -> None:
         if self.in_flight < self.max_concurrent and not self._waiters:
             self.in_flight += 1
+            if self.in_flight == 1 and self.on_busy is not None:
+                self.on_busy()
             return
         if len(self._waiters) >= self.max_queue:
             raise QueueFull(

@@ -19,10 +19,17 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from engines.gateway.connections import is_loopback
+from engines.gateway.exchange import (
+    REQUEST_ID,
+    REQUEST_ID_HEADER,
+    Exchange,
+    begin,
+    new_request_id,
+)
 from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
 from engines.gateway.security import Guard, header_bytes
-from engines.gateway.service import GATEWAY, GatewayContext
+from engines.gateway.service import GATEWAY, TOKEN_HEADER, GatewayContext
 from engines.gateway.shapes import INTERNAL_ERROR, api_error
 
 log = logging.getLogger(__name__)
@@ -35,12 +42,19 @@ _R = TypeVar("_R", bound=web.StreamResponse)
 
 
 def gateway_middleware(ctx: GatewayContext) -> Middleware:
-    """Every request's errors, security checks and metrics, in one middleware bound to ``ctx``
-    (one layer, not two, on the path of each request and of each of its awaits)."""
+    """Every request's id, errors, security checks, metrics and record, in one middleware
+    bound to ``ctx`` (one layer, not two, on the path of each request and of each of its
+    awaits). The id goes out as ``x-request-id`` on every answer (``_request_id``, as the
+    answer's headers are sent, streams included)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         resp: web.StreamResponse
+        rid = request[REQUEST_ID] = new_request_id()
+        exchange = None
+        if ctx.exchanges is not None:
+            local = is_loopback(request.remote)
+            exchange = begin(request, rid, ctx.settings.requests, ctx.guard, local=local)
         try:
             answer = _answer_here(ctx, request)
             if answer is not None:
@@ -55,6 +69,8 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
             # as a success; anything else is 499 (client closed request, as nginx names it).
             status = "200" if request.get(REPLY_COMPLETE) else "499"
             ctx.metrics.requests.inc(route=_route_label(request), status=status)
+            if exchange is not None:
+                _recorded(ctx, exchange, int(status), None)
             raise
         except web.HTTPException as exc:
             resp = _http_exception(request, exc, ctx)
@@ -63,13 +79,32 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
             resp = api_error(request.path, 500, INTERNAL_ERROR, type_="server_error")
         if request.get(CLIENT_GONE):  # a write to the client failed: it went away
             ctx.metrics.requests.inc(route=_route_label(request), status="499")
+            if exchange is not None:
+                _recorded(ctx, exchange, 499, None)
             return resp
         if resp.status >= 400:
             ctx.metrics.errors.inc(status=str(resp.status))
         ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))
+        if exchange is not None:
+            body = resp.body if isinstance(resp, web.Response) else None
+            _recorded(ctx, exchange, resp.status, body if isinstance(body, bytes) else None)
         return resp
 
     return middleware
+
+
+def _recorded(ctx: GatewayContext, exchange: Exchange, status: int, body: bytes | None) -> None:
+    exchange.answered(status, body)
+    if ctx.exchanges is not None:
+        ctx.exchanges(exchange)
+
+
+async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the request's id on its answer, as the headers go out (a
+    stream's at its start, inside the handler; every other answer's after the middleware)."""
+    rid = request.get(REQUEST_ID)
+    if rid is not None:
+        response.headers[REQUEST_ID_HEADER] = rid
 
 
 def _http_exception(
@@ -151,7 +186,11 @@ def _answer_here(ctx: GatewayContext, request: web.Request) -> web.Response | No
                 "(traylm's own tools read it for you)",
                 type_="unauthorized",
             )
-    elif path not in OPEN_ROUTES and not _key_ok(request, guard):
+    elif (
+        path not in OPEN_ROUTES
+        and not _key_ok(request, guard)
+        and not _own_token_ok(request, ctx.control_token)
+    ):
         return api_error(
             path,
             401,
@@ -164,7 +203,19 @@ def _answer_here(ctx: GatewayContext, request: web.Request) -> web.Response | No
 
 def _key_ok(request: web.Request, guard: Guard) -> bool:
     """An API key as OpenAI clients send it (Bearer) or as Anthropic's do (x-api-key)."""
-    return guard.key_ok(request.headers.get("Authorization"), request.headers.get("x-api-key"))
+    return guard.key_ok(
+        request.headers.get("Authorization"),
+        request.headers.get("x-api-key"),
+        loopback=is_loopback(request.remote),
+    )
+
+
+def _own_token_ok(request: web.Request, token: str) -> bool:
+    """traylm's own chat window sends the control token (daemon.json, readable by this user
+    only) in ``X-Traylm-Token``: it keeps working whatever the API keys, and gains nothing the
+    token does not already give (the whole control API)."""
+    given = request.headers.get(TOKEN_HEADER, "")
+    return bool(token and given) and secrets.compare_digest(header_bytes(given), token.encode())
 
 
 def _token_ok(request: web.Request, token: str) -> bool:
@@ -192,13 +243,14 @@ def _cors(resp: _R, origin: str, *, preflight: bool = False) -> _R:
 
 def build_app(ctx: GatewayContext) -> web.Application:
     """The gateway's app with its own routes; the daemon mounts each feature's /api routes on
-    it (engines.http.mount) before it starts serving."""
+    it (engines.core.http.mount) before it starts serving."""
     app = web.Application(
         middlewares=[gateway_middleware(ctx)],
         client_max_size=ctx.settings.gateway.max_body_bytes,
     )
     app[GATEWAY] = ctx
     app.router.add_routes(gateway_routes(ctx))
+    app.on_response_prepare.append(_request_id)
 
     sweep: list[asyncio.Task[None]] = []
 
@@ -208,6 +260,8 @@ def build_app(ctx: GatewayContext) -> web.Application:
     async def on_cleanup(_: web.Application) -> None:
         for task in sweep:
             task.cancel()
+        if ctx.throughput is not None:
+            await ctx.throughput.stop()
         await ctx.upstreams.close()
 
     app.on_startup.append(on_startup)

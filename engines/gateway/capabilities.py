@@ -3,26 +3,29 @@
 An engine's capabilities come from what it was started with: its version's recorded route list
 (per model task, resources/routes/ or probed at install), the task its model runs (the profile's
 runner and the model's config.json architectures), its tool-call parser, and whether it keeps
-Responses. A request the engine cannot serve gets a message naming the profile setting to
-change; when the gateway could not tell in advance (no route list, no config.json), the engine's
-own terse error (``404 {"detail": "Not Found"}``, vLLM's tool-choice error) is explained instead.
+Responses. A request the engine cannot serve gets a message naming the setting to change where
+it lives (a profile, a preset, a registered model folder, a downloaded model: ``served_as``);
+when the gateway could not tell in advance (no route list, no config.json), the engine's own
+terse error (``404 {"detail": "Not Found"}``, vLLM's tool-choice error) is explained instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from engines.adapters.routeset import RouteSet
-from engines.adapters.vllm_models import family_parsers, model_tasks
+from engines.config.profiles import Profile
+from engines.core.modelinfo import read_model_info
 from engines.gateway.shapes import api_error, error_message, is_anthropic
-from engines.modelinfo import read_model_info
-from engines.supervisor import ManagedEngine
+from engines.runtime.adapters.base import EngineRuntime
+from engines.runtime.adapters.routeset import RouteSet
+from engines.runtime.adapters.vllm_models import family_parsers, model_tasks
+from engines.runtime.supervisor import ManagedEngine
 
 RESPONSES_STORE_ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
 
@@ -62,6 +65,10 @@ class Capabilities:
     suggested_tool_parser: str
     checks_tools: bool
     stores_responses: bool
+    served_name: str = ""
+    """The profile's served name (a downloaded model's: its repo id)."""
+    served_as: str = "profile"
+    """What the engine serves, as the catalog has it (``ServedAs``): where its settings live."""
 
     @functools.cached_property
     def servable(self) -> frozenset[str]:
@@ -73,11 +80,34 @@ class Capabilities:
         return frozenset().union(*(self.routes.tasks.get(task, ()) for task in tasks))
 
 
-def describe(engine: ManagedEngine) -> Capabilities:
+ServedAs = Callable[[str], str]
+"""engine id → "profile", "preset", "folder" (``traylm models add``), "library" (a downloaded
+model run without a profile), "attached", or "" (an engine started with --model); blocking."""
+
+
+def describe(engine: ManagedEngine, served_as: ServedAs = lambda _id: "profile") -> Capabilities:
     """Blocking (reads the model's config.json): run it in a thread."""
-    profile = engine.profile
+    runtime = engine.runtime
+    label = f"{runtime.engine} {runtime.version}"
+    return _described(engine.profile, engine.engine_id, engine.model, label, runtime, served_as)
+
+
+def planned(profile: Profile, served_as: ServedAs) -> Capabilities:
+    """What an engine started from ``profile`` will serve, as far as the profile and the
+    model's config.json tell before it runs (no route list yet). Blocking, like ``describe``."""
+    return _described(profile, profile.name, profile.model, profile.engine, None, served_as)
+
+
+def _described(
+    profile: Profile,
+    engine_id: str,
+    model: str,
+    label: str,
+    runtime: EngineRuntime | None,
+    served_as: ServedAs,
+) -> Capabilities:
     vllm = profile.engine == "vllm"
-    info = read_model_info(engine.model, profile.revision) if vllm else None
+    info = read_model_info(model, profile.revision) if vllm else None
     tasks = None
     if info is not None:
         tasks = model_tasks(
@@ -85,30 +115,33 @@ def describe(engine: ManagedEngine) -> Capabilities:
         )
     store = profile.env.get(RESPONSES_STORE_ENV, "").lower() in ("1", "true")
     return Capabilities(
-        engine_id=engine.engine_id,
+        engine_id=engine_id,
         profile=profile.name,
-        label=f"{engine.runtime.engine} {engine.runtime.version}",
-        routes=engine.runtime.routes,
+        label=label,
+        routes=runtime.routes if runtime is not None else None,
         tasks=tasks,
         architectures=info.architectures if info else (),
         tool_parser=profile.tool_parser,
-        suggested_tool_parser=family_parsers(engine.model, info.config if info else None).tool,
+        suggested_tool_parser=family_parsers(model, info.config if info else None).tool,
         checks_tools=vllm,
         stores_responses=store,
+        served_name=profile.effective_served_name,
+        served_as=served_as(engine_id),
     )
 
 
 class CapabilityCache:
     """Capabilities per engine, worked out once per start of that engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, served_as: ServedAs = lambda _id: "profile") -> None:
+        self._served_as = served_as
         self._known: dict[str, tuple[float | None, Capabilities]] = {}
 
     async def of(self, engine: ManagedEngine) -> Capabilities:
         hit = self.known(engine)
         if hit is not None:
             return hit
-        caps = await asyncio.to_thread(describe, engine)
+        caps = await asyncio.to_thread(describe, engine, self._served_as)
         self._known[engine.engine_id] = (engine.started_at_s, caps)
         return caps
 
@@ -177,27 +210,61 @@ def task_message(caps: Capabilities, route: str, model: str) -> str:
 def tools_problem(caps: Capabilities, path: str, payload: Mapping[str, Any], model: str) -> str:
     """Why a request with tools cannot be served ("" when it can): vLLM needs a tool-call
     parser for any tool choice but "none"."""
-    if not caps.checks_tools or caps.tool_parser or not _asks_for_tools(path, payload):
+    if not caps.checks_tools or caps.tool_parser or not asks_for_tools(path, payload):
         return ""
     return tools_message(caps, model)
 
 
 def tools_message(caps: Capabilities, model: str) -> str:
+    """Why ``model`` cannot call tools, and the change that fixes it where this engine's
+    settings live (a profile, a preset, a registered folder, a downloaded model)."""
     suggest = caps.suggested_tool_parser
+    name = caps.profile
+    parser = suggest or "FORMAT"
     which = (
-        f'tool_parser = "{suggest}"'
+        ""
         if suggest
-        else "tool_parser (llama3_json for Llama 3.x, hermes for Qwen, mistral for Mistral)"
+        else " (FORMAT: llama3_json for Llama 3.x, hermes for Qwen, mistral for Mistral)"
     )
-    return (
-        f"{model!r} cannot call tools: engine {caps.engine_id!r} was started without a tool "
-        f"calling format. Set {which} in profile {caps.profile!r} (the dashboard calls it "
-        f'"Tool calling format"), then stop and start the engine: `traylm stop '
-        f"{caps.engine_id}` and `traylm start {caps.profile}`."
+    said = (
+        f"{model!r} cannot call tools: engine {caps.engine_id!r} has no tool calling format set. "
+    )
+    if caps.served_as == "folder":
+        return said + (
+            f"Set one for the model folder: `traylm models set {name} tool_parser={parser}`"
+            f"{which}; loaded already, it keeps its old setting until `traylm unload {name}` "
+            "(the next request loads it with the new one)."
+        )
+    if caps.served_as == "library":
+        return said + (
+            f"Set one for it: `traylm models set {caps.served_name} tool_parser={parser}`"
+            f"{which} (a profile {name!r} then serves it with that setting); loaded already, "
+            f"it keeps its old setting until `traylm unload {name}`."
+        )
+    restart = (
+        f"then stop and start the engine: `traylm stop {caps.engine_id}` and `traylm start {name}`."
+    )
+    command = f"`traylm models set {name} tool_parser={parser}`"
+    if caps.served_as == "preset":
+        return said + (
+            f"Profile {name!r} is a shipped preset (read-only): save your own profile named "
+            f'{name!r} with tool_parser = "{parser}"{which}, which replaces it ({command} '
+            f'does; so does the dashboard\'s "Tool calling format"), {restart}'
+        )
+    if caps.served_as == "":
+        return said + (
+            f"It was started from a model, not a profile: start it again from a profile "
+            f'with tool_parser = "{parser}"{which}, or register its folder with '
+            f"`traylm models add PATH --tool-parser {parser}`."
+        )
+    return said + (
+        f'Set tool_parser = "{parser}"{which} in profile {name!r} ({command} does; the '
+        f'dashboard calls it "Tool calling format"), {restart}'
     )
 
 
-def _asks_for_tools(path: str, payload: Mapping[str, Any]) -> bool:
+def asks_for_tools(path: str, payload: Mapping[str, Any]) -> bool:
+    """A request whose tools need a tool-call parser (any tool choice but "none")."""
     tools = payload.get("tools")
     if not isinstance(tools, list) or not tools:
         return False
@@ -232,9 +299,10 @@ def explain_engine_error(
         return api_error(
             path,
             404,
-            f"{message} Engine {caps.engine_id!r} does not keep responses: set "
-            f'env = {{ {RESPONSES_STORE_ENV} = "1" }} in profile {caps.profile!r} to keep them '
-            "(vLLM then holds every response in memory until the engine stops).",
+            f"{message} Engine {caps.engine_id!r} does not keep responses, nor does "
+            "traylm now: `traylm settings set requests.responses_keep 10000` has traylm keep "
+            f'them (bounded, on disk), or set env = {{ {RESPONSES_STORE_ENV} = "1" }} in profile '
+            f"{caps.profile!r} (vLLM then holds every response in memory until it stops).",
             param="response_id",
             code="response_not_found",
         )

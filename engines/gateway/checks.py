@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engines.config import GatewaySettings
+from engines.config.sections import GatewaySettings
 
 Problem = tuple[str, str]
 """(the offending field, what is wrong and what to send instead)."""

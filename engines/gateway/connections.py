@@ -24,7 +24,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -57,59 +57,22 @@ def is_loopback(host: str | None) -> bool:
 
 
 def _answer(status: str, message: str, type_: str) -> bytes:
-    """A whole HTTP response written straight to the socket (no request was parsed)."""
+    """A whole HTTP response written straight to the socket (no request was parsed). A refusal
+    that a retry cannot change (403) says so (``x-should-retry: false``, which SDKs and Claude
+    Code honour); the others ask to retry shortly."""
     body = json.dumps({"error": {"message": message, "type": type_, "param": None}}).encode()
+    retry = "x-should-retry: false" if status.startswith("403") else "Retry-After: 1"
     return (
         f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
-        "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+        f"\r\nConnection: close\r\n{retry}\r\n\r\n"
     ).encode() + body
 
 
-class OpenConnection(Protocol):
-    """A client connection as a lane sees it."""
-
-    @property
-    def transport(self) -> asyncio.Transport | None: ...
-
-    def hand_over(self, data: bytes) -> None:
-        """aiohttp serves this connection from now on, starting with ``data``."""
-        ...
-
-
-class LaneConnection(Protocol):
-    """A lane's side of one connection: it sees the bytes first, until it hands them over."""
-
-    def feed(self, data: bytes) -> None: ...
-
-    def lost(self) -> None: ...
-
-    def pause_writing(self) -> bool:
-        """True when the lane is writing to the client now and holds back its source."""
-        ...
-
-    def resume_writing(self) -> None: ...
-
-
-class Lane(Protocol):
-    """Another way than aiohttp for a connection's requests (engines/gateway/express.py)."""
-
-    def connection(self, conn: OpenConnection) -> LaneConnection | None: ...
-
-
 class _Guarded(asyncio.Protocol):
-    """One connection: aiohttp's protocol inside, the gate's checks around it, and the lane
-    (when there is one) shown the bytes before aiohttp until it hands the connection over."""
+    """One connection: aiohttp's protocol inside, the gate's checks around it. Every byte goes
+    to aiohttp as it came; the gate only watches for the end of the first request head."""
 
-    __slots__ = (
-        "_admitted",
-        "_gate",
-        "_head_timer",
-        "_inner",
-        "_lane",
-        "_lane_paused",
-        "_tail",
-        "transport",
-    )
+    __slots__ = ("_admitted", "_gate", "_head_timer", "_inner", "_tail", "transport")
 
     def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate) -> None:
         self._inner = inner
@@ -117,8 +80,6 @@ class _Guarded(asyncio.Protocol):
         self._admitted = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._tail = b""
-        self._lane: LaneConnection | None = None
-        self._lane_paused = False  # the lane took the transport's pause_writing
         self.transport: asyncio.Transport | None = None
 
     @property
@@ -139,13 +100,6 @@ class _Guarded(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._head_timer = loop.call_later(self._gate.header_timeout_s, self._head_timed_out)
         self._inner.connection_made(transport)
-        if self._gate.lane is not None:
-            self._lane = self._gate.lane.connection(self)
-
-    def hand_over(self, data: bytes) -> None:
-        self._lane = None
-        if data:
-            self._inner.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self._head_timer is not None:
@@ -155,33 +109,7 @@ class _Guarded(asyncio.Protocol):
                 self._head_timer, self._tail = None, b""
             else:
                 self._tail = seen[-3:]
-        if self._lane is None and self._gate.lane is not None and data.startswith(b"POST "):
-            self._lend(self._gate.lane)
-        if self._lane is not None:
-            self._lane.feed(data)
-            return
         self._inner.data_received(data)
-
-    def _lend(self, lane: Lane) -> None:
-        """Show the lane a request on a connection aiohttp served before, when aiohttp waits
-        for its next request with nothing in progress. Its keep-alive timer stops (the lane
-        keeps its own, and a stream may outlast aiohttp's); aiohttp arms it again after its
-        next response. aiohttp's private state is read defensively: anything unexpected
-        leaves the request to aiohttp."""
-        inner = self._inner
-        waiter = getattr(inner, "_waiter", None)
-        if (
-            getattr(inner, "_request_in_progress", True) is not False
-            or getattr(inner, "_messages", True)
-            or not isinstance(waiter, asyncio.Future)
-            or waiter.done()
-            or not hasattr(inner, "_keepalive_handle")
-        ):
-            return
-        self._lane = lane.connection(self)
-        if self._lane is not None and inner._keepalive_handle is not None:
-            inner._keepalive_handle.cancel()
-            inner._keepalive_handle = None
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -191,23 +119,13 @@ class _Guarded(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         self._gate.release(self)
-        if self._lane is not None:
-            self._lane.lost()
         if self._admitted:
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if self._lane is not None and self._lane.pause_writing():
-            self._lane_paused = True
-            return
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._lane_paused:  # the resume goes where the pause went
-            self._lane_paused = False
-            if self._lane is not None:
-                self._lane.resume_writing()
-            return
         self._inner.resume_writing()
 
     def close(self, answer: bytes = b"") -> None:
@@ -244,8 +162,6 @@ class ConnectionGate:
         self.evicted_total = 0
         self.timed_out_total = 0
         self.foreign_total = 0
-        self.lane: Lane | None = None
-        """Set by the daemon: the express lane (engines/gateway/express.py)."""
 
     def configure(self, *, max_connections: int, header_timeout_s: float, lan: bool) -> None:
         self.max_connections = max_connections
@@ -330,12 +246,22 @@ class GatewaySite(web.BaseSite):
     backlog instead of taking every descriptor the daemon has, and each accepted connection
     passes the gate."""
 
-    __slots__ = ("_accepting", "_gate", "_host", "_port", "_sockets")
+    __slots__ = (
+        "_accepting",
+        "_app_runner",
+        "_gate",
+        "_host",
+        "_listen_backlog",
+        "_port",
+        "_sockets",
+    )
 
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, *, gate: ConnectionGate, backlog: int
     ) -> None:
         super().__init__(runner, backlog=backlog)
+        # its own references: BaseSite's are private to aiohttp
+        self._app_runner, self._listen_backlog = runner, backlog
         self._host, self._port, self._gate = host, port, gate
         self._sockets: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
@@ -346,10 +272,12 @@ class GatewaySite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        server = self._runner.server
+        server = self._app_runner.server
         assert server is not None
         factory = self._gate.factory(server)
-        self._sockets = await asyncio.to_thread(_listen, self._host, self._port, self._backlog)
+        self._sockets = await asyncio.to_thread(
+            _listen, self._host, self._port, self._listen_backlog
+        )
         self._accepting = [
             asyncio.create_task(self._accept(sock, factory), name=f"accept {self.name}")
             for sock in self._sockets

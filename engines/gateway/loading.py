@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from engines.core.http import event_stream
 from engines.gateway.proxy import CLIENT_GONE, CLIENT_WRITE_ERRORS, end_with_error
 from engines.gateway.sse import error_text
 
@@ -65,14 +66,7 @@ class ColdStream:
         try:
             resp = self.response
             if resp is None:
-                resp = self.response = web.StreamResponse(
-                    status=200,
-                    headers={
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                        "X-Accel-Buffering": "no",
-                    },
-                )
+                resp = self.response = event_stream(self.request)
                 await resp.prepare(self.request)
             await resp.write(line.encode())
         except CLIENT_WRITE_ERRORS:

@@ -1,9 +1,9 @@
 """The gateway's own metrics (requests, errors, TTFT, latency, tokens) on the daemon's registry
-(engines/metrics.py)."""
+(engines/core/metrics.py)."""
 
 from __future__ import annotations
 
-from engines.metrics import MetricsRegistry
+from engines.core.metrics import MetricsRegistry
 
 
 class GatewayMetrics:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -24,14 +25,21 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from engines.core.http import event_stream, openai_error
 from engines.gateway.chunked import DirectChunks
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.shapes import is_anthropic
-from engines.gateway.sse import EVENT_ENDS, count_usage, error_text, sse_error, whole_events
-from engines.gateway.upstream_client import UpstreamClient, UpstreamReply
+from engines.gateway.sse import (
+    EVENT_ENDS,
+    count_usage,
+    ends_reply,
+    error_text,
+    sse_error,
+    whole_events,
+)
+from engines.gateway.upstream_client import EngineUnreachable, UpstreamClient, UpstreamReply
 from engines.gateway.utf8 import Utf8Events
-from engines.http import openai_error
-from engines.traffic import ENGINE_ERROR, Flow
+from engines.runtime.traffic import ENGINE_ERROR, Flow
 
 log = logging.getLogger(__name__)
 
@@ -100,24 +108,46 @@ def log_broke_off(name: str, exc: BaseException, dropped: int) -> None:
 
 
 def unreachable(name: str, exc: BaseException) -> web.Response:
-    """The 502 of an engine that could not be reached."""
+    """The 502 of an engine that could not be reached, marked ``NOT_SENT`` when no connection
+    took the request."""
     log.warning("upstream %s unreachable: %s", name, exc)
-    return openai_error(
+    resp = openai_error(
         502,
         unreachable_message(name, exc),
         type_="engine_unavailable",
         headers={"Retry-After": "2"},
     )
+    resp[NOT_SENT] = isinstance(exc, NO_CONNECTION)
+    return resp
+
+
+BOX_REFUSALS = frozenset({429, 503})
+"""What a paired box's gateway answers when it does not take a request now (busy, the model not
+loaded there, paused): another replica may take it."""
+NO_CONNECTION = (EngineUnreachable, aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+"""No connection took the request: traylm's client's, and aiohttp's (https: a paired box)."""
+NOT_SENT = web.ResponseKey("traylm_not_sent", bool)
+"""Set on an answer the gateway made because the request never reached its engine (no
+connection), or its engine was declared dead or stopped before it sent a byte of the reply:
+another replica may take it."""
 
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where a request goes: an engine's loopback URL (or a remote base URL)."""
+    """Where a request goes: an engine's loopback URL, an attached server's, the remote
+    fallback's base URL (``remote``), or a paired box's peer listener (``box``)."""
 
     name: str  # engine id, shown in X-Traylm-Engine
     base_url: str  # without the /v1 suffix
     headers: Mapping[str, str]
     remote: bool = False
+    """The cloud API of engines/remote/ (the remote fallback), not a paired box."""
+    box: str = ""
+    """The paired box whose gateway serves it (engines/peers/replicas.py): its peer listener
+    over mutual TLS (``tls``); "" for this box's own engines and servers."""
+    tls: ssl.SSLContext | None = None
+    """The TLS context of an https upstream (a paired box's: this box's certificate, the
+    box's pinned one); None: the system's CAs."""
     model_name: str | None = None
     """The name the upstream knows the model by, when it is not the one requested (an
     attached server asked for by its attach name): the route rewrites the body's ``model``."""
@@ -169,7 +199,7 @@ async def relay(
     )
     headers = {
         "Content-Type": content_type,
-        "Accept": request.headers.get("Accept", "*/*"),
+        "Accept": _accept(request),
         **upstream.headers,
     }
     resource = request.match_info.route.resource
@@ -182,6 +212,7 @@ async def relay(
             body=body,
             headers=headers,
             connect_timeout_s=connect_timeout_s,
+            tls=upstream.tls,
         )
     except asyncio.CancelledError:
         if not ended_from_outside(request, flow):
@@ -211,6 +242,13 @@ async def relay(
         upstream_resp.close()
 
 
+def _accept(request: web.Request) -> str:
+    """The client's Accept for the engine; one with bytes that are not ASCII (aiohttp hands
+    them on as surrogates) means nothing to an engine: ``*/*``."""
+    accept = request.headers.get("Accept", "*/*")
+    return accept if accept.isascii() else "*/*"
+
+
 async def _reply(
     request: web.Request, upstream_resp: EngineReply, s: _Stream
 ) -> web.StreamResponse:
@@ -222,7 +260,10 @@ async def _reply(
     s.record(upstream_resp.status, *count_usage(counts, s.model, s.metrics, chunks=0))
     if s.prepared is not None:  # an answer that is not a stream, after the stream began
         return await end_with_error(request, s.prepared, error_text(data, upstream_resp.status))
-    return engine_answer(s.upstream, upstream_resp, data)
+    resp = engine_answer(s.upstream, upstream_resp, data)
+    if s.upstream.box and upstream_resp.status in BOX_REFUSALS:
+        resp[NOT_SENT] = True  # the box's gateway refused it before any engine there began
+    return resp
 
 
 def engine_answer(upstream: Upstream, reply: EngineReply, data: bytes) -> web.Response:
@@ -230,31 +271,28 @@ def engine_answer(upstream: Upstream, reply: EngineReply, data: bytes) -> web.Re
     ones, and which engine (or remote) answered."""
     headers = {k: v for k, v in reply.headers.items() if k.lower() not in HOP_HEADERS}
     headers["X-Traylm-Engine"] = upstream.name
-    if upstream.remote:
-        headers["X-Traylm-Route"] = "remote"
+    _route_headers(headers, upstream)
     return web.Response(body=data, status=reply.status, headers=headers)
 
 
 def stream_headers(content_type: str, upstream: Upstream) -> dict[str, str]:
-    """The headers of a relayed stream (both relays)."""
+    """The headers of a relayed stream."""
     headers = {
         "Content-Type": content_type,
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
         "X-Traylm-Engine": upstream.name,
     }
-    if upstream.remote:
-        headers["X-Traylm-Route"] = "remote"
+    _route_headers(headers, upstream)
     return headers
 
 
-class EventStreamResponse(web.StreamResponse):
-    """A streamed reply whose status line and headers leave with its first event, in one write
-    and one TCP segment (a StreamResponse sends them alone at prepare(); aiohttp's Response
-    already holds them back like this). The client then sees the 200 with the first token
-    rather than when the engine accepted the request; the first token itself is not later."""
-
-    _send_headers_immediately = False
+def _route_headers(headers: dict[str, str], upstream: Upstream) -> None:
+    """Where a reply came from, beyond the engine: the remote fallback, or a paired box."""
+    if upstream.remote:
+        headers["X-Traylm-Route"] = "remote"
+    elif upstream.box:
+        headers["X-Traylm-Route"] = f"box {upstream.box}"
 
 
 async def _stream(
@@ -273,15 +311,20 @@ async def _stream(
         try:
             await _pump(request, upstream_resp, resp, s, state)
         except asyncio.CancelledError:
-            if not ended_from_outside(request, s.flow):
+            if ended_from_outside(request, s.flow):
+                assert s.flow is not None
+                await _end_with_error(request, resp, s, s.flow.why, s.flow.why_type)
+            elif state.ended:  # the client closed at the reply's last event: it got it all
+                s.record(200, *count_usage(state.counted, s.model, s.metrics, chunks=state.chunks))
+                request[REPLY_COMPLETE] = True
                 raise
-            assert s.flow is not None
-            await _end_with_error(request, resp, s, s.flow.why, s.flow.why_type)
+            else:
+                raise
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             log_broke_off(s.upstream.name, exc, len(state.partial))
             await _end_with_error(request, resp, s, broke_off_message(s.upstream.name, exc))
         s.record(200, *count_usage(state.counted, s.model, s.metrics, chunks=state.chunks))
-        await _to_client(resp.write_eof())
+        await _end_body(resp, s.upstream.name)
     except ClientGone as exc:
         request[CLIENT_GONE] = True
         log.info("client of a stream from %s went away: %s", s.upstream.name, exc.__cause__)
@@ -295,10 +338,10 @@ async def _stream(
 
 
 class Relayed:
-    """A stream's events on their way to the client, whichever relay writes them (this one, or
-    the express lane's): ``feed`` each piece of the engine's body as it comes and write what
-    it returns. Events leave whole and as valid UTF-8; on the way they are counted (usage),
-    shown to the tap and to ``on_first_events``, and mark the engine's progress."""
+    """A stream's events on their way to the client: ``feed`` each piece of the engine's body
+    as it comes and write what it returns. Events leave whole and as valid UTF-8; on the way
+    they are counted (usage), shown to the tap and to ``on_first_events``, and mark the
+    engine's progress."""
 
     __slots__ = (
         "_first",
@@ -311,6 +354,7 @@ class Relayed:
         "_utf8",
         "chunks",
         "counted",
+        "ended",
         "partial",
     )
 
@@ -327,6 +371,7 @@ class Relayed:
         self.chunks = 0  # events relayed
         self.counted = b""  # the last events that carried token counts (usage)
         self.partial = b""  # the start of an event not yet whole
+        self.ended = False  # the last event fed ends the reply ([DONE], message_stop, ...)
         self._first = True
         self._metrics, self._model, self._started = metrics, model, started
         self._progress = flow.engine if flow is not None else None
@@ -357,6 +402,7 @@ class Relayed:
             self._tap.feed(chunk)
         if self._progress is not None:
             self._progress.last_byte_s = monotonic()  # the engine's progress
+        self.ended = ends_reply(chunk)
         return chunk
 
     def rest(self) -> bytes:
@@ -403,6 +449,16 @@ async def _pending(flow: Flow | None, write: Coroutine[Any, Any, None]) -> None:
     flow.writing_since_s = monotonic()
     await write
     flow.writing_since_s = 0.0
+
+
+async def _end_body(resp: web.StreamResponse, engine: str) -> None:
+    """End a stream whose every event was written. A client that closes at its last event
+    (the openai SDK stops reading at ``[DONE]``) got every event, though the end of the chunked
+    body may find its connection gone: a success, not a client gone mid-reply."""
+    try:
+        await resp.write_eof()
+    except CLIENT_WRITE_ERRORS as exc:
+        log.debug("client of a stream from %s closed at its last event: %s", engine, exc)
 
 
 async def _to_client(write: Coroutine[Any, Any, None]) -> None:
@@ -457,14 +513,16 @@ async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
     assert s.flow is not None
     if s.prepared is not None:
         return await end_with_error(request, s.prepared, s.flow.why, type_="engine_unavailable")
-    return openai_error(503, s.flow.why, type_="engine_unavailable", headers={"Retry-After": "5"})
+    resp = openai_error(503, s.flow.why, type_="engine_unavailable", headers={"Retry-After": "5"})
+    resp[NOT_SENT] = True  # its engine died or stopped before a byte of reply: nothing happened
+    return resp
 
 
 async def _open_stream(
     request: web.Request, upstream_resp: EngineReply, upstream: Upstream
 ) -> web.StreamResponse:
     ctype = upstream_resp.headers.get("Content-Type", "text/event-stream")
-    resp = EventStreamResponse(status=200, headers=stream_headers(ctype, upstream))
+    resp = event_stream(request, stream_headers(ctype, upstream))
     await resp.prepare(request)
     return resp
 

@@ -1,33 +1,134 @@
-"""Retrieve and cancel in OpenAI's Responses API: they name only a response id, so they go to
-the engine that made it (response_owners.py); an id the gateway never saw gets a clear 404.
-Creating a response is an ordinary JSON route (routes.py) whose reply the owners map reads.
+"""The Responses API's state: a new response is kept (response_keep.py: the flight recorder's
+store, bounded and persisted, on every engine) for the caller that made it, and a request with
+``previous_response_id`` goes to the engine self-contained. Retrieve, delete and input_items
+are answered from what is kept; cancel (a background response, which only an engine with its
+own store runs), and a response traylm did not keep, go to the engine that made it
+(response_owners.py). An id the caller did not make (another API key; another computer when
+keys are off) gets the same clear 404 as one never made.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from typing import Any
+
 from aiohttp import web
 
+from engines.core.http import openai_error
 from engines.events.core import EngineState
 from engines.gateway.capabilities import explain_engine_error, route_problem
+from engines.gateway.connections import is_loopback
 from engines.gateway.forward import route_of
-from engines.gateway.proxy import Upstream, relay
+from engines.gateway.proxy import ReplySink, Upstream, relay
+from engines.gateway.response_keep import (
+    NewResponse,
+    ResponseStore,
+    StreamKeeper,
+    chained,
+    input_items,
+)
 from engines.gateway.response_owners import MAX_REMEMBERED
 from engines.gateway.service import GatewayContext
-from engines.http import openai_error
+
+INPUT_ITEMS_MAX_LIMIT = 100
+
+
+def caller_of(ctx: GatewayContext, request: web.Request) -> str:
+    """Who a stored response made by ``request`` belongs to (``Guard.caller``)."""
+    return ctx.guard.caller(
+        request.headers.get("Authorization"),
+        request.headers.get("x-api-key"),
+        remote=request.remote,
+        local=is_loopback(request.remote),
+    )
+
+
+def _store(ctx: GatewayContext) -> ResponseStore | None:
+    return ctx.kept if ctx.kept is not None and ctx.kept.enabled else None
+
+
+class Creating:
+    """POST /v1/responses on its way (forward.py's ``ReplyWatch``): the new response's id
+    noted as its caller's (the owners map), and the response kept unless it asked
+    ``store: false``."""
+
+    def __init__(
+        self,
+        ctx: GatewayContext,
+        caller: str,
+        payload: Mapping[str, Any],
+        store: ResponseStore | None,
+    ) -> None:
+        """``store``: None when traylm keeps no responses (an engine may)."""
+        self._ctx, self._caller, self._store = ctx, caller, store
+        self._input = input_items(payload)
+        previous = payload.get("previous_response_id")
+        self._previous = previous if isinstance(previous, str) else ""
+
+    def first_events(self, engine_id: str, data: bytes) -> None:
+        self._ctx.responses.record(engine_id, data, caller=self._caller)
+
+    def whole(self, engine_id: str, body: bytes) -> None:
+        self._ctx.responses.record(engine_id, body, caller=self._caller)
+        if self._store is not None:
+            self._keep(engine_id, body, streamed=False)
+
+    def tap(self, engine_id: str, inner: ReplySink | None) -> ReplySink | None:
+        if self._store is None:
+            return inner
+        return StreamKeeper(functools.partial(self._keep, engine_id, streamed=True), inner)
+
+    def _keep(self, engine_id: str, reply: bytes, *, streamed: bool) -> None:
+        assert self._store is not None
+        new = NewResponse(self._caller, engine_id, self._input, self._previous, reply, streamed)
+        self._store.keep(new)
+
+
+async def on_create(
+    ctx: GatewayContext, request: web.Request, payload: Mapping[str, Any]
+) -> tuple[Creating | None, dict[str, Any] | None] | web.Response:
+    """For POST /v1/responses: what watches the reply (None for ``store: false``: not
+    retrievable) and the request for the engine (None: as received; self-contained for a
+    ``previous_response_id``), or the 404 for a ``previous_response_id`` not kept for this
+    caller (another caller's would hand that conversation over)."""
+    caller = caller_of(ctx, request)
+    previous = payload.get("previous_response_id")
+    store = _store(ctx)
+    if store is None:  # kept by the engine, if at all
+        if (
+            isinstance(previous, str)
+            and previous in ctx.responses
+            and ctx.responses.engine_for(previous, caller) is None
+        ):
+            return _not_found(ctx, previous, param="previous_response_id")
+        return Creating(ctx, caller, payload, None), None
+    request_now = None
+    if isinstance(previous, str) and previous:
+        history = await store.history(previous, caller)
+        if history is None:
+            return _not_found(ctx, previous, param="previous_response_id")
+        request_now = chained(payload, history)
+    if payload.get("store") is False:
+        return None, request_now
+    return Creating(ctx, caller, payload, store), request_now
 
 
 async def stored_response(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
-    """GET /v1/responses/{response_id} and POST /v1/responses/{response_id}/cancel."""
+    """GET /v1/responses/{response_id}, POST /v1/responses/{response_id}/cancel, DELETE
+    /v1/responses/{response_id} and GET /v1/responses/{response_id}/input_items."""
     response_id = request.match_info["response_id"]
-    engine_id = ctx.responses.owner(response_id)
+    caller = caller_of(ctx, request)
+    store = _store(ctx)
+    if store is not None and request.method != "POST":
+        answer = await _from_store(store, request, response_id, caller)
+        if answer is not None:
+            if request.method == "DELETE":
+                ctx.responses.forget(response_id)
+            return answer
+    engine_id = ctx.responses.engine_for(response_id, caller)
     if engine_id is None:
-        return openai_error(
-            404,
-            f"no response {response_id!r} was made through traylm since it started (it "
-            f"remembers the last {MAX_REMEMBERED} response ids); check the id",
-            param="response_id",
-            code="response_not_found",
-        )
+        return _not_found(ctx, response_id, param="response_id")
     engine = ctx.routing.engines.get(engine_id)
     if engine is None or engine.state != EngineState.READY or not engine.base_url:
         state = engine.state if engine is not None else "gone"
@@ -54,6 +155,87 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
         route=route_of(request),
         path=request.path,
         model=model,
+    )
+
+
+async def _from_store(
+    store: ResponseStore, request: web.Request, response_id: str, caller: str
+) -> web.Response | None:
+    """Retrieve, delete or input_items answered from what traylm kept; None when it kept no
+    ``response_id`` for ``caller``."""
+    if request.method == "DELETE":
+        if not await store.delete(response_id, caller):
+            return None
+        return web.json_response({"id": response_id, "object": "response", "deleted": True})
+    found = await store.find(response_id, caller)
+    if found is None:
+        return None
+    if not request.path.endswith("/input_items"):
+        return web.json_response(found["response"])
+    return _input_items_page(request, response_id, found["input_items"])
+
+
+def _input_items_page(request: web.Request, response_id: str, items: list[Any]) -> web.Response:
+    """The input_items list: OpenAI's page (``limit``, ``order``, ``after``), each item with a
+    type and an id as OpenAI lists them."""
+    listed = [_listed_item(item, f"{response_id}_in{i}") for i, item in enumerate(items)]
+    query = request.query
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= INPUT_ITEMS_MAX_LIMIT:
+        return openai_error(
+            400, f"limit must be 1 to {INPUT_ITEMS_MAX_LIMIT}", param="limit", code="invalid_value"
+        )
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        return openai_error(400, "order must be asc or desc", param="order", code="invalid_value")
+    if order == "desc":
+        listed.reverse()
+    after = query.get("after")
+    if after:
+        ids = [item["id"] for item in listed]
+        listed = listed[ids.index(after) + 1 :] if after in ids else []
+    page = listed[:limit]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(listed) > limit,
+        }
+    )
+
+
+def _listed_item(item: Any, default_id: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        return {"id": default_id, "type": "unknown", "value": item}
+    out = {"id": default_id, **item}
+    if "role" in out:
+        out.setdefault("type", "message")
+        if isinstance(out.get("content"), str):
+            kind = "output_text" if out["role"] == "assistant" else "input_text"
+            out["content"] = [{"type": kind, "text": out["content"]}]
+    return out
+
+
+def _not_found(ctx: GatewayContext, response_id: str, *, param: str) -> web.Response:
+    if _store(ctx) is None:
+        kept = f"traylm remembers the last {MAX_REMEMBERED} response ids made through it"
+    else:
+        r = ctx.settings.requests
+        kept = (
+            f"traylm keeps the newest {r.responses_keep} responses made through it, for "
+            f"{r.responses_days:g} days (requests.responses_keep, requests.responses_days), "
+            "each for the API key that made it, none made with store: false"
+        )
+    return openai_error(
+        404,
+        f"no response {response_id!r} is known for this caller: {kept}; check the id",
+        param=param,
+        code="response_not_found",
     )
 
 

@@ -10,6 +10,7 @@ engine's capabilities whether it serves the route at all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 from collections.abc import Awaitable, Callable
@@ -17,15 +18,16 @@ from typing import Any
 
 from aiohttp import web
 
+from engines.config.fields import parse_duration
+from engines.core.http import openai_error, parse_json_body
 from engines.errors import ConfigError
-from engines.fields import parse_duration
+from engines.events.codec import to_plain
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
-from engines.gateway.responses import stored_response
+from engines.gateway.responses import on_create, stored_response
 from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
-from engines.http import openai_error, parse_json_body
 
 Handler = Callable[[GatewayContext, web.Request], Awaitable[web.StreamResponse]]
 """A route's handler: the gateway's context, then the request."""
@@ -43,6 +45,9 @@ JSON_ROUTES = (
     "/v1/rerank",
     "/v1/score",
 )
+BOX_ROUTES = frozenset(JSON_ROUTES) - {RESPONSES_ROUTE}
+"""The routes a paired box's replica serves (engines/peers/serving.py): every JSON route but the
+Responses API, whose stored responses stay on the box that made them."""
 AUDIO_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
 SERVED_ROUTES = (
     "GET /v1/models",
@@ -50,6 +55,8 @@ SERVED_ROUTES = (
     *(f"POST {route}" for route in JSON_ROUTES),
     f"GET {RESPONSES_ROUTE}/{{id}}",
     f"POST {RESPONSES_ROUTE}/{{id}}/cancel",
+    f"DELETE {RESPONSES_ROUTE}/{{id}}",
+    f"GET {RESPONSES_ROUTE}/{{id}}/input_items",
     *(f"POST {route}" for route in AUDIO_ROUTES),
 )
 """What the gateway answers (for the 404 of any other path). Engine admin routes (/pause,
@@ -64,7 +71,8 @@ async def list_models(ctx: GatewayContext, request: web.Request) -> web.Response
 
 async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
     """Every servable model (loaded or not) with traylm's extras: ``status`` (loaded |
-    loading | unloaded) and ``gpus`` (where it is, or would go now)."""
+    loading | unloaded), ``gpus`` (where it is, or would go now), and for a model served by
+    several engines ``traylm.replicas`` (each one's engine id, state, GPUs, requests)."""
     data = []
     models = await ctx.routing.listing()
     for m in models:
@@ -76,6 +84,8 @@ async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
             "external": m.external,
             "gpus_planned": m.gpus_planned,
         }
+        if m.replicas:
+            extras["replicas"] = to_plain(m.replicas)
         for name in (m.name, *m.aliases):
             data.append(
                 {
@@ -110,6 +120,24 @@ async def retrieve_model(ctx: GatewayContext, request: web.Request) -> web.Respo
 
 async def forward_json(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
     """Every JSON POST route: read and check the body in its API's terms, then dispatch."""
+    out = await checked_json(ctx, request)
+    if isinstance(out, web.Response):
+        return out
+    watch = None
+    if request.path == RESPONSES_ROUTE:
+        creating = await on_create(ctx, request, out.payload)
+        if isinstance(creating, web.Response):
+            return creating
+        watch, self_contained = creating
+        if self_contained is not None:
+            body = json.dumps(self_contained).encode()
+            out = dataclasses.replace(out, body=body, payload=self_contained)
+    return await dispatch(ctx, request, out, watch=watch)
+
+
+async def checked_json(ctx: GatewayContext, request: web.Request) -> Outbound | web.Response:
+    """A JSON route's body read (bounded in size and time) and checked in its API's terms,
+    Ollama's ``keep_alive`` taken out; or the error to answer with."""
     g = ctx.settings.gateway
     path = request.path
     declared = request.content_length
@@ -141,9 +169,8 @@ async def forward_json(ctx: GatewayContext, request: web.Request) -> web.StreamR
         except ConfigError as exc:
             return api_error(path, 400, exc.message, param="keep_alive")
         body = json.dumps(payload).encode()  # the engines do not know it
-    on_reply = ctx.responses.record if path == RESPONSES_ROUTE else None
-    out = Outbound(body, payload["model"], payload, keep_alive_s=keep_alive)
-    return await dispatch(ctx, request, out, on_reply=on_reply)
+    boxes = path in BOX_ROUTES
+    return Outbound(body, payload["model"], payload, keep_alive_s=keep_alive, boxes=boxes)
 
 
 def _too_large(path: str, limit: int) -> web.Response:
@@ -176,6 +203,8 @@ def gateway_routes(ctx: GatewayContext) -> list[web.RouteDef]:
         *(web.post(route, bound(forward_json)) for route in JSON_ROUTES),
         web.get(RESPONSES_ROUTE + "/{response_id}", bound(stored_response)),
         web.post(RESPONSES_ROUTE + "/{response_id}/cancel", bound(stored_response)),
+        web.delete(RESPONSES_ROUTE + "/{response_id}", bound(stored_response)),
+        web.get(RESPONSES_ROUTE + "/{response_id}/input_items", bound(stored_response)),
         *(web.post(route, bound(audio)) for route in AUDIO_ROUTES),
         web.get("/health", bound(health)),
         web.get("/metrics", bound(metrics)),

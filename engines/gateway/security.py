@@ -41,6 +41,7 @@ class Guard:
     key_digests: tuple[str, ...]
     port: int
     lan: bool
+    keys_lan_only: bool = False  # gateway.keys_for = "lan": this computer needs no key
 
     @classmethod
     def build(
@@ -51,6 +52,7 @@ class Guard:
         key_digests: Iterable[str],
         port: int,
         lan: bool,
+        keys_for: str = "all",
     ) -> Guard:
         return cls(
             LOOPBACK_HOSTS | {h.lower() for h in hosts},
@@ -58,6 +60,7 @@ class Guard:
             tuple(key_digests),
             port,
             lan,
+            keys_for == "lan",
         )
 
     def path_problem(self, raw_path: str) -> str | None:
@@ -95,22 +98,43 @@ class Guard:
     def keys_required(self) -> bool:
         return bool(self.key_digests)
 
-    def key_ok(self, authorization: str | None, x_api_key: str | None = None) -> bool:
+    def key_ok(
+        self, authorization: str | None, x_api_key: str | None = None, *, loopback: bool = False
+    ) -> bool:
         """The key from ``Authorization: Bearer KEY`` (OpenAI clients), else from Anthropic's
-        ``x-api-key: KEY`` header; both are checked against the same digests."""
-        if not self.key_digests:
+        ``x-api-key: KEY`` header; both are checked against the same digests. ``loopback``: the
+        request comes from this computer (which needs no key with keys for the LAN only)."""
+        if not self.key_digests or (self.keys_lan_only and loopback):
             return True
+        return self.key_used(authorization, x_api_key) is not None
+
+    def key_used(self, authorization: str | None, x_api_key: str | None = None) -> str | None:
+        """The digest of the configured key the request carries, or None (none, or wrong)."""
         if authorization and authorization.lower().startswith("bearer "):
             given = authorization[7:].strip()
         else:
             given = (x_api_key or "").strip()
         if not given:
-            return False
+            return None
         digest = hash_key(given)
-        ok = False
+        found = None
         for expected in self.key_digests:  # no early exit: constant time over the key list
-            ok |= secrets.compare_digest(digest, expected)
-        return ok
+            if secrets.compare_digest(digest, expected):
+                found = expected
+        return found
+
+    def caller(
+        self, authorization: str | None, x_api_key: str | None, *, remote: str | None, local: bool
+    ) -> str:
+        """Who is asking, as far as ownership goes (a stored response belongs to who made it):
+        with API keys on, the key (its digest; this computer when keys are for the LAN only and
+        it sent none); with keys off, this computer (``local``: a loopback peer), or else the
+        peer's address."""
+        if self.key_digests:
+            used = self.key_used(authorization, x_api_key)
+            if used is not None or not (self.keys_lan_only and local):
+                return "key:" + (used or "none")
+        return "this computer" if local else f"peer:{remote}"
 
 
 def _split_host(host: str) -> tuple[str, int | None]:

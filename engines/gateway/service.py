@@ -20,27 +20,34 @@ from typing import Protocol
 
 from aiohttp import web
 
-from engines.config import Settings
+from engines.config.live import SettingsView
+from engines.config.profiles import Profile
+from engines.config.sections import Settings
+from engines.core.http import error_response, openai_error
+from engines.core.metrics import MetricsRegistry
 from engines.errors import ModelUnavailable, TraylmError
+from engines.events.codec import Event
 from engines.events.models import ServableModel
 from engines.gateway.admission import Admission
+from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import CapabilityCache
+from engines.gateway.exchange import Exchange
 from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
 from engines.gateway.proxy import ReplySink, Upstream, UsageSink
+from engines.gateway.response_keep import ResponseStore
 from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard, header_bytes
+from engines.gateway.throughput import ThroughputReporter
 from engines.gateway.upstream_client import UpstreamClient
 from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageRecord
-from engines.http import error_response, openai_error
-from engines.metrics import MetricsRegistry
-from engines.settings import SettingsView
-from engines.supervisor import EngineView
-from engines.traffic import EngineTraffic
+from engines.runtime.supervisor import EngineView
+from engines.runtime.traffic import EngineTraffic
 
 log = logging.getLogger(__name__)
 
 SWEEP_PERIOD_S = 1.0
+IDLE_SWEEP_S = 10.0  # nothing in flight: no stream can stall sooner (or than the limit)
 CHAT_REPLY_HEADER = "X-Traylm-Chat-Reply"
 TOKEN_HEADER = "X-Traylm-Token"  # noqa: S105 - a header name, not a secret
 _CHAT_REPLY_RE = re.compile(r"^(\d{1,12}):(\d{1,9})$")
@@ -50,6 +57,8 @@ Fallback = Callable[[str, str], Upstream | None]
 """Remote fallback hook: (model, why) → an upstream, or None (engines/remote/service.py)."""
 UsageLog = Callable[[UsageRecord], None]
 """Usage-log hook: one record per request (engines/gateway/usage.py)."""
+ExchangeLog = Callable[[Exchange], None]
+"""Flight-recorder hook: each recorded request once it is answered (engines/recorder/)."""
 ReplyHook = Callable[[int, int, str], Awaitable[ReplySink]]
 """Chat-reply hook: (conversation id, position, model) → the sink that keeps the reply as it
 streams (engines/chats/service.py ``tap_reply``); raises TraylmError (no such conversation)."""
@@ -58,12 +67,15 @@ streams (engines/chats/service.py ``tap_reply``); raises TraylmError (no such co
 class ModelRouter(EngineView, Protocol):
     """What the gateway asks of the daemon's models on demand (engines/ondemand/service.py)."""
 
-    def upstream(self, model: str) -> Upstream | None:
+    def upstream(self, model: str, affinity: Affinity | None = None) -> Upstream | None:
         """The upstream serving ``model`` now (a ready engine, an attached server that
-        answers), or None. Dict lookups only: every request asks."""
+        answers), or None; of several replicas, the one ``affinity`` and their load pick
+        (balance.py). Dict lookups only: every request asks."""
         ...
 
-    async def load(self, model: str, progress: Progress | None) -> Upstream:
+    async def load(
+        self, model: str, progress: Progress | None, affinity: Affinity | None = None
+    ) -> Upstream:
         """Make ``model`` servable (start or wake it, single flight, placing it on the GPUs)
         and return its upstream once ready; ``progress`` is called at once and then every few
         seconds while it loads. Raises ModelUnavailable (unknown, JIT off, no room, failed)."""
@@ -82,6 +94,17 @@ class ModelRouter(EngineView, Protocol):
     async def listing(self) -> list[ServableModel]:
         """Every servable model with its status (GET /v1/models), read fresh (a profile saved
         a moment ago is listed)."""
+        ...
+
+    async def start_profile(self, model: str, *, fresh: bool) -> Profile | None:
+        """The profile a load of ``model`` would start its engine from; None when its engine
+        runs (asleep included) or loads already, for an attached server, or an unknown name.
+        ``fresh``: after a new read of the catalog (a setting changed a moment ago)."""
+        ...
+
+    def served_as(self, engine_id: str) -> str:
+        """Where an engine's settings live: "profile", "preset", "folder", "library",
+        "attached", or "" (started with --model). Blocking (may read the profiles folder)."""
         ...
 
 
@@ -107,11 +130,18 @@ class GatewayContext:
         usage: UsageLog | None = None,
         traffic: EngineTraffic | None = None,
         replies: ReplyHook | None = None,
+        exchanges: ExchangeLog | None = None,
+        kept: ResponseStore | None = None,
+        publish: Callable[[Event], None] | None = None,
     ) -> None:
         """``traffic``: where relayed requests are counted for the supervisor (a private one
         when not given); ``replies``: keeps a chat reply as it streams, when the chat window
-        asks for it (engines/chats)."""
+        asks for it (engines/chats); ``exchanges``: the flight recorder (engines/recorder);
+        ``kept``: where Responses API responses are kept (the recorder's); ``publish``: the
+        bus, for the throughput events while requests run."""
+        self.kept = kept
         self.replies = replies
+        self.exchanges = exchanges
         self.routing = routing
         self.traffic = traffic if traffic is not None else EngineTraffic()
         self.registry = registry
@@ -121,7 +151,14 @@ class GatewayContext:
         self.metrics = GatewayMetrics(registry)
         self.upstreams = UpstreamClient()
         self.admissions: dict[str, Admission] = {}
-        self.capabilities = CapabilityCache()
+        self.throughput = (
+            ThroughputReporter(
+                tokens=self.metrics.tokens_out, admissions=self.admissions, publish=publish
+            )
+            if publish is not None
+            else None
+        )
+        self.capabilities = CapabilityCache(routing.served_as)
         self.responses = ResponseOwners()
         self.pause: Pause | None = None
         self.started_at_s = time.time()
@@ -150,6 +187,7 @@ class GatewayContext:
             key_digests=g.api_key_sha256,
             port=self._listening_port,
             lan=g.lan_sharing,
+            keys_for=g.keys_for,
         )
 
     def apply_settings(self, settings: Settings) -> None:
@@ -169,6 +207,7 @@ class GatewayContext:
                 max_concurrent=g.max_concurrent,
                 max_queue=g.max_queue,
                 queue_timeout_s=g.queue_timeout_s,
+                on_busy=self.throughput.busy if self.throughput is not None else None,
             )
         return adm
 
@@ -201,7 +240,12 @@ class GatewayContext:
     # ----------------------------------------------------------------- routing
 
     async def resolve(
-        self, model: str, *, progress: Progress | None = None
+        self,
+        model: str,
+        *,
+        progress: Progress | None = None,
+        affinity: Affinity | None = None,
+        for_box: str = "",
     ) -> tuple[Upstream, Admission] | web.Response:
         """The upstream and admission queue for ``model``, or the error to answer with.
 
@@ -214,17 +258,34 @@ class GatewayContext:
           while it waits). Without ``progress`` it waits silently.
         - Enter ``admission.slot()`` right after it returns, before any other await: idle
           unload and eviction count a request as in flight from there.
+        - ``affinity``: what ties the request to one of several replicas (balance.py).
+        - ``for_box``: the paired box that sent the request: never the remote fallback (this
+          box's user pays for it), and a model not ready here loads only with
+          peers.load_for_peers.
         - An error comes back as an OpenAI-shaped ``web.Response`` (404 unknown model, 503 no
           room or load failed, ...), never as an exception.
         """
-        up = self.routing.upstream(model)
+        up = self.routing.upstream(model, affinity)
+        if up is None and for_box and not self.settings.peers.load_for_peers:
+            return unavailable(
+                ModelUnavailable(
+                    f"{model!r} stopped on the box asked, which loads no model for a paired "
+                    "box (peers.load_for_peers is off there)",
+                    code="model_not_loaded",
+                    retry=False,
+                )
+            )
         if up is None:
             # a model with a remote alias goes there while it is not ready (no local load)
-            fallback = self.fallback(model, self.routing.state(model)) if self.fallback else None
+            fallback = (
+                self.fallback(model, self.routing.state(model))
+                if self.fallback and not for_box
+                else None
+            )
             if fallback is not None:
                 return fallback, self.admission(f"remote:{fallback.name}")
             try:
-                up = await self.routing.load(model, progress)
+                up = await self.routing.load(model, progress, affinity)
             except ModelUnavailable as exc:
                 return unavailable(exc)
         return up, self.admission(up.name)
@@ -258,12 +319,15 @@ class GatewayContext:
         return sink
 
     async def sweep_stalled_clients(self) -> None:
-        """Runs while the gateway serves: once a second, a stream whose client took no write
-        for gateway.client_stall_timeout_s is ended. Its connection is closed, so the relay's
-        handler ends, the engine's request is aborted and the concurrency slot freed."""
+        """Runs while the gateway serves: once a second while requests are in flight (while
+        none are, no stream can stall before the limit: it sleeps up to that long), a stream
+        whose client took no write for gateway.client_stall_timeout_s is ended. Its connection
+        is closed, so the relay's handler ends, the engine's request is aborted and the
+        concurrency slot freed."""
         while True:
-            await asyncio.sleep(SWEEP_PERIOD_S)
             limit_s = self.settings.gateway.client_stall_timeout_s
+            idle = not self.traffic.any_in_flight()
+            await asyncio.sleep(min(limit_s, IDLE_SWEEP_S) if idle else SWEEP_PERIOD_S)
             for flow in self.traffic.stalled_writers(time.monotonic(), limit_s):
                 if flow.client is not None and not flow.client.is_closing():
                     flow.why = f"the client read nothing for {limit_s:g} s"

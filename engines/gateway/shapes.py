@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from engines.http import openai_error
+from engines.core.http import openai_error
 
 ANTHROPIC_PREFIX = "/v1/messages"
 
@@ -21,13 +21,23 @@ ANTHROPIC_PREFIX = "/v1/messages"
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
+ANTHROPIC_TYPE_NAMES = frozenset(_ANTHROPIC_TYPES.values())
+
+FINAL_STATUSES = (401, 403)
+"""Refusals that the same request will meet again (a wrong key, a Host or Origin not allowed):
+they carry ``x-should-retry: false``, which the openai and anthropic SDKs (and Claude Code,
+which otherwise retries a 401 for minutes) obey before their own retry rules."""
+NO_RETRY = {"x-should-retry": "false"}
 
 
 INTERNAL_ERROR = "internal error in the traylm gateway; see the daemon log"
@@ -48,7 +58,14 @@ def anthropic_error(
     status: int, message: str, *, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     body = {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(body, status=status, headers=_final(status, headers))
+
+
+def _final(status: int, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """``headers`` with ``x-should-retry: false`` added to a final refusal."""
+    if status not in FINAL_STATUSES:
+        return headers
+    return {**(headers or {}), **NO_RETRY}
 
 
 def api_error(
@@ -65,6 +82,7 @@ def api_error(
     have no place in Anthropic's shape; its type follows from the status)."""
     if is_anthropic(path):
         return anthropic_error(status, message, headers=headers)
+    headers = _final(status, headers)
     return openai_error(status, message, type_=type_, code=code, param=param, headers=headers)
 
 
@@ -94,8 +112,9 @@ def error_message(body: bytes) -> str | None:
 
 
 def as_anthropic(resp: web.Response) -> web.Response:
-    """An error reply (the engine's or the gateway's, in OpenAI's or FastAPI's shape) in
-    Anthropic's shape; anything else unchanged."""
+    """An error reply (the engine's or the gateway's, in OpenAI's or FastAPI's shape, or in
+    Anthropic's with vLLM's exception name as its type, "BadRequestError") in Anthropic's
+    shape with Anthropic's type; anything else unchanged."""
     if resp.status < 400 or not isinstance(resp.body, bytes):
         return resp
     try:
@@ -103,9 +122,11 @@ def as_anthropic(resp: web.Response) -> web.Response:
     except (ValueError, UnicodeDecodeError):
         data = None
     if isinstance(data, dict) and data.get("type") == "error":
-        return resp  # already Anthropic-shaped (vLLM translates its own handler errors)
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("type") in ANTHROPIC_TYPE_NAMES:
+            return resp  # Anthropic's own shape and type (the gateway's errors)
     message = error_message(resp.body) or resp.body.decode(errors="replace")[:500]
-    kept = ("retry-after", "x-traylm-engine")
+    kept = ("retry-after", "x-traylm-engine", "x-should-retry")
     keep = {k: v for k, v in resp.headers.items() if k.lower() in kept}
     return anthropic_error(resp.status, message, headers=keep)
 

@@ -8,11 +8,19 @@ import json
 import re
 
 from engines.gateway.metrics import GatewayMetrics
+from engines.gateway.shapes import ANTHROPIC_TYPE_NAMES
 
 EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 # OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
 _PROMPT_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 _COMPLETION_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+LAST_EVENTS = (
+    b"data: [DONE]",  # OpenAI's chat and completions
+    b"event: message_stop",  # Anthropic's Messages
+    b"event: response.completed",  # the Responses API's three ends
+    b"event: response.incomplete",
+    b"event: response.failed",
+)
 
 
 def whole_events(data: bytes) -> int:
@@ -23,13 +31,24 @@ def whole_events(data: bytes) -> int:
     return max(ends, default=0)
 
 
+def ends_reply(events: bytes) -> bool:
+    """Whether the last of these whole events is one that ends a reply (LAST_EVENTS): a
+    client may close as it reads it, having got the whole reply."""
+    n = len(events)
+    starts = [k + len(sep) for sep in EVENT_ENDS if (k := events.rfind(sep, 0, n - len(sep))) >= 0]
+    return events.startswith(LAST_EVENTS, max(starts, default=0))
+
+
 def sse_error(
     message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
 ) -> bytes:
     """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
-    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know)."""
+    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know), typed
+    ``type_`` when that is one of Anthropic's types (a failed load's, already shaped), else
+    ``api_error``."""
     if anthropic:
-        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        kind = type_ if type_ in ANTHROPIC_TYPE_NAMES else "api_error"
+        data = {"type": "error", "error": {"type": kind, "message": message}}
         return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"

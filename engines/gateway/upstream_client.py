@@ -1,22 +1,20 @@
 """The relay's HTTP/1.1 client for plain-http upstreams: the engines on loopback, and attached
 servers reached over http. Attached servers over https go through aiohttp's client.
 
-Why not aiohttp's client for the engines. At one stream its request path is most of what a
-relay adds to the time to first token. It builds a ClientRequest and parses the URL, takes a
-connection through the connector, runs the tracing hooks and the cookie jar, and makes a
-ClientResponse with a StreamReader. tests/perf/gateway_bench.py --paced measures the difference.
-Here a request is:
+Why a pool of its own rather than aiohttp's client for the engines: at one stream aiohttp's
+client path (a ClientRequest, URL parsing, the connector, tracing hooks, the cookie jar, a
+ClientResponse with a StreamReader) is most of what a relay adds to the time to first token;
+tests/perf/gateway_bench.py --paced measures it. What this module writes and keeps is small:
 - one write of bytes built from the method, the path and the headers;
-- one parse of the head, when it has all come;
-- a chunk decoder that hands each piece of the body to its reader as it arrives.
-
-What the relay needs is all here:
-- a pool of kept-alive connections per host;
-- a connect timeout;
-- bodies that are chunked, have a length, or last until the connection closes;
-- back-pressure: the engine's socket stops being read while the relay's reader is far behind;
-- close: a reply not read to its end closes its connection, so the engine sees the client go
-  and aborts the request.
+- a pool of kept-alive connections per host, each dropped before the engine would drop it
+  (uvicorn, which vLLM, SGLang and trtllm-serve run, closes idle ones after 5 s), and a
+  request whose reused connection closes before any byte of its reply is sent once more on a
+  new connection (the engine closed an idle connection as the request went out);
+- a connect timeout; back-pressure (the engine's socket stops being read while the relay's
+  reader is far behind); close: a reply not read to its end closes its connection, so the
+  engine sees the client go and aborts the request.
+Replies are parsed by llhttp (through httptools, the parser uvicorn uses), never by hand: a
+reply with two Content-Lengths, or a length and chunked together, is malformed.
 The errors subclass aiohttp's, so one ``except`` catches either client's:
 - no connection → ``ClientConnectionError``;
 - a reply broken off or malformed → ``ClientPayloadError`` (a malformed head: a
@@ -28,27 +26,30 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import logging
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+log = logging.getLogger(__name__)
+
 MAX_HEAD_BYTES = 64 * 1024
-"""An engine's status line and headers together: more is a malformed reply."""
-MAX_CHUNK_LINE = 1024
-"""A chunk-size line (hex size and extensions)."""
+"""An engine's status line and headers together: more is a malformed reply (llhttp itself sets
+no bound, and httptools gathers each header's value)."""
 HIGH_WATER = 256 * 1024
 """Unread body bytes at which the engine's socket stops being read, until the reader catches up."""
-IDLE_S = 30.0
-"""A kept-alive connection idle for longer is closed instead of reused (engines close theirs
-sooner: vLLM's server after 5 s, and the pool sees that close as it happens)."""
-NO_BODY_STATUS = frozenset({204, 304})
+IDLE_S = 4.0
+"""A kept-alive connection idle for longer is closed instead of reused: below the 5 s after which
+uvicorn (vLLM, SGLang, trtllm-serve) closes an idle connection, so a request is not written into
+a connection the engine is closing at that moment (the retry in ``request`` covers the rest)."""
 URL_SAFE = "!#$%&'()*+,-./:;=?@[]^_`{|}~"
 """What stays as it is in a request target: escapes already made, and the delimiters."""
 
@@ -65,8 +66,9 @@ class EngineBrokeOff(aiohttp.ClientPayloadError):
     """The upstream's reply body ended early or was malformed."""
 
 
-class _Malformed(Exception):
-    """What the parser found wrong (data_received tells whose reply: head or body)."""
+class ClosedBeforeReply(EngineUnreachable):
+    """A connection closed before any byte of the reply came (on a reused connection: the
+    engine closed it as idle while the request went out, so the request may be sent again)."""
 
 
 @dataclass(frozen=True)
@@ -94,14 +96,6 @@ def _check_header(name: str, value: str) -> None:
         raise ValueError(f"header {name!r} holds a line break or a colon: not sent to the engine")
 
 
-@dataclass(frozen=True)
-class Sent:
-    """A request written to an upstream, its reply not read yet."""
-
-    origin: _Origin
-    conn: _Connection
-
-
 def _request_head(
     method: str, base_url: str, path_qs: str, headers: Mapping[str, str], body: bytes
 ) -> tuple[_Origin, bytes]:
@@ -116,7 +110,7 @@ def _request_head(
     if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         lines.append(f"Content-Length: {len(body)}\r\n")
     lines.append("\r\n")
-    return origin, "".join(lines).encode("utf-8")
+    return origin, "".join(lines).encode("utf-8", "surrogateescape")  # a header's own bytes
 
 
 class UpstreamClient:
@@ -124,12 +118,15 @@ class UpstreamClient:
     One per gateway; ``close`` when the gateway stops."""
 
     def __init__(self, *, idle_s: float = IDLE_S, tls: ssl.SSLContext | None = None) -> None:
-        """``tls``: what https upstreams are checked against (default: the system's CAs)."""
+        """``idle_s``: how long an idle connection is kept for reuse; ``tls``: what https
+        upstreams are checked against (default: the system's CAs)."""
         self._idle_s = idle_s
         self._tls = tls
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._https: aiohttp.ClientSession | None = None
         self._open: set[_Connection] = set()
+        self.resent_total = 0
+        """Requests sent once more because their reused connection closed before the reply."""
 
     async def request(
         self,
@@ -140,47 +137,44 @@ class UpstreamClient:
         body: bytes,
         headers: Mapping[str, str],
         connect_timeout_s: float,
+        tls: ssl.SSLContext | None = None,
     ) -> UpstreamReply | aiohttp.ClientResponse:
         """Send a request to ``base_url`` + ``path_qs`` and wait for the head of its reply. The
-        caller reads the body and closes the reply (``close`` also when it read all of it)."""
+        caller reads the body and closes the reply (``close`` also when it read all of it).
+        ``tls``: an https upstream's own context (a paired box's mutual TLS), else the
+        client's."""
         if base_url.startswith("https:"):
             return await self._via_aiohttp(
-                method, base_url + path_qs, body, headers, connect_timeout_s
+                method, base_url + path_qs, body, headers, connect_timeout_s, tls
             )
         origin, head = _request_head(method, base_url, path_qs, headers, body)
-        sent = self._send_kept(origin, head, body, method)
-        if sent is None:
-            conn = await self._connect(origin, connect_timeout_s)
-            if not conn.send(head, body, head_only=method == "HEAD"):
-                raise EngineUnreachable(
-                    f"{origin.host}:{origin.port} closed the connection at once"
+        head_only = method == "HEAD"
+        kept = self._take(origin)
+        if kept is not None and kept.send(head, body, head_only=head_only):
+            try:
+                return await self._reply(origin, kept)
+            except ClosedBeforeReply as exc:
+                # the engine closed the idle connection as the request went out: it never
+                # saw the request, which goes once more on a new connection
+                self.resent_total += 1
+                log.info(
+                    "%s:%s closed a kept-alive connection (%s); request sent again on a new one",
+                    origin.host,
+                    origin.port,
+                    exc,
                 )
-            sent = Sent(origin, conn)
-        return await self.reply(sent)
+        conn = await self._connect(origin, connect_timeout_s)
+        if not conn.send(head, body, head_only=head_only):
+            raise EngineUnreachable(f"{origin.host}:{origin.port} closed the connection at once")
+        return await self._reply(origin, conn)
 
-    def send_now(
-        self, method: str, base_url: str, path_qs: str, *, body: bytes, headers: Mapping[str, str]
-    ) -> Sent | None:
-        """Write a request to a plain-http upstream at once, without awaiting anything, on a
-        kept-alive connection; None when none is idle (``request`` then connects). ``reply``
-        waits for the head of its reply."""
-        origin, head = _request_head(method, base_url, path_qs, headers, body)
-        return self._send_kept(origin, head, body, method)
-
-    async def reply(self, sent: Sent) -> UpstreamReply:
-        """The reply to a request ``send_now`` (or ``request``) wrote, once its head came."""
+    async def _reply(self, origin: _Origin, conn: _Connection) -> UpstreamReply:
         try:
-            status, reply_headers = await sent.conn.head()
+            status, reply_headers = await conn.head()
         except BaseException:
-            sent.conn.discard()
+            conn.discard()
             raise
-        return UpstreamReply(self, sent.origin, sent.conn, status, reply_headers)
-
-    def _send_kept(self, origin: _Origin, head: bytes, body: bytes, method: str) -> Sent | None:
-        conn = self._take(origin)
-        if conn is None or not conn.send(head, body, head_only=method == "HEAD"):
-            return None  # none idle, or it closed while idle and nothing was sent
-        return Sent(origin, conn)
+        return UpstreamReply(self, origin, conn, status, reply_headers)
 
     def _take(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -227,6 +221,7 @@ class UpstreamClient:
         body: bytes,
         headers: Mapping[str, str],
         connect_timeout_s: float,
+        tls: ssl.SSLContext | None,
     ) -> aiohttp.ClientResponse:
         if self._https is None:
             connector = aiohttp.TCPConnector(limit=0, ssl=self._tls or True)
@@ -236,7 +231,7 @@ class UpstreamClient:
         # so a compressed body would reach the client as bytes it cannot read
         sent = {"Accept-Encoding": "identity", **headers}
         return await self._https.request(
-            method, url, data=body or None, headers=sent, timeout=timeout
+            method, url, data=body or None, headers=sent, timeout=timeout, ssl=tls or True
         )
 
     async def close(self) -> None:
@@ -272,28 +267,6 @@ class UpstreamReply:
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self.content.iter_any()])
 
-    def stream_to(self, sink: Callable[[bytes], None]) -> None:
-        """Hand each piece of the body to ``sink`` from now on, as it arrives (in the
-        connection's callback, with no task in between); what came already goes first.
-        ``until_end`` then waits for the end. ``pause_reading`` holds the engine back while
-        the sink's own reader lags."""
-        assert self._conn is not None
-        self._conn.stream_to(sink)
-
-    async def until_end(self) -> None:
-        """Wait until the whole body went to the sink; raises as ``iter_any`` would."""
-        assert self._conn is not None
-        while await self._conn.next_piece():
-            pass
-
-    def pause_reading(self) -> None:
-        if self._conn is not None:
-            self._conn.pause(True)
-
-    def resume_reading(self) -> None:
-        if self._conn is not None:
-            self._conn.pause(False)
-
     def close(self) -> None:
         """Give the connection back when the whole reply was read, else close it (the engine
         sees its client go)."""
@@ -322,39 +295,29 @@ class _Body:
             yield piece
 
 
-def _line_end(data: bytes, pos: int, end: bytes, limit: int, what: str) -> int:
-    """Where ``end`` is in ``data`` from ``pos``, or -1 while more may come (_Malformed once
-    more than ``limit`` bytes came without it)."""
-    cut = data.find(end, pos)
-    if cut < 0 and len(data) - pos > limit:
-        raise _Malformed(f"{what} over {limit} bytes without an end")
-    return cut
-
-
-# parser states
-_HEAD, _SIZE, _DATA, _DATA_END, _TRAILER, _LENGTH, _TO_CLOSE, _DONE = range(8)
-
-
 class _Connection(asyncio.Protocol):
-    """One kept-alive connection: sends requests and parses their replies as bytes arrive."""
+    """One kept-alive connection: writes a request, and feeds its reply's bytes to llhttp,
+    whose callbacks (``on_*``) hand the head and each piece of the body to the reader."""
 
     def __init__(self, registry: set[_Connection]) -> None:
         self._registry = registry
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._state = _DONE
-        self._buf = bytearray()
-        self._left = 0  # bytes left in the current chunk, or of a Content-Length body
-        self._head_only = False
-        self._keep_alive = True
+        self._parser: httptools.HttpResponseParser | None = None  # one per reply
+        self._headers: CIMultiDict[str] = CIMultiDict()
+        self._status = 0
         self._head: asyncio.Future[tuple[int, CIMultiDictProxy[str]]] | None = None
+        self._head_only = False
+        self._until_close = False  # the body lasts until the connection closes
+        self._received = 0  # bytes of the reply so far
+        self._done = True  # the reply is complete (or none was asked for)
+        self._keep_alive = True
         self._pieces: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: Exception | None = None
         self._closed = False
-        self._sink: Callable[[bytes], None] | None = None
         self.idle_since = 0.0
 
     # -- the pool's view
@@ -362,7 +325,7 @@ class _Connection(asyncio.Protocol):
     @property
     def finished(self) -> bool:
         """The whole reply was read by its reader."""
-        return self._state == _DONE and not self._pieces
+        return self._done and not self._pieces
 
     @property
     def reusable(self) -> bool:
@@ -386,40 +349,97 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._registry.discard(self)
-        if self._state == _TO_CLOSE:  # a body that lasts until the connection closes
-            self._state = _DONE
-        elif self._state != _DONE:
+        if not self._done:
             why = f": {exc}" if exc else ""
-            if self._state == _HEAD:
-                self._fail(
-                    EngineUnreachable(f"the engine closed the connection before its reply{why}")
-                )
-            else:
+            if self._head is not None and not self._head.done():
+                if self._received:
+                    self._fail(EngineUnreachable(f"the engine closed the connection mid-head{why}"))
+                else:
+                    self._fail(
+                        ClosedBeforeReply(f"the engine closed the connection before its reply{why}")
+                    )
+                return
+            if not self._until_close:
                 self._fail(EngineBrokeOff(f"the engine closed the connection mid-reply{why}"))
-            return
+                return
+            self._done = True  # a body that lasts until the connection closes: its end
         self._wake()
 
     def data_received(self, data: bytes) -> None:
-        if self._state == _DONE:  # bytes nobody asked for: the connection cannot be trusted
+        parser = self._parser
+        if self._done or parser is None:  # bytes nobody asked for: the connection is not trusted
             self._keep_alive = False
             return
+        self._received += len(data)
         try:
-            self._parse(data)
-        except _Malformed as exc:
+            parser.feed_data(data)
+            if self._received > MAX_HEAD_BYTES and not self._head_read:
+                raise httptools.HttpParserError(f"the headers over {MAX_HEAD_BYTES} bytes")
+        except httptools.HttpParserError as exc:
             self._keep_alive = False
-            head_read = self._head is not None and self._head.done()
+            if self._done:  # more after a whole reply: the reply stands, the connection goes
+                self.discard()
+                return
             self._fail(
-                EngineBadReply(f"the engine's reply head is not HTTP/1.x: {exc}")
-                if not head_read
-                else EngineBrokeOff(f"the engine's reply body is malformed: {exc}")
+                EngineBrokeOff(f"the engine's reply body is malformed: {exc}")
+                if self._head_read
+                else EngineBadReply(f"the engine's reply head is not HTTP/1.x: {exc}")
             )
-            if self._transport is not None:
-                self._transport.close()
+            self.discard()
             return
         if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
         self._wake()
+
+    @property
+    def _head_read(self) -> bool:
+        return self._head is not None and self._head.done()
+
+    # -- llhttp's callbacks (inside feed_data)
+
+    def on_message_begin(self) -> None:
+        if self._done:  # a second reply to one request: nothing of it is read
+            self._keep_alive = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        status = parser.get_status_code()
+        if 100 <= status < 200 or self._done:  # informational (100 Continue): the head follows
+            self._headers = CIMultiDict()
+            return
+        headers, self._headers = self._headers, CIMultiDict()
+        self._status = status
+        self._keep_alive = parser.should_keep_alive()
+        self._until_close = (
+            "Content-Length" not in headers
+            and "Transfer-Encoding" not in headers
+            and status not in (204, 304)
+        )
+        if self._until_close:
+            self._keep_alive = False
+        head = self._head
+        if head is not None and not head.done():
+            head.set_result((status, CIMultiDictProxy(headers)))
+        if self._head_only:  # the reply to HEAD has no body, whatever its length says
+            self._done, self._keep_alive = True, False
+
+    def on_body(self, body: bytes) -> None:
+        if not self._done:
+            self._pieces.append(body)
+            self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if 100 <= self._status_now() < 200:
+            return
+        self._done = True
+
+    def _status_now(self) -> int:
+        return self._parser.get_status_code() if self._parser is not None else 0
 
     # -- the request's side
 
@@ -429,9 +449,10 @@ class _Connection(asyncio.Protocol):
         if transport is None or self._closed or transport.is_closing():
             self.discard()
             return False
-        self._state, self._head_only, self._keep_alive = _HEAD, head_only, True
-        self._buf.clear()
-        self._error, self._sink = None, None
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = CIMultiDict()
+        self._head_only, self._keep_alive, self._until_close = head_only, True, False
+        self._done, self._received, self._error = False, 0, None
         self._head = self._loop.create_future()
         if len(body) <= 16384:
             transport.write(head + body)
@@ -449,7 +470,7 @@ class _Connection(asyncio.Protocol):
         while not self._pieces:
             if self._error is not None:
                 raise self._error
-            if self._state == _DONE:
+            if self._done:
                 return b""
             self._waiter = self._loop.create_future()
             try:
@@ -465,24 +486,6 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
         return piece
 
-    def stream_to(self, sink: Callable[[bytes], None]) -> None:
-        if self._pieces:
-            sink(b"".join(self._pieces))
-            self._pieces.clear()
-            self._buffered = 0
-        self._sink = sink
-        self.pause(False)
-
-    def pause(self, paused: bool) -> None:
-        if paused != self._paused and self._transport is not None and not self._closed:
-            self._paused = paused
-            if paused:
-                self._transport.pause_reading()
-            else:
-                self._transport.resume_reading()
-
-    # -- parsing
-
     def _fail(self, exc: Exception) -> None:
         self._error = exc
         head = self._head
@@ -494,112 +497,3 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    def _body(self, piece: bytes) -> None:
-        if piece:
-            if self._sink is not None:
-                self._sink(piece)
-                return
-            self._pieces.append(piece)
-            self._buffered += len(piece)
-
-    def _parse(self, data: bytes) -> None:
-        """Advance through ``data`` (after what an earlier read left unparsed); raises
-        _Malformed. The usual read is one whole chunk: one find, one int, one slice."""
-        if self._buf:
-            data = bytes(self._buf) + data
-            self._buf.clear()
-        state, pos, end = self._state, 0, len(data)
-        while pos < end:
-            if state == _SIZE:
-                cut = _line_end(data, pos, b"\r\n", MAX_CHUNK_LINE, "a chunk-size line")
-                if cut < 0:
-                    break
-                size_text = data[pos:cut].split(b";", 1)[0].strip()
-                if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
-                    raise _Malformed(f"a bad chunk size {size_text[:20]!r}")
-                self._left = int(size_text, 16)
-                pos = cut + 2
-                state = _DATA if self._left else _TRAILER
-            elif state == _DATA:
-                take = min(self._left, end - pos)
-                self._body(data[pos : pos + take] if pos or take < end else data)
-                pos += take
-                self._left -= take
-                if self._left:
-                    break
-                state = _DATA_END
-            elif state == _DATA_END:
-                if end - pos < 2:
-                    break
-                if data[pos : pos + 2] != b"\r\n":
-                    raise _Malformed("a chunk that does not end with CRLF")
-                pos += 2
-                state = _SIZE
-            elif state == _HEAD:
-                cut = _line_end(data, pos, b"\r\n\r\n", MAX_HEAD_BYTES, "the headers")
-                if cut < 0:
-                    break
-                state = self._on_head(data[pos:cut])
-                pos = cut + 4
-            elif state == _TRAILER:
-                cut = _line_end(data, pos, b"\r\n", MAX_HEAD_BYTES, "the trailer")
-                if cut < 0:
-                    break
-                state = _DONE if cut == pos else _TRAILER
-                pos = cut + 2
-            elif state == _LENGTH:
-                take = min(self._left, end - pos)
-                self._body(data[pos : pos + take])
-                pos += take
-                self._left -= take
-                if not self._left:
-                    state = _DONE
-            elif state == _TO_CLOSE:
-                self._body(data[pos:] if pos else data)
-                pos = end
-            else:  # _DONE, and more bytes: the connection cannot be trusted again
-                self._keep_alive = False
-                pos = end
-        self._state = state
-        if pos < end:
-            self._buf += data[pos:]
-
-    def _on_head(self, raw: bytes) -> int:
-        """Parse a status line and headers; the state the body starts in."""
-        text = raw.decode("utf-8", "surrogateescape")
-        lines = text.split("\r\n")
-        status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1."):
-            raise _Malformed(f"status line {lines[0][:60]!r}")
-        version, code = status_line[0], status_line[1]
-        if len(code) != 3 or not code.isdigit() or not 100 <= int(code) <= 599:
-            raise _Malformed(f"status {code[:20]!r}")
-        status = int(code)
-        headers: CIMultiDict[str] = CIMultiDict()
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
-                raise _Malformed(f"header line {line[:60]!r}")
-            headers.add(name, value.strip(" \t"))
-        if 100 <= status < 200:  # informational (100 Continue): the real head follows
-            return _HEAD
-        connection = headers.get("Connection", "").lower()
-        self._keep_alive = "close" not in connection and (
-            version != "HTTP/1.0" or "keep-alive" in connection
-        )
-        head = self._head
-        if head is not None and not head.done():
-            head.set_result((status, CIMultiDictProxy(headers)))
-        if self._head_only or status in NO_BODY_STATUS:
-            return _DONE
-        if "chunked" in headers.get("Transfer-Encoding", "").lower():
-            return _SIZE
-        length = headers.get("Content-Length")
-        if length is not None:
-            if not length.isdigit():
-                raise _Malformed(f"Content-Length {length[:20]!r}")
-            self._left = int(length)
-            return _LENGTH if self._left else _DONE
-        self._keep_alive = False
-        return _TO_CLOSE

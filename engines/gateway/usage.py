@@ -3,7 +3,9 @@ in the store's ``usage`` table.
 
 Recording is a deque append on the event loop; a background task writes the rows in batches
 from a thread, so SQLite never blocks a request. If the writer falls far behind, the oldest
-unwritten rows are dropped (and counted) rather than growing memory.
+unwritten rows are dropped (and counted) rather than growing memory. While the disk is full
+(``DiskFull``) the rows stay in memory, as many as ``max_pending``, and are written once there
+is room; the writer then also checks every period whether space came back.
 
 The table stays bounded: each row is small (the gateway records only names it serves, never a
 client's ``model`` string as sent), and at start and once an hour rows older than
@@ -19,8 +21,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from engines.settings import SettingsView
-from engines.store import Store
+from engines.config.live import SettingsView
+from engines.core.doorbell import Doorbell
+from engines.core.store import Store
+from engines.errors import DiskFull
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,7 @@ class UsageRecorder:
         self._period_s = period_s
         self._pending: collections.deque[UsageRecord] = collections.deque(maxlen=max_pending)
         self._task: asyncio.Task[None] | None = None
+        self._bell = Doorbell()  # rung by record: the writer sleeps while nothing comes
         self.written = 0
         self.dropped = 0
 
@@ -70,9 +75,15 @@ class UsageRecorder:
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
         self._pending.append(record)
+        self._bell.ring()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="usage-log")
+
+    @property
+    def waiting(self) -> int:
+        """Rows recorded and not written yet (many while the disk is full)."""
+        return len(self._pending)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -80,25 +91,49 @@ class UsageRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.flush()
+        try:
+            await self.flush()
+        except DiskFull:
+            log.warning("%d usage rows were not written: the disk is full", len(self._pending))
 
     async def flush(self) -> None:
+        """Write the rows recorded so far. Raises DiskFull (the rows stay, to be written)."""
         rows = list(self._pending)
         self._pending.clear()
-        if rows:
+        if not rows:
+            return
+        try:
             await asyncio.to_thread(self._write, rows)
+        except DiskFull:
+            self._keep(rows)
+            raise
+
+    def _keep(self, rows: list[UsageRecord]) -> None:
+        """Put back rows a full disk refused, before those recorded meanwhile; the oldest go
+        (counted) past ``max_pending``."""
+        kept = [*rows, *self._pending]
+        limit = self._pending.maxlen or len(kept)
+        self.dropped += max(0, len(kept) - limit)
+        self._pending.clear()
+        self._pending.extend(kept[-limit:])
 
     async def _run(self) -> None:
         pruned_at = 0.0
         while True:
+            if pruned_at and not self._pending and self._store.full is None:
+                await self._bell.wait(PRUNE_EVERY_S)  # asleep until a request is recorded
+            await asyncio.sleep(self._period_s)  # what comes meanwhile goes in this batch
             try:
-                if time.monotonic() - pruned_at >= PRUNE_EVERY_S or not pruned_at:
+                if self._store.full is not None and not self._pending:
+                    await asyncio.to_thread(self._store.check_space)
+                elif time.monotonic() - pruned_at >= PRUNE_EVERY_S or not pruned_at:
                     pruned_at = time.monotonic()
                     await asyncio.to_thread(self.prune, time.time())
                 await self.flush()
+            except DiskFull:
+                pass  # the store logged it once; the rows wait for room
             except Exception:  # boundary: a failing write must not stop the usage log
                 log.exception("writing the usage log failed")
-            await asyncio.sleep(self._period_s)
 
     def prune(self, now_s: float) -> int:
         """Delete rows older than ``gateway.usage_days``, then the oldest past

@@ -109,7 +109,7 @@ async def cmd_gpus(args: argparse.Namespace) -> int:
 async def _overview(simulate: int | None) -> GPUOverview:
     if simulate is None:
         try:
-            async with await DaemonClient.connect() as c:
+            async with await DaemonClient.connect(plain_calls=True) as c:
                 return await c.gpus()
         except DaemonUnavailable:
             pass
@@ -225,7 +225,7 @@ def _w(mw: int | None) -> str:
 async def cmd_gpus_watch(args: argparse.Namespace) -> int:
     if args.simulate is None:
         try:
-            c = await DaemonClient.connect()
+            c = await DaemonClient.connect(plain_calls=True)
         except DaemonUnavailable:
             c = None
         if c is not None:
@@ -299,7 +299,7 @@ async def cmd_gpus_record(args: argparse.Namespace) -> int:
 
 
 async def cmd_fans(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         overview = await c.gpus()
         for entry in overview.gpus:
             if args.gpu not in (None, str(entry.info.index), entry.info.uuid):
@@ -339,7 +339,7 @@ async def cmd_fans_set(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError too
             raise ConfigError(f"cannot read the curve file {path}: {exc}") from None
         preset = None
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         gpus = args.gpu or [str(e.info.index) for e in (await c.gpus()).gpus]
         for gpu in gpus:
             result = await c.set_fan_curve(
@@ -362,7 +362,7 @@ async def cmd_fans_set(args: argparse.Namespace) -> int:
 
 
 async def cmd_fans_auto(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         gpus = await c.restore_fans(args.gpu)
         print(f"fans under firmware control on {len(gpus)} GPU(s)")
     return 0
@@ -372,7 +372,7 @@ async def cmd_fans_auto(args: argparse.Namespace) -> int:
 
 
 async def cmd_power(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         overview = await c.gpus()
         for entry in overview.gpus:
             if args.gpu not in (None, str(entry.info.index), entry.info.uuid):
@@ -394,7 +394,7 @@ async def cmd_power_set(args: argparse.Namespace) -> int:
         preset = None
     except ValueError:
         watts, preset = None, args.value
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         gpus = args.gpu or [str(e.info.index) for e in (await c.gpus()).gpus]
         for gpu in gpus:
             p = await c.set_power_limit(
@@ -409,7 +409,7 @@ async def cmd_power_set(args: argparse.Namespace) -> int:
 
 
 async def cmd_power_reset(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         gpus = await c.reset_power_limit(args.gpu)
         print(f"default power limit on {len(gpus)} GPU(s)")
     return 0
@@ -419,7 +419,7 @@ async def cmd_power_reset(args: argparse.Namespace) -> int:
 
 
 async def cmd_guard(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         g = await c.guard()
         print(f"thermal guard {'on' if g.enabled else 'OFF'}")
         for key, value in g.thresholds.items():
@@ -447,7 +447,7 @@ async def cmd_guard_set(args: argparse.Namespace) -> int:
             changes[key.removeprefix("gpu.")] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             raise ConfigError(f"{item!r}: the value must be a number or true/false") from None
-    async with await DaemonClient.connect() as c:
+    async with await DaemonClient.connect(plain_calls=True) as c:
         g = await c.set_guard(changes, dry_run=args.dry_run)
         print(
             ("valid: " if args.dry_run else "saved: ")

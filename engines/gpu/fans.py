@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.config import resources_dir
+from engines.config.sections import resources_dir
 from engines.errors import ConfigError
 from engines.events.gpu import FanCurve
 

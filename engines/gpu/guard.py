@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engines.config import GPUSettings
+from engines.config.sections import GPUSettings
 from engines.events.gpu import GPUGuardAction, GPUInfo, GPUSnapshot, GPUState, GuardGPU, GuardLevel
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,11 @@ from engines.events.core import EngineState
 from engines.events.gpu import GPUInfo, GuardLevel
 from engines.gpu.guard import PAUSE_PREFIX, Step
 from engines.gpu.helper_client import HelperClient
-from engines.supervisor import EngineView
+from engines.gpu.power import percent_of_default
+from engines.runtime.supervisor import EngineView
 
 if TYPE_CHECKING:
-    from engines.supervisor import ManagedEngine
+    from engines.runtime.supervisor import ManagedEngine
 
 
 class Pausable(Protocol):
@@ -56,12 +57,10 @@ class DaemonGuardActions:
 
     async def lower_power(self, step: Step, power_pct: float) -> str:
         info = next(i for i in self._infos() if i.uuid == step.uuid)
+        limit = percent_of_default(info, power_pct)
         default = info.power_default_mw or info.power_max_mw
-        if default is None:
+        if limit is None or default is None:
             return f"GPU {step.index} reports no power limits; the power step is skipped"
-        limit = round(default * power_pct / 100)
-        if info.power_min_mw is not None:
-            limit = max(limit, info.power_min_mw)
         helper = self._require_helper()
         await helper.request("apply_power", gpu=step.uuid, limit_mw=limit, source="guard")
         return (

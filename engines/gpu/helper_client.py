@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import platformdirs
 
 from engines.errors import HelperRefused, HelperUnavailable
 from engines.events.codec import from_plain
@@ -21,11 +24,33 @@ from engines.gpu.protocol import MAX_LINE_BYTES, encode_request
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "fan curves and power limits need traylm-gpud, the small privileged helper: install it with "
-    "`sudo bash installers/linux/install-gpud.sh` (creates the traylm group, installs and starts "
-    "traylm-gpud.service), then log out and back in. Telemetry works without it."
-)
+SOURCE_INSTALLER = Path(__file__).resolve().parents[2] / "installers" / "linux" / "install-gpud.sh"
+"""The helper's installer in a source checkout (also an editable install: ``install.sh --dev``)."""
+
+
+def installed_installer() -> Path:
+    """Where install.sh keeps the helper's installer, beside the wheel it installed from."""
+    return Path(platformdirs.user_data_dir("traylm")) / "gpud" / "install-gpud.sh"
+
+
+def install_hint() -> str:
+    """How to install traylm-gpud, naming the installer this computer has: the source
+    checkout's, else the copy install.sh keeps; a wheel installed by pipx or uv has neither."""
+    script = SOURCE_INSTALLER if SOURCE_INSTALLER.is_file() else installed_installer()
+    how = (
+        f"install it with `sudo bash {script}`"
+        if script.is_file()
+        else "install it with `sudo bash installers/linux/install-gpud.sh` from traylm's source "
+        "(installing traylm with its install.sh keeps a copy in "
+        f"{installed_installer().parent})"
+    )
+    return (
+        f"fan curves and power limits need traylm-gpud, the small privileged helper: {how} "
+        "(it creates the traylm group, installs and starts traylm-gpud.service), then log out "
+        "and back in. Telemetry works without it."
+    )
+
+
 _STATUS_BY_CODE = {
     "gpu_not_found": 404,
     "gpu_no_permission": 403,
@@ -59,10 +84,10 @@ class HelperClient:
             available=False,
             socket_path=str(socket_path),
             detail="not checked yet",
-            install_hint=INSTALL_HINT,
         )
 
     async def start(self) -> None:
+        self.status = dataclasses.replace(self.status, install_hint=install_hint())
         self._task = asyncio.create_task(self._heartbeat(), name="traylm-gpud heartbeat")
 
     async def stop(self) -> None:
@@ -81,7 +106,7 @@ class HelperClient:
                     available=False,
                     socket_path=str(self.socket_path),
                     detail=exc.message,
-                    install_hint=INSTALL_HINT,
+                    install_hint=self.status.install_hint,
                 )
             )
         else:
@@ -166,7 +191,7 @@ class HelperClient:
 
 def _why(path: Path, exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-        return f"traylm-gpud is not running (nothing listens on {path}); {INSTALL_HINT}"
+        return f"traylm-gpud is not running (nothing listens on {path}); {install_hint()}"
     if isinstance(exc, PermissionError):
         return (
             f"no permission to use {path}: add yourself to the traylm group "

@@ -32,7 +32,12 @@ from engines.gpu.power import check_limit
 
 log = logging.getLogger(__name__)
 
-LAYERS = ("guard", "lease", "persist")  # highest priority first
+LAYERS = ("guard", "tune", "lease", "persist")  # highest priority first
+"""Power limits: the thermal guard's over the tuner's (a candidate's limit while it is measured,
+`traylm tune`) over the user's. The tuner's has a layer of its own so that lifting it gives back
+exactly what the user had (lease, persisted limit or the default); like a lease it is dropped
+when its client goes away (the daemon crashed mid-tune)."""
+OWN_LAYERS = ("guard", "tune")  # sources whose power limit is a layer of that name
 RESUME_JUMP_S = 5.0
 
 
@@ -177,7 +182,7 @@ class HelperCore:
             check_limit(info, limit_mw)
             state = self._power.setdefault(info.uuid, _Power())
             before = dict(state.layers)
-            layer = "guard" if source == "guard" else ("persist" if persist else "lease")
+            layer = source if source in OWN_LAYERS else ("persist" if persist else "lease")
             state.layers[layer] = _Entry(limit_mw, None if layer == "persist" else owner)
             if layer == "persist":
                 state.layers.pop("lease", None)
@@ -192,14 +197,15 @@ class HelperCore:
             return {"gpu": info.uuid, "limit_mw": state.applied_mw, "layer": layer}
 
     def restore_power(self, gpu: str, source: str = "user") -> list[str]:
-        """``source="guard"`` lifts only the guard's limit; ``"user"`` drops the user's."""
+        """``source="guard"`` (``"tune"``) lifts only the guard's (the tuner's) limit; ``"user"``
+        drops the user's."""
         with self._lock:
             uuids = [i.uuid for i in self._infos] if gpu == "all" else [self._info(gpu).uuid]
             for uuid in uuids:
                 state = self._power.get(uuid)
                 if state is None:
                     continue
-                for layer in ("guard",) if source == "guard" else ("lease", "persist"):
+                for layer in (source,) if source in OWN_LAYERS else ("lease", "persist"):
                     state.layers.pop(layer, None)
                 self._apply_power_layers(self._info(uuid), state)
             self._save_state()
@@ -352,7 +358,7 @@ class HelperCore:
                         {
                             "uuid": uuid,
                             "limit_mw": pstate.applied_mw,
-                            "source": "guard" if top[0] == "guard" else "user",
+                            "source": top[0] if top[0] in OWN_LAYERS else "user",
                             "persist": top[0] == "persist",
                         }
                     )

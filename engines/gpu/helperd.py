@@ -412,7 +412,7 @@ async def _main(args: argparse.Namespace) -> int:
 def _default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path(DEFAULT_STATE_DIR)
-    from engines.config import Paths
+    from engines.config.sections import Paths
 
     return Paths.from_env().state_dir / "gpud"
 

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.core.store import Store
+from engines.errors import DiskFull
 from engines.events.gpu import GPUHistory, GPUSnapshot, GPUState
-from engines.store import Store
 
 COLUMNS = (
     "temperature_c",
@@ -101,16 +102,20 @@ class TelemetryHistory:
             if bucket is None:
                 bucket = self._buckets[s.uuid] = _Bucket(start)
             bucket.add(s)
-        if rows:
-            with self.store.transaction() as db:
-                db.executemany(
-                    "INSERT OR REPLACE INTO telemetry (ts_s, gpu_uuid, data_json) VALUES (?,?,?)",
-                    rows,
-                )
-        now = time.time()
-        if now - self._last_prune_s >= PRUNE_EVERY_S:
-            self._last_prune_s = now
-            self.prune(now)
+        try:
+            if rows:
+                with self.store.transaction() as db:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO telemetry (ts_s, gpu_uuid, data_json)"
+                        " VALUES (?,?,?)",
+                        rows,
+                    )
+            now = time.time()
+            if now - self._last_prune_s >= PRUNE_EVERY_S:
+                self._last_prune_s = now
+                self.prune(now)
+        except DiskFull:  # the store logged it once; these averages are not kept
+            return 0
         return len(rows)
 
     def prune(self, now_s: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -30,6 +31,9 @@ RTX_4090 = GPUInfo(
 """The GPU a fit estimate assumes when the machine has none (traylm is built for 2×4090)."""
 
 
+RETRY_S = 10.0
+
+
 class Inventory(Protocol):
     """What a part needs to know about the GPUs (tests pass a FAKE one)."""
 
@@ -43,17 +47,25 @@ class GPUInventory:
         self._backend = backend
         self._gpus: tuple[GPUInfo, ...] = ()
         self._lock = asyncio.Lock()
+        self._next_try_s = 0.0
+        self._said = ""
 
     async def gpus(self) -> tuple[GPUInfo, ...]:
-        """Every GPU, NVML index order; () when none answers (asked again next time)."""
-        if self._gpus:
+        """Every GPU, NVML index order; () when none answers (asked again at most every
+        ``RETRY_S``: the servable list asks for every profile that needs a GPU, and a computer
+        without one would load NVML again and again). Why there are none is logged once, and
+        again only when it changes."""
+        if self._gpus or time.monotonic() < self._next_try_s:
             return self._gpus
         async with self._lock:
-            if not self._gpus:
+            if not self._gpus and time.monotonic() >= self._next_try_s:
                 try:
                     self._gpus = await asyncio.to_thread(self._backend.open)
                 except GPUError as exc:
-                    log.info("no GPUs for the inventory: %s", exc.message)
+                    self._next_try_s = time.monotonic() + RETRY_S
+                    if exc.message != self._said:
+                        self._said = exc.message
+                        log.info("no GPUs for the inventory: %s", exc.message)
         return self._gpus
 
 

@@ -84,7 +84,7 @@ class NVMLBackend:
             if write:
                 raise GPUPermissionDenied(
                     f"{fn_name}{where} needs root: fan and power changes go through "
-                    "traylm-gpud (see installers/linux/traylm-gpud.md)"
+                    "traylm-gpud (`traylm doctor` says how to install it)"
                 )
             return None
         if code == pynvml.NVML_ERROR_GPU_IS_LOST:

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from engines.config import resources_dir
+from engines.config.sections import resources_dir
 from engines.errors import ConfigError
 from engines.events.gpu import GPUInfo, PowerPreset
 
@@ -63,6 +63,17 @@ def resolve_request(info: GPUInfo, *, watts: Any = None, preset: Any = None) -> 
     limit_mw = round(float(watts) * 1000)
     check_limit(info, limit_mw)
     return limit_mw
+
+
+def percent_of_default(info: GPUInfo, pct: float) -> int | None:
+    """``pct`` % of the card's default limit (its maximum when it reports no default), never
+    below its minimum; None when the card reports neither (the thermal guard's power step, the
+    tuner's power candidates)."""
+    default = info.power_default_mw or info.power_max_mw
+    if default is None:
+        return None
+    limit = round(default * pct / 100)
+    return max(limit, info.power_min_mw) if info.power_min_mw is not None else limit
 
 
 def check_limit(info: GPUInfo, limit_mw: int) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
+from engines.core.metrics import Labels, fmt_labels, fmt_number
 from engines.events.gpu import EngineEnergy, GPUSnapshot, GPUState
 from engines.gpu.sampler import Sampler
-from engines.metrics import Labels, fmt_labels, fmt_number
 
 _GAUGES: tuple[tuple[str, str, str, float], ...] = (
     # (metric, help, snapshot field, scale)

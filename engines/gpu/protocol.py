@@ -6,7 +6,7 @@ Requests (``id`` is optional and echoed back)::
     {"op": "apply_curve", "gpu": UUID, "curve": {...}, "fans": [0, 1], "persist": true}
     {"op": "restore_fans", "gpu": UUID | "all"}
     {"op": "apply_power", "gpu": UUID, "limit_mw": 300000, "persist": true, "source": "user"}
-    {"op": "restore_power", "gpu": UUID | "all", "source": "user" | "guard"}
+    {"op": "restore_power", "gpu": UUID | "all", "source": "user" | "guard" | "tune"}
 
 Answers: ``{"ok": true, "id": N, "result": {...}}`` or
 ``{"ok": false, "id": N, "error": CODE, "message": TEXT}``. Anything else (bad JSON, duplicate
@@ -23,7 +23,7 @@ from typing import Any
 
 MAX_LINE_BYTES = 16 * 1024
 OPS = ("status", "apply_curve", "restore_fans", "apply_power", "restore_power")
-SOURCES = ("user", "guard")
+SOURCES = ("user", "guard", "tune")
 UUID_RE = re.compile(r"^GPU-[0-9A-Fa-f-]{8,64}$")
 _KEYS = {
     "status": {"op", "id"},

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engines.core.http import json_body, ok, traylm_errors
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.gpu import (
@@ -47,7 +48,6 @@ from engines.gpu.backend import find_info
 from engines.gpu.guard import THRESHOLD_FIELDS, GuardThresholds
 from engines.gpu.history import build_history
 from engines.gpu.service import GPUFeature
-from engines.http import json_body, ok, traylm_errors
 
 routes = web.RouteTableDef()
 MAX_HISTORY_S = 7 * 86400
@@ -182,7 +182,7 @@ async def guard(request: web.Request) -> web.Response:
 @traylm_errors
 async def set_guard(request: web.Request) -> web.Response:
     """Body: any of guard_enabled and the guard_* thresholds; all applied or none."""
-    from engines.config import replace_setting
+    from engines.config.sections import replace_setting
 
     f = _feature(request)
     body = await json_body(request)

@@ -5,6 +5,9 @@ Each sample goes to a ring buffer (the last hour at full rate), to the event bus
 downsampled SQLite history. The expensive reads (process list, PCIe throughput) run every
 ``process_interval_s``; in between each snapshot carries the last process list forward. When NVML
 is unavailable the sampler says so once (``GPUStateChanged``) and retries with backoff.
+
+``sample_after`` asks for a sample now (process list included) and waits for it: placement right
+after an engine stopped must not read a snapshot taken while that engine still held its memory.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +32,7 @@ from engines.gpu.history import TelemetryHistory
 log = logging.getLogger(__name__)
 
 RING_S = 3600.0
+BACKOFF_MIN_S = 2.0
 BACKOFF_MAX_S = 60.0
 
 Snapshots = tuple[GPUSnapshot, ...]
@@ -66,6 +71,10 @@ class Sampler:
         self._processes: dict[str, Any] = {}
         self._lost: set[str] = set()
         self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._asked = False
+        self.sampled_at_s = -math.inf
+        """Monotonic time the latest sample began (its snapshots show the cards from then on)."""
         self._thread: threading.Thread | None = None
         self._last_slow_s = -1e18
 
@@ -75,6 +84,8 @@ class Sampler:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
@@ -93,7 +104,7 @@ class Sampler:
                 self.sample_once()
                 backoff_s = 0.0
             except GPUUnavailable as exc:
-                backoff_s = min(BACKOFF_MAX_S, max(2.0, backoff_s * 2))
+                backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, backoff_s * 2))
                 self._set_state(
                     GPUState.UNAVAILABLE, f"{exc.message} (retrying in {backoff_s:.0f} s)"
                 )
@@ -109,19 +120,36 @@ class Sampler:
             delay = next_s - time.monotonic()
             if delay < 0:  # fell behind (suspend, slow NVML): do not try to catch up
                 next_s, delay = time.monotonic(), 0.0
-            if self._stop.wait(delay):
+            with self._wake:  # until the next turn, or a sample asked for now
+                self._wake.wait_for(lambda: self._asked or self._stop.is_set(), delay)
+            if self._stop.is_set():
                 return
+
+    def sample_after(self, after_s: float, timeout_s: float) -> bool:
+        """Block until the latest snapshots were read after ``after_s`` (monotonic), asking the
+        thread for one now, with the process list, rather than at its next turn. False when none
+        came within ``timeout_s`` (NVML down, the sampler stopped)."""
+        with self._wake:
+            if self.sampled_at_s > after_s:
+                return True
+            self._asked = True
+            self._wake.notify_all()
+            return self._wake.wait_for(lambda: self.sampled_at_s > after_s, timeout_s)
 
     def sample_once(self) -> Snapshots:
         """Take one sample and hand it on (the thread's body; tests call it directly)."""
-        if self.state != GPUState.OK or not self.infos:
+        with self._wake:  # taken first: a sample that fails answers the ask too (no spin)
+            asked, self._asked = self._asked, False
+        opened = self.state != GPUState.OK or not self.infos
+        if opened:
             self.infos = self.backend.open()
-            self._set_state(GPUState.OK, f"{len(self.infos)} GPU(s) via {self.backend.name}")
         now = time.monotonic()
-        slow = now - self._last_slow_s >= self.process_interval_s
+        slow = asked or now - self._last_slow_s >= self.process_interval_s
         started = time.perf_counter()
         snaps = self.backend.sample(slow=slow)
         cost = time.perf_counter() - started
+        if opened:  # OK once a sample came: a driver that opens but cannot sample stays down
+            self._set_state(GPUState.OK, f"{len(self.infos)} GPU(s) via {self.backend.name}")
         self.last_cost_s = cost
         self.cost_s_total += cost
         self.samples += 1
@@ -137,7 +165,9 @@ class Sampler:
                 for s in snaps
             )
         self._note_lost(snaps)
-        self.latest = snaps
+        with self._wake:
+            self.latest, self.sampled_at_s = snaps, now
+            self._wake.notify_all()
         self.ring.append(snaps)
         self._publish(
             GPUSampled(backend=self.backend.name, simulated=self.backend.simulated, gpus=snaps)
@@ -151,15 +181,22 @@ class Sampler:
     # ----------------------------------------------------------------- helpers
 
     def _set_state(self, state: GPUState, message: str) -> None:
+        """Publish a change of state. The log says an outage once (each retry only at debug:
+        a machine without NVIDIA retries for as long as the daemon runs) and its end once."""
         if (
             state == self.state
             and message.split(" (retrying")[0] == self.message.split(" (retrying")[0]
         ):
             self.message = message
+            if state == GPUState.UNAVAILABLE:
+                log.debug("GPU telemetry still unavailable: %s", message)
             return
+        was_down = self.state == GPUState.UNAVAILABLE and self.message != "starting"
         self.state, self.message = state, message
         if state == GPUState.UNAVAILABLE:
             log.warning("GPU telemetry unavailable: %s", message)
+        elif was_down:
+            log.info("GPU telemetry is back: %s", message)
         else:
             log.info("GPU telemetry: %s", message)
         self._publish(

@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from engines.bus import EventBus
-from engines.config import Settings
+from engines.config.live import SettingsEditor
+from engines.config.sections import Settings
+from engines.core.bus import EventBus
+from engines.core.procs import descendants
+from engines.core.store import Store
 from engines.errors import GPUUnavailable, HelperUnavailable, TraylmError
 from engines.events.core import EngineState, Notice
 from engines.events.gpu import (
@@ -32,6 +35,7 @@ from engines.events.gpu import (
     GPUInfo,
     GPUProcess,
     GPUSnapshot,
+    GPUState,
     HelperStatus,
     PSUStatus,
 )
@@ -55,13 +59,10 @@ from engines.gpu.prometheus import gpu_exposition
 from engines.gpu.sampler import Sampler
 from engines.gpu.sim import MEMORY_TOTAL_BYTES as SIM_MEMORY_TOTAL_BYTES
 from engines.gpu.sim import SimulatedBackend
-from engines.procs import descendants
-from engines.settings import SettingsEditor
-from engines.store import Store
-from engines.supervisor import EngineView
+from engines.runtime.supervisor import EngineView
 
 if TYPE_CHECKING:
-    from engines.supervisor import ManagedEngine
+    from engines.runtime.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ SIM_HOLDING = frozenset(
     {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
 )
 PSU_NOTICE_EVERY_S = 900.0
+FRESH_SAMPLE_TIMEOUT_S = 5.0
+"""The longest placement waits for a GPU sample newer than an engine's stop."""
 
 
 def build_backend(settings: Settings) -> GPUBackend:
@@ -254,12 +257,26 @@ class GPUFeature:
         return self.sampler.infos
 
     def engine_gpus(self, engine: ManagedEngine) -> tuple[str, ...]:
-        """UUIDs of the GPUs an engine uses (profile.gpus are CUDA indices in PCI order). With
-        the simulator every engine counts as running on its profile's GPUs."""
-        if engine.runtime.device != "cuda" and not self.backend.simulated:
+        """UUIDs of the GPUs an engine uses (profile.gpus are CUDA indices in PCI order). An
+        engine on the CPU uses none, on simulated GPUs too: it must not be drawn holding GPU
+        memory it never touches."""
+        if engine.runtime.device != "cuda":
             return ()
         order = cuda_order(self.sampler.infos)
         return tuple(order[i].uuid for i in engine.profile.gpus if 0 <= i < len(order))
+
+    async def sample_after(self, after_s: float) -> None:
+        """Wait (at most FRESH_SAMPLE_TIMEOUT_S) until the latest snapshots were read after
+        ``after_s`` (monotonic; an engine's stop), so that placement does not count the memory
+        the stopped engine held as another program's. Simulated GPUs are first made to look like
+        the engines now, as a real card frees the memory when the process exits."""
+        if self.sampler.sampled_at_s > after_s or self.sampler.state != GPUState.OK:
+            return
+        if isinstance(self.backend, SimulatedBackend):
+            self._drive_simulator()
+        fresh = self.sampler.sample_after
+        if not await asyncio.to_thread(fresh, after_s, FRESH_SAMPLE_TIMEOUT_S):
+            log.info("no GPU sample within %.0f s of an engine's stop", FRESH_SAMPLE_TIMEOUT_S)
 
     def _engine_pids(self) -> Mapping[int, str]:
         """pid → engine id for every engine process and its children (sampler thread)."""

@@ -1,9 +1,10 @@
 """Where the Hub is, which token goes there, and where the shared cache lives.
 
 This is the ONE module that reads the Hugging Face environment (``HF_ENDPOINT``, ``HF_TOKEN``,
-``HF_HOME``, ``HF_HUB_CACHE``) and the user's saved login. Everything else receives a
-``HubAccess`` and passes ``endpoint=``, ``token=`` and ``cache_dir=`` explicitly to
-huggingface_hub, so a child process or a test sees exactly the same values.
+``HF_HOME``, ``HF_HUB_CACHE``) and the user's saved login (token.py writes and removes it).
+Everything else receives a ``HubAccess`` and passes ``endpoint=``, ``token=`` and
+``cache_dir=`` explicitly to huggingface_hub, so a child process or a test sees exactly the
+same values.
 
 Token rule: huggingface_hub sends the saved token to whatever endpoint is configured. traylm
 sends it only to the official Hub or to an endpoint the user listed in
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from engines.config import HubSettings
+from engines.config.sections import HubSettings
 from engines.errors import ConfigError
 
 OFFICIAL_ENDPOINT = "https://huggingface.co"
@@ -79,7 +80,7 @@ def resolve_access(settings: HubSettings, environ: Mapping[str, str] | None = No
         raise ConfigError(
             f"hub endpoint {endpoint!r} is not an http(s) URL; fix hub.endpoint or HF_ENDPOINT"
         )
-    token = _find_token(settings, env)
+    token, _ = find_token(settings, env)
     reason = ""
     trusted = {_origin(e) for e in settings.trusted_endpoints} | {_origin(OFFICIAL_ENDPOINT)}
     if token and _origin(endpoint) not in trusted:
@@ -97,17 +98,33 @@ def resolve_access(settings: HubSettings, environ: Mapping[str, str] | None = No
     )
 
 
-def _find_token(settings: HubSettings, env: Mapping[str, str]) -> str | None:
+def find_token(
+    settings: HubSettings, environ: Mapping[str, str] | None = None
+) -> tuple[str | None, str]:
+    """The token and where it was found: the name of the variable that holds it, "file" (the
+    saved login), or "" (none). Variables first, as huggingface_hub reads them."""
+    env = os.environ if environ is None else environ
     for name in (settings.token_env, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         value = env.get(name, "").strip() if name else ""
         if value:
-            return value
-    token_file = Path(env.get("HF_TOKEN_PATH") or _hf_home(env) / "token")
+            return value, name
     try:
-        saved = token_file.read_text().strip()
+        saved = token_file(env).read_text().strip()
     except OSError:
-        return None
-    return saved or None
+        return None, ""
+    return (saved, "file") if saved else (None, "")
+
+
+def token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The saved login: huggingface_hub's HF_TOKEN_PATH, resolved now (that constant is fixed
+    when huggingface_hub is imported): $HF_TOKEN_PATH, else $HF_HOME/token, else
+    $XDG_CACHE_HOME/huggingface/token."""
+    env = os.environ if environ is None else environ
+    return (
+        Path(env["HF_TOKEN_PATH"]).expanduser()
+        if env.get("HF_TOKEN_PATH")
+        else _hf_home(env) / "token"
+    )
 
 
 def _hf_home(env: Mapping[str, str]) -> Path:

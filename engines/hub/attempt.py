@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.config import HubSettings
+from engines.config.sections import HubSettings
+from engines.core.filemodes import keep_user_umask
 from engines.events.hub import DownloadState
-from engines.filemodes import keep_user_umask
 from engines.hub.access import HubAccess
 from engines.hub.jobs import Job
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from engines.client import DaemonClient
+from engines.core.sizes import human_bytes
 from engines.events.codec import to_plain
 from engines.events.hub import (
     DownloadProgress,
@@ -97,15 +98,7 @@ def add_parsers(sub: Any) -> None:
 
 
 async def _client() -> DaemonClient:
-    return await DaemonClient.connect()
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
+    return await DaemonClient.connect(plain_calls=True)
 
 
 def _duration(seconds: float | None) -> str:

@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from engines.config import HubSettings
-from engines.errors import DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
+from engines.config.sections import HubSettings
+from engines.errors import DiskFull, DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
 from engines.events.codec import Event
 from engines.events.hub import (
     DownloadProgress,
@@ -276,9 +276,10 @@ class DownloadManager:
                 return
 
     async def _finish(self, job: Job) -> None:
-        await asyncio.to_thread(
-            self._records.mark_checked, job.repo_id, job.commit_sha, job.files, ok=True
-        )
+        with contextlib.suppress(DiskFull):  # the store says so once; it is verified again later
+            await asyncio.to_thread(
+                self._records.mark_checked, job.repo_id, job.commit_sha, job.files, ok=True
+            )
         job.done_bytes, job.files_done, job.current_file = job.total_bytes, len(job.files), ""
         await self._set(
             job,
@@ -360,14 +361,17 @@ class DownloadManager:
         if message is not None:
             job.message = message
         job.updated_s = time.time()
-        await asyncio.to_thread(
-            self._records.save_download,
-            id=job.id,
-            repo_id=job.repo_id,
-            revision=job.revision,
-            state=state.value,
-            data=job.to_row(),
-        )
+        try:
+            await asyncio.to_thread(
+                self._records.save_download,
+                id=job.id,
+                repo_id=job.repo_id,
+                revision=job.revision,
+                state=state.value,
+                data=job.to_row(),
+            )
+        except DiskFull:
+            pass  # the store says so once; the job goes on in memory and in its events
         self._publish_state(job, previous)
 
     def _publish_state(self, job: Job, previous: DownloadState) -> None:

@@ -2,11 +2,16 @@
 
 A registered folder is servable by name like a downloaded model: ``traylm start NAME`` (and the
 tray) builds a profile from the entry. Each entry is one TOML file under
-``Paths.local_models_dir`` (``NAME.toml``: path, served name, engine guess, family), written
-only after the folder passed the check: a config.json that names an architecture, weights
-(safetensors, every shard an index names, or PyTorch .bin files) and a tokenizer. A folder
-deleted after it was registered is listed with what is missing, never served. Blocking methods:
-the daemon calls them through ``asyncio.to_thread``.
+``Paths.local_models_dir`` (``NAME.toml``: path, served name, engine guess, family, tool-call
+and reasoning parsers), written only after the folder passed the check: a config.json that
+names an architecture, weights (safetensors, every shard an index names, or PyTorch .bin files)
+and a tokenizer. A folder deleted after it was registered is listed with what is missing, never
+served. Blocking methods: the daemon calls them through ``asyncio.to_thread``.
+
+The parsers are the folder's own settings, as a profile's ``tool_parser`` and
+``reasoning_parser`` are: given to ``traylm models add`` or else its family's (as the presets
+carry theirs), changed with ``traylm models set NAME tool_parser=...``. An entry written before
+they existed gets its family's when read.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.config.profiles import Profile, profile_from_mapping
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.modelinfo import ConfigUnreadable, folder_config
 from engines.errors import ConfigError, ModelNotFound
-from engines.events.hub import LocalFolder
+from engines.events.hub import FOLDER_SETTINGS, LocalFolder
 from engines.hub.library import TRTLLM_ARCHITECTURES
 from engines.hub.shape import parse_config
-from engines.profiles import Profile, profile_from_mapping
-from engines.tomlfile import write_toml_atomic
+from engines.runtime.adapters.vllm_models import Parsers, family_parsers
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json")
@@ -32,6 +39,9 @@ FIX = (
     "point at the folder that holds config.json, the weights (*.safetensors) and the tokenizer "
     "(tokenizer.json)"
 )
+SETTINGS = FOLDER_SETTINGS
+"""What ``traylm models set NAME KEY=VALUE`` changes in an entry (the profile fields of the same
+names: vLLM's --tool-call-parser and --reasoning-parser; "" turns one off)."""
 
 
 @dataclass(frozen=True)
@@ -60,14 +70,11 @@ def check_folder(path: Path) -> FolderCheck:
 
 def _config(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
-        data = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        problems.append("no config.json")
+        data = folder_config(path)
+    except ConfigUnreadable as exc:
+        problems.append(str(exc))
         return {}
-    except (OSError, ValueError) as exc:
-        problems.append(f"config.json is not readable JSON ({exc})")
-        return {}
-    if not isinstance(data, dict) or not (data.get("architectures") or data.get("model_type")):
+    if not (data.get("architectures") or data.get("model_type")):
         problems.append("config.json names no architecture or model_type")
         return {}
     return data
@@ -98,9 +105,13 @@ class FolderRegistry:
     def __init__(self, models_dir: Path) -> None:
         self._dir = models_dir
 
-    def add(self, path: Path, *, name: str | None = None) -> LocalFolder:
+    def add(
+        self, path: Path, *, name: str | None = None, settings: dict[str, str] | None = None
+    ) -> LocalFolder:
         """Check the folder and register it; raises ConfigError with what is wrong and the
-        fix. Registering the same folder again under its name updates the entry."""
+        fix. Registering the same folder again under its name updates the entry. ``settings``:
+        its parsers (``SETTINGS``); those not given are its family's (or, registered again,
+        the ones it had)."""
         path = path.expanduser().resolve()
         check = check_folder(path)
         if check.problems:
@@ -117,7 +128,10 @@ class FolderRegistry:
                 f"it first (`traylm models rm {name}`)"
             )
         shape = parse_config(check.config)
-        entry = {
+        parsers = family_parsers(str(path), check.config)
+        if existing is not None:  # registered again: the settings it had stay
+            parsers = Parsers(existing.tool_parser, existing.reasoning_parser)
+        entry: dict[str, Any] = {
             "path": str(path),
             "served_name": name,
             "engine": "vllm",
@@ -125,11 +139,31 @@ class FolderRegistry:
             "family": shape.model_type,
             "architecture": shape.architecture,
             "added_s": time.time(),
+            "tool_parser": parsers.tool,
+            "reasoning_parser": parsers.reasoning,
         }
+        entry.update(_checked(name, entry, settings or {}))
         write_toml_atomic(self._dir / f"{name}.toml", entry)
         folder = self._read(name)
         assert folder is not None
         return folder
+
+    def update(self, name: str, settings: dict[str, str]) -> LocalFolder:
+        """Change a registered folder's settings (``SETTINGS``); raises ConfigError naming the
+        keys it takes. An engine serving it keeps the old ones until it is started again."""
+        folder = self.get(name)
+        file = self._dir / f"{name}.toml"
+        try:
+            entry = tomllib.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"the entry of {name!r} ({file}) is not readable: {exc}") from exc
+        entry.setdefault("tool_parser", folder.tool_parser)
+        entry.setdefault("reasoning_parser", folder.reasoning_parser)
+        entry.update(_checked(name, entry, settings))
+        write_toml_atomic(file, entry)
+        updated = self._read(name)
+        assert updated is not None
+        return updated
 
     def ensure(self, path: Path, *, name: str) -> LocalFolder | None:
         """Register ``path`` under ``name`` unless an entry has that folder already (or the
@@ -186,6 +220,12 @@ class FolderRegistry:
         except (OSError, ValueError, KeyError):
             return None  # not an entry traylm wrote: ignored, like a stray file
         check = check_folder(path)
+        if "tool_parser" in data and "reasoning_parser" in data:
+            tool, reasoning = str(data["tool_parser"]), str(data["reasoning_parser"])
+        else:  # an entry written before folders had parsers: its family's, as at add
+            parsers = family_parsers(str(path), check.config)
+            tool = str(data.get("tool_parser", parsers.tool))
+            reasoning = str(data.get("reasoning_parser", parsers.reasoning))
         return LocalFolder(
             name=name,
             path=str(path),
@@ -197,6 +237,8 @@ class FolderRegistry:
             size_bytes=check.weights_bytes,
             added_s=float(data.get("added_s", 0.0)),
             problems=check.problems,
+            tool_parser=tool,
+            reasoning_parser=reasoning,
         )
 
 
@@ -210,7 +252,27 @@ def folder_profile(folder: LocalFolder, source: str) -> Profile:
         "gpus": "auto",
         "description": f"the model folder {folder.path}",
     }
+    if folder.engine == "vllm":
+        data |= {"tool_parser": folder.tool_parser, "reasoning_parser": folder.reasoning_parser}
     return profile_from_mapping(folder.name, data, source)
+
+
+def _checked(name: str, entry: dict[str, Any], settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` when they are known keys and make a valid profile with ``entry``; else
+    ConfigError with what is wrong and what it takes."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(
+            f"a model folder has no setting {', '.join(map(repr, unknown))}; it takes "
+            f"{' and '.join(SETTINGS)} (for example tool_parser=hermes; empty turns it off)"
+        )
+    wrong = sorted(k for k, v in settings.items() if not isinstance(v, str))
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)} must be text (a parser name, or empty for off)")
+    fields = {k: str(entry.get(k, "")) for k in SETTINGS} | settings
+    data = {"model": str(entry["path"]), "engine": str(entry.get("engine", "vllm")), **fields}
+    profile_from_mapping(name, data, f"model folder {name!r}")
+    return settings
 
 
 def _name_for(path: Path) -> str:

@@ -8,11 +8,11 @@ until ``verify`` is run. Blocking methods: the daemon calls them through ``async
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engines.core.modelinfo import ConfigUnreadable, folder_config
 from engines.errors import ModelNotFound
 from engines.events.hub import LocalModel
 from engines.hub import cachefs
@@ -175,10 +175,9 @@ def _status(snapshot: Path, record: CheckRecord | None) -> tuple[str, tuple[str,
 
 def _read_config(snapshot: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((snapshot / "config.json").read_text())
-    except (OSError, ValueError):
+        return folder_config(snapshot)
+    except ConfigUnreadable:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _engines(architecture: str, quantization: str | None) -> tuple[str, ...]:

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engines.core.store import Store, dumps
 from engines.hub.verify import ExpectedFile
-from engines.store import Store, dumps
 
 ACTIVE_STATES = ("queued", "downloading", "verifying", "retrying")
 

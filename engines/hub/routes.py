@@ -4,6 +4,9 @@ Routes (all behind the control token; errors in the OpenAI error shape with tray
 
     GET    /api/models                          local library → [LocalModel]
     GET    /api/models/hub                      endpoint, cache folder, whether a token is sent
+    GET    /api/hub/token                       → HFTokenStatus (where the token comes from)
+    PUT    /api/hub/token                       {"token"} → HFTokenStatus (the login file, 0600)
+    DELETE /api/hub/token                       → HFTokenStatus (the saved login removed)
     GET    /api/models/search?q=&sort=&quant=&limit=       → [ModelSummary]
     GET    /api/models/{org}/{name}?revision=   details from metadata → ModelDetails
     GET    /api/models/{org}/{name}/fit?revision=&engine=&gpus=&context=&concurrency=
@@ -37,16 +40,17 @@ from typing import Any
 import psutil
 from aiohttp import web
 
+from engines.core.http import json_body, loads, ok, traylm_errors
+from engines.core.reach import reachable
 from engines.errors import ConfigError, HubError, HubUnavailable, ModelInUse
 from engines.events.hub import FitResult, LibraryChanged
 from engines.gpu.inventory import RTX_4090
-from engines.http import loads, ok, traylm_errors
 from engines.hub import fit
 from engines.hub.folders_api import folder_routes
 from engines.hub.names import validate_repo_id
 from engines.hub.search import search_models
 from engines.hub.service import HubFeature
-from engines.reach import reachable
+from engines.hub.token import clear_token, save_token, token_status
 
 HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
 """``request.app[HUB]``: the hub feature these routes act on (mounted by the daemon)."""
@@ -58,6 +62,9 @@ def hub_routes() -> list[web.RouteDef]:
         *folder_routes(HUB),  # before m, which would take /api/models/local/NAME
         web.get("/api/models", traylm_errors(models_library)),
         web.get("/api/models/hub", traylm_errors(hub_info)),
+        web.get("/api/hub/token", traylm_errors(hf_token)),
+        web.put("/api/hub/token", traylm_errors(set_hf_token)),
+        web.delete("/api/hub/token", traylm_errors(clear_hf_token)),
         web.get("/api/models/search", traylm_errors(search)),
         web.get(m, traylm_errors(model_info)),
         web.get(m + "/fit", traylm_errors(model_fit)),
@@ -101,6 +108,33 @@ async def hub_info(request: web.Request) -> web.Response:
             "token_withheld_reason": a.token_withheld_reason,
         }
     )
+
+
+async def hf_token(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return ok(await asyncio.to_thread(token_status, hub.settings.current.hub))
+
+
+async def set_hf_token(request: web.Request) -> web.Response:
+    """Save the token as the login every Hugging Face tool reads (hf auth login's file)."""
+    hub = request.app[HUB]
+    token = (await json_body(request)).get("token")
+    if not isinstance(token, str):
+        raise ConfigError('the body must be {"token": "hf_..."}')
+    try:
+        await asyncio.to_thread(save_token, token)
+    except OSError as exc:
+        raise ConfigError(f"cannot save the Hugging Face token: {exc}") from None
+    return ok(await asyncio.to_thread(token_status, hub.settings.current.hub))
+
+
+async def clear_hf_token(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    try:
+        await asyncio.to_thread(clear_token)
+    except OSError as exc:
+        raise ConfigError(f"cannot remove the saved Hugging Face token: {exc}") from None
+    return ok(await asyncio.to_thread(token_status, hub.settings.current.hub))
 
 
 async def search(request: web.Request) -> web.Response:

@@ -15,6 +15,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from engines.config.live import SettingsView
+from engines.config.profiles import ProfileStore
+from engines.core.reach import reachable
+from engines.core.store import Store
 from engines.errors import ConfigError, HubError, HubUnavailable
 from engines.events.codec import Event
 from engines.events.core import EngineState
@@ -28,11 +32,7 @@ from engines.hub.library import Library
 from engines.hub.names import repo_id_from_cache_folder, validate_repo_id, validate_revision
 from engines.hub.records import HubRecords
 from engines.hub.search import model_details
-from engines.profiles import ProfileStore
-from engines.reach import reachable
-from engines.settings import SettingsView
-from engines.store import Store
-from engines.supervisor import EngineView
+from engines.runtime.supervisor import EngineView
 
 log = logging.getLogger(__name__)
 DETAILS_TTL_S = 600.0
@@ -134,7 +134,8 @@ class HubFeature:
             f"{repo_id} (profile {profile_name!r}) is not downloaded and the Hugging Face Hub "
             f"({endpoint}) cannot be reached, so the engine could not fetch it: download it "
             f"while online (`traylm models pull {repo_id}`), or serve a model folder on this "
-            "computer (`traylm models add PATH`)"
+            "computer (`traylm models add PATH`)",
+            brief="not downloaded and the Hub cannot be reached: download it while online",
         )
 
     async def require_trust(self, profile_name: str, model: str) -> None:

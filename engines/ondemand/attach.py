@@ -26,18 +26,18 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from engines.config.profiles import NAME_RULE, valid_name
+from engines.config.tomlfile import read_toml, write_toml_atomic
 from engines.errors import ConfigError
 from engines.events.codec import Event
 from engines.events.models import AttachedChanged, AttachedServer
 from engines.gateway.proxy import Upstream
 from engines.ondemand.catalog import EXPLICIT, IMPLICIT, Entry
-from engines.tomlfile import read_toml, write_toml_atomic
 
 log = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 15.0
 CHECK_TIMEOUT_S = 5.0
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ADMISSION_PREFIX = "attached:"
 
@@ -87,8 +87,8 @@ class AttachedServers:
     ) -> AttachedServer:
         """Check the server answers like OpenAI, then keep it. Raises AttachError with the
         reason (bad name or URL, down, not OpenAI, a public address)."""
-        if not _NAME_RE.match(name):
-            raise AttachError(f"name {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        if not valid_name(name):
+            raise AttachError(f"name {name!r} must be {NAME_RULE}")
         if key_env and not _ENV_RE.match(key_env):
             raise AttachError(f"--key-env {key_env!r} is not an environment variable name")
         base = await asyncio.to_thread(check_url, url)

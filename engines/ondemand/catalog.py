@@ -21,7 +21,6 @@ A library model that a profile already runs is not listed twice: the profile is 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from engines.config.profiles import Profile, ProfileStore, profile_from_mapping
+from engines.core.modelinfo import ConfigUnreadable, folder_config, read_model_info
 from engines.errors import ConfigError
 from engines.events.hub import LocalFolder, LocalModel, ModelDetails
 from engines.hub.folders import folder_profile
@@ -37,7 +38,7 @@ from engines.hub.names import repo_id_from_cache_folder
 from engines.hub.search import Listing, details_from
 from engines.hub.selection import RepoEntry
 from engines.hub.shape import parse_config
-from engines.profiles import Profile, ProfileStore, profile_from_mapping
+from engines.runtime.adapters.vllm_models import family_parsers
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,28 @@ class Entry:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for name, _ in self.claims))
+
+
+class SaidOnce:
+    """Lines about things that cannot be served, logged once each and again only when they
+    change (the catalog is read every 30 s: a profile named like a folder once filled a third
+    of the daemon's log with one line); ``gone`` (a %-format for the subject) says once that a
+    thing's problem went away."""
+
+    def __init__(self, gone: str | None = None, *, level: int = logging.INFO) -> None:
+        self._gone = gone
+        self._level = level
+        self._said: dict[str, str] = {}
+
+    def update(self, found: dict[str, str]) -> None:
+        """``found``: this read's lines, by subject."""
+        for subject, line in found.items():
+            if self._said.get(subject) != line:
+                log.log(self._level, "%s", line)
+        if self._gone is not None:
+            for subject in self._said.keys() - found.keys():
+                log.info(self._gone, subject)
+        self._said = dict(found)
 
 
 class Source(Protocol):
@@ -134,6 +157,7 @@ class Catalog:
         self.index = Index()
         self._refreshing: asyncio.Future[None] | None = None
         self._started_s = -1.0
+        self._failed = SaidOnce(gone="catalog source %s reads again", level=logging.WARNING)
 
     def find(self, name: str) -> Entry | None:
         return self.index.by_name.get(name)
@@ -169,12 +193,14 @@ class Catalog:
     def _collect(self) -> tuple[list[Entry], list[str]]:
         found: list[Entry] = []
         broken: list[str] = []
+        failed: dict[str, str] = {}
         for source in self._sources:
             try:
                 found.extend(source.entries())
             except (OSError, ConfigError) as exc:  # one bad source must not hide the rest
-                log.warning("catalog source %s failed: %s", source.kind, exc)
+                failed[source.kind] = f"catalog source {source.kind} failed: {exc}"
                 broken.append(f"{source.kind}: {exc}")
+        self._failed.update(failed)
         run_by_profile = {e.repo_id for e in found if e.kind == "profile" and e.repo_id}
         kept = [e for e in found if not (e.kind == "library" and e.repo_id in run_by_profile)]
         return _one_entry_per_engine(kept, broken), broken
@@ -216,11 +242,11 @@ class ProfileSource:
         """``weights``: repo id → its weights' size when the library has it (else None)."""
         self._profiles = profiles
         self._weights = weights
+        self._said = SaidOnce()
 
     def entries(self) -> list[Entry]:
         good, broken = self._profiles.load_all()
-        for problem in broken:
-            log.info("profile not servable: %s", problem)
+        self._said.update({problem: f"profile not servable: {problem}" for problem in broken})
         return [self._entry(p) for p in good]
 
     def _entry(self, p: Profile) -> Entry:
@@ -243,7 +269,8 @@ class ProfileSource:
 
 class LibrarySource:
     """The verified models of the hub library, each runnable without a profile: vLLM (or the
-    first engine that can run it), ``gpus = "auto"``, from its snapshot folder (no network)."""
+    first engine that can run it), ``gpus = "auto"``, from its snapshot folder (no network),
+    with its family's tool-call and reasoning parsers (as ``traylm start --model`` gives)."""
 
     kind = "library"
 
@@ -278,6 +305,10 @@ class LibrarySource:
             "description": f"library model {m.repo_id}",
             "trust_remote_code": m.needs_remote_code and m.trust_remote_code,
         }
+        if m.engines[0] == "vllm":
+            info = read_model_info(m.snapshot_path)
+            parsers = family_parsers(m.repo_id, info.config if info else None)
+            fields |= {"tool_parser": parsers.tool, "reasoning_parser": parsers.reasoning}
         profile = profile_from_mapping(engine_id, fields, f"library model {m.repo_id}")
         details = details_from_folder(Path(m.snapshot_path), m.repo_id, m.commit_sha)
         return Entry(
@@ -306,16 +337,22 @@ class FolderSource:
         """``folders``: the registered folders (blocking); ``taken``: the profiles' names."""
         self._folders = folders
         self._taken = taken
+        self._said = SaidOnce(gone="model folder %s can be served now")
 
     def entries(self) -> list[Entry]:
         taken = self._taken()
         out = []
+        problems: dict[str, str] = {}
         for folder in self._folders():
             if folder.problems or folder.name in taken:
-                why = "; ".join(folder.problems) or "a profile has its name"
-                log.info("model folder %s not servable: %s", folder.name, why)
+                why = "; ".join(folder.problems) or (
+                    f"a profile has its name (the profile is what `traylm start {folder.name}` "
+                    "runs); rename the profile, or register the folder under another name"
+                )
+                problems[folder.name] = f"model folder {folder.name} not servable: {why}"
                 continue
             out.append(self._entry(folder))
+        self._said.update(problems)
         return out
 
     def _entry(self, folder: LocalFolder) -> Entry:
@@ -354,15 +391,13 @@ def details_from_folder(folder: Path, name: str, sha: str = "") -> ModelDetails 
     """The model's shape from a folder's config.json and its files' sizes (what the hub's
     details give from the Hub's metadata; here nothing leaves the machine)."""
     try:
-        config = json.loads((folder / "config.json").read_text())
+        config = folder_config(folder)
         files = tuple(
             RepoEntry(f.relative_to(folder).as_posix(), f.stat().st_size, "", None)
             for f in sorted(folder.rglob("*"))
             if f.is_file()
         )
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    except (OSError, ConfigUnreadable):
         return None
     listing = Listing(name, sha, sha, files, "", False, "", {})
     return details_from(listing, parse_config(config))

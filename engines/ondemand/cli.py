@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engines.client import DaemonClient
+from engines.core.sizes import human_bytes
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
-from engines.events.models import LoadedModel, ServableModel
-from engines.hub.cli import human_bytes
-from engines.model_wait import load_and_wait
+
+if TYPE_CHECKING:
+    from engines.client import DaemonClient
+    from engines.events.models import LoadedModel, ServableModel
+
+# `traylm ps` is a one-shot command: blocking calls without an event loop (OneShotClient); the
+# others import the async client in their function (tests/engines/test_cli_start.py).
 
 LOAD_TIMEOUT_S = 900.0
 
@@ -29,6 +33,12 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--gpus", help="GPU indices: 0, 1 or 0,1 (default: the planner picks)")
     s.add_argument("--ttl", help="unload after this long idle: 300, 10m, 1h (0: never)")
     s.add_argument("--pin", action="store_true", help="never unload or evict it")
+    s.add_argument(
+        "--replicas",
+        type=int,
+        help="copies behind its one name, each its own engine (one per GPU when each fits "
+        "one; default: the profile's replicas)",
+    )
     s.add_argument("--no-wait", action="store_true", help="return once it is starting")
     s.add_argument("--timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds to wait")
     s.set_defaults(func=cmd_load)
@@ -47,23 +57,31 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_detach)
 
 
-async def cmd_ps(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
-        if args.all:
-            models = await c.servable_models()
-            if args.json:
-                print(json.dumps(to_plain(models), indent=1))
-            else:
-                _print_servable(models)
-            return 0
-        rows = await c.loaded_models()
+async def _client() -> DaemonClient:
+    from engines.client import DaemonClient
+
+    return await DaemonClient.connect(plain_calls=True)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from engines.client.oneshot import OneShotClient
+
+    c = OneShotClient.connect()
+    if args.all:
+        models = c.servable_models()
+        if args.json:
+            print(json.dumps(to_plain(models), indent=1))
+        else:
+            _print_servable(models)
+        return 0
+    rows = c.loaded_models()
     if args.json:
         print(json.dumps(to_plain(rows), indent=1))
         return 0
     if not rows:
         print("no model is loaded; a request loads one (`traylm ps --all` lists them)")
         return 0
-    print(f"{'NAME':<28} {'STATE':<9} {'GPUS':<5} {'VRAM':>9} {'REQS':>6} {'IDLE':>7}  UNLOADS")
+    print(f"{'NAME':<28} {'STATE':<9} {'GPUS':<5} {'MEMORY':>9} {'REQS':>6} {'IDLE':>7}  UNLOADS")
     for r in rows:
         print(_ps_line(r))
     return 0
@@ -71,10 +89,13 @@ async def cmd_ps(args: argparse.Namespace) -> int:
 
 def _ps_line(r: LoadedModel) -> str:
     gpus = ",".join(str(g) for g in r.gpus) or ("ext" if r.external else "cpu")
-    vram = human_bytes(r.vram_bytes) if r.vram_bytes else "-"
+    held = r.vram_bytes or r.ram_bytes  # on the GPUs, or in host RAM for a model on the CPU
+    vram = human_bytes(held) if held else "-"
     reqs = f"{r.in_flight}+{r.waiting}" if r.waiting else str(r.in_flight)
     idle = _duration(r.idle_for_s) if r.idle_for_s is not None else "-"
-    if r.external:
+    if r.box:  # a paired box's: it loads and unloads there
+        unloads = f"served by {r.box}"
+    elif r.external:
         unloads = f"attached {r.url}"
     elif r.pinned:
         unloads = "pinned"
@@ -82,9 +103,12 @@ def _ps_line(r: LoadedModel) -> str:
         unloads = f"in {_duration(r.unloads_in_s)}"
     else:
         unloads = "never" if r.in_flight == 0 and r.waiting == 0 else "when idle"
-    line = f"{r.name[:28]:<28} {r.state:<9} {gpus:<5} {vram:>9} {reqs:>6} {idle:>7}  {unloads}"
-    line += f" ({r.origin})" if r.origin not in ("attached",) else ""
-    return line + (f"  {r.detail}" if r.state == "starting" and r.detail else "")
+    name = f"{r.name} @{r.box}" if r.box else r.name  # "chat @box-b"
+    line = f"{name[:28]:<28} {r.state:<9} {gpus:<5} {vram:>9} {reqs:>6} {idle:>7}  {unloads}"
+    line += f" ({r.origin})" if r.origin not in ("attached", "box") else ""
+    line += f"  replica {r.replica}" if r.replica else ""
+    shown = r.state == "starting" or r.box  # its start phase; a box's GPUs, or why it is away
+    return line + (f"  {r.detail}" if shown and r.detail else "")
 
 
 def _print_servable(models: list[ServableModel]) -> None:
@@ -92,7 +116,8 @@ def _print_servable(models: list[ServableModel]) -> None:
     for m in models:
         gpus = ",".join(str(g) for g in m.gpus) or "-"
         where = f"{gpus} (would go)" if m.gpus_planned else gpus
-        print(f"{m.name[:36]:<36} {m.kind:<8} {m.status:<9} {where}")
+        why = f"  cannot start here: {m.blocked}" if m.blocked else ""
+        print(f"{m.name[:36]:<36} {m.kind:<8} {m.status:<9} {where}{why}")
 
 
 def _duration(seconds: float) -> str:
@@ -104,6 +129,8 @@ def _duration(seconds: float) -> str:
 
 
 async def cmd_load(args: argparse.Namespace) -> int:
+    from engines.client.model_wait import load_and_wait
+
     gpus = None
     if args.gpus:
         try:
@@ -112,7 +139,7 @@ async def cmd_load(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--gpus {args.gpus!r}: give GPU indices such as 0, 1 or 0,1"
             ) from None
-    async with await DaemonClient.connect() as c:
+    async with await _client() as c:
         await load_and_wait(
             c,
             args.name,
@@ -121,12 +148,13 @@ async def cmd_load(args: argparse.Namespace) -> int:
             ttl=args.ttl,
             pin=args.pin,
             wait=not args.no_wait,
+            replicas=args.replicas,
         )
     return 0
 
 
 async def cmd_unload(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await _client() as c:
         result = await c.unload_model(args.name)
     print(result["message"])
     return 0
@@ -134,7 +162,7 @@ async def cmd_unload(args: argparse.Namespace) -> int:
 
 async def cmd_attach(args: argparse.Namespace) -> int:
     key = os.environ.get(args.key_env, "") if args.key_env else ""
-    async with await DaemonClient.connect() as c:
+    async with await _client() as c:
         server = await c.attach(args.name, args.url, key_env=args.key_env, key=key)
     models = ", ".join(server.models) or "none listed"
     print(f"attached {server.name} → {server.url} (serves {models}); traylm never stops it")
@@ -142,7 +170,7 @@ async def cmd_attach(args: argparse.Namespace) -> int:
 
 
 async def cmd_detach(args: argparse.Namespace) -> int:
-    async with await DaemonClient.connect() as c:
+    async with await _client() as c:
         server = await c.detach(args.name)
     print(f"detached {server.name} ({server.url} keeps running)")
     return 0

@@ -21,25 +21,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engines.config.live import SettingsView
+from engines.config.profiles import MAX_REPLICAS, Profile, replica_id
 from engines.errors import EngineError, ModelUnavailable, TraylmError
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus
 from engines.events.models import Eviction, ModelLoading, ModelStateChanged, ModelStatus
 from engines.ondemand.catalog import Entry
 from engines.ondemand.occupancy import Activity, Booking
-from engines.profiles import Profile
-from engines.settings import SettingsView
-from engines.supervisor import ManagedEngine
+from engines.runtime.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
 
-IDLE_CHECK_S = 0.5
+IDLE_CHECK_S = 1.0  # an idle model unloads within a second of its limit
 PROGRESS_CHECK_S = 1.0  # a load's phase follows the engine's changes; this bounds a missed one
 SETTLED = frozenset({EngineState.READY, EngineState.FAILED, EngineState.STOPPED})
 
@@ -58,9 +59,16 @@ class Engines(Protocol):
 
     def get(self, engine_id: str) -> ManagedEngine | None: ...
 
+    def released_at_s(self) -> float:
+        """Monotonic time the last engine went down (forgotten ones included)."""
+        ...
 
-Place = Callable[["Flight", Profile, tuple[int, ...] | None], Awaitable[tuple[Profile, Booking]]]
-"""Placement (service.py): the profile on concrete GPUs and its booking, after evictions."""
+
+Place = Callable[
+    ["Flight", Profile, tuple[int, ...] | None, int], Awaitable[list[tuple[Profile, Booking]]]
+]
+"""Placement (service.py): that many copies of the profile, each on concrete GPUs with its
+booking, after evictions."""
 
 
 @dataclass
@@ -174,35 +182,50 @@ class Lifecycle:
         return await self._until_ready(f, engine)
 
     async def _begin(self, f: Flight, gpus: tuple[int, ...] | None) -> ManagedEngine:
+        """Under the lock: every engine of the model up or starting (its replicas placed
+        together); returns its first."""
         running = self._engines.get(f.entry.engine_id)
         if running is None or running.state in (EngineState.STOPPED, EngineState.FAILED):
             await self._check(f)  # before the lock and the placement: a doomed start evicts none
         self._phase(f, "queued", "waiting for another load or unload")
         async with self.lock:
-            engine_id = f.entry.engine_id
-            engine = self._engines.get(engine_id)
-            if engine is not None and engine_id not in self.draining:
-                if engine.state in (EngineState.READY, EngineState.STARTING):
-                    return engine  # already there, or started by someone else
-                if engine.state == EngineState.SLEEPING:
-                    await self._wake(f, engine)
-                    return engine
-            if engine is not None and engine.state == EngineState.STOPPING:
-                await engine.wait_state((EngineState.STOPPED, EngineState.FAILED))
             assert f.entry.profile is not None
-            self._phase(f, "placing", "")
-            profile, booking = await self._place(f, f.entry.profile, gpus)
-            self._phase(f, "starting", f"on GPU {_gpus(profile.gpus)}" if profile.gpus else "")
-            try:
-                await self._start(profile)
-            except TraylmError as exc:
-                raise ModelUnavailable(
-                    f"{f.entry.name} cannot load: {exc.message}", code=exc.code
-                ) from exc
-            self.residency[engine_id] = self._residency(f, profile, booking)
-            started = self._engines.get(engine_id)
-            assert started is not None
-            return started
+            ids = replica_ids(f.entry)
+            down = [i for i in ids if await self._up(f, i) is None]
+            if down:
+                self._phase(f, "placing", "")
+                placed = await self._place(f, f.entry.profile, gpus, len(down))
+                for engine_id, (profile, booking) in zip(down, placed, strict=True):
+                    await self._start_one(f, dataclasses.replace(profile, name=engine_id), booking)
+            first = self._engines.get(ids[0])
+            assert first is not None
+            return first
+
+    async def _up(self, f: Flight, engine_id: str) -> ManagedEngine | None:
+        """The engine ``engine_id`` of the model, running, starting or woken up; None when it
+        must be placed and started (called under ``lock``)."""
+        engine = self._engines.get(engine_id)
+        if engine is not None and engine_id not in self.draining:
+            if engine.state in (EngineState.READY, EngineState.STARTING):
+                return engine  # already there, or started by someone else
+            if engine.state == EngineState.SLEEPING:
+                await self._wake(f, engine)
+                return engine
+        if engine is not None and engine.state == EngineState.STOPPING:
+            await engine.wait_state((EngineState.STOPPED, EngineState.FAILED))
+        return None
+
+    async def _start_one(self, f: Flight, profile: Profile, booking: Booking) -> None:
+        where = f"on GPU {_gpus(profile.gpus)}" if profile.gpus else ""
+        replica = "" if profile.name == f.entry.engine_id else f"{profile.name} "
+        self._phase(f, "starting", f"{replica}{where}".strip())
+        try:
+            await self._start(profile)
+        except TraylmError as exc:
+            raise ModelUnavailable(
+                f"{f.entry.name} cannot load: {exc.message}", code=exc.code
+            ) from exc
+        self.residency[profile.name] = self._residency(f, profile, booking)
 
     async def _check(self, f: Flight) -> None:
         if self._check_start is None or f.entry.profile is None:
@@ -215,19 +238,27 @@ class Lifecycle:
             ) from exc
 
     async def _until_ready(self, f: Flight, engine: ManagedEngine) -> ManagedEngine:
-        while engine.state not in SETTLED:
-            self._phase(f, "starting", engine.stage)  # at each start phase: "loading weights"
-            await engine.wait_change(PROGRESS_CHECK_S)
-        if engine.state == EngineState.READY:
+        """Wait for every engine of the model to settle: loaded when one is ready (a replica
+        that failed is said in the log and `traylm ps`), failed when none is."""
+        engines = [e for i in replica_ids(f.entry) if (e := self._engines.get(i)) is not None]
+        for one in engines:
+            while one.state not in SETTLED:
+                self._phase(f, "starting", one.stage)  # at each start phase: "loading weights"
+                await one.wait_change(PROGRESS_CHECK_S)
+        ready = [e for e in engines if e.state == EngineState.READY]
+        for failed in (e for e in engines if e.state != EngineState.READY and ready):
+            log.warning("%s: %s did not start: %s", f.entry.name, failed.engine_id, failed.detail)
+        if ready:
             self._publish(
                 ModelStateChanged(
                     name=f.entry.name,
                     engine_id=engine.engine_id,
                     status=ModelStatus.LOADED,
-                    state=str(engine.state),
-                    gpus=engine.profile.gpus,
+                    state=str(EngineState.READY),
+                    gpus=tuple(g for e in ready for g in e.profile.gpus),
                     reason="asked" if f.origin == "load" else "request",
-                    detail=f"loaded in {f.elapsed_s:.1f} s",
+                    detail=f"loaded in {f.elapsed_s:.1f} s"
+                    + (f" ({len(ready)} of {len(engines)} replicas)" if len(engines) > 1 else ""),
                 )
             )
             return engine
@@ -237,7 +268,7 @@ class Lifecycle:
 
     async def _wake(self, f: Flight, engine: ManagedEngine) -> None:
         self._phase(f, "placing", "making room to wake it")
-        await self._place(f, engine.profile, engine.profile.gpus)
+        await self._place(f, engine.profile, engine.profile.gpus, 1)
         self._phase(f, "waking", "weights back to the GPU")
         try:
             await engine.wake()
@@ -362,10 +393,16 @@ class Lifecycle:
                 log.exception("idle check failed")
 
     def idle_for_s(self, res: Residency, now_s: float) -> float | None:
-        in_flight, waiting, idle_since = self._activity(res.engine_id)
-        if in_flight or waiting:
-            return None
-        return now_s - max(idle_since or 0.0, res.booking.loaded_at_s)
+        """Seconds the model has been idle; the replicas of one model count together (they
+        unload together, not the one the balancer happened to spare)."""
+        group = [res, *(r for r in self.residency.values() if r.name == res.name and r is not res)]
+        since = 0.0
+        for one in group:
+            in_flight, waiting, idle_since = self._activity(one.engine_id)
+            if in_flight or waiting:
+                return None
+            since = max(since, idle_since or 0.0, one.booking.loaded_at_s)
+        return now_s - since
 
     def _idle_tick(self, now_s: float) -> None:
         for engine_id, res in list(self.residency.items()):
@@ -408,6 +445,13 @@ class Lifecycle:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def replica_ids(entry: Entry) -> list[str]:
+    """The engine ids of an entry's engines: its own, then ``NAME.r2``... (profile
+    ``replicas``)."""
+    count = entry.profile.replicas if entry.profile is not None else 1
+    return [replica_id(entry.engine_id, k) for k in range(1, min(count, MAX_REPLICAS) + 1)]
 
 
 def _gpus(gpus: Collection[int]) -> str:

@@ -5,7 +5,12 @@ booked for when it loaded).
 Memory held by other programs is what NVML reports used on a card minus what traylm's own
 engine processes hold (the sampler marks them in each snapshot's process list). A ready engine
 whose processes the (slower) process list does not show yet is subtracted by its booking, so a
-fresh engine is not counted twice.
+fresh engine is not counted twice. A stopped engine is no resident, so a snapshot from while it
+still ran would count its memory as another program's: placement reads a snapshot taken after
+the last engine went down (``Placer._settle``).
+
+An engine on the CPU is on no card: it is a host resident (``host_residents``), booked in host
+RAM.
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from engines.adapters import adapter_for
-from engines.adapters.memory import GIB, MemoryNeed
 from engines.events.core import EngineState
 from engines.events.gpu import GPUInfo, GPUSnapshot
 from engines.gpu.backend import cuda_order
 from engines.ondemand.planner import Card, Resident
-from engines.supervisor import ManagedEngine
+from engines.runtime.adapters import adapter_for
+from engines.runtime.adapters.memory import GIB, MemoryNeed
+from engines.runtime.supervisor import ManagedEngine
 
 HOLDING = frozenset(
     {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
@@ -37,6 +42,13 @@ class Booking:
     hold_bytes: int  # per GPU
     weights_bytes: int | None
     loaded_at_s: float  # monotonic
+    host_bytes: int = 0
+    """Host RAM, for an engine on the CPU."""
+
+
+def on_cpu(engine: ManagedEngine) -> bool:
+    """The engine runs on the CPU (its env's device): it holds no GPU memory."""
+    return engine.runtime.device == "cpu"
 
 
 def cards(
@@ -48,7 +60,7 @@ def cards(
 ) -> list[Card]:
     """Each GPU in CUDA order with what other programs hold on it."""
     latest = {s.uuid: s for s in snapshots}
-    running = [e for e in engines if e.state in HOLDING]
+    running = [e for e in engines if e.state in HOLDING and not on_cpu(e)]
     out = []
     for index, info in enumerate(cuda_order(infos)):
         total = info.memory_total_bytes or 0
@@ -72,7 +84,7 @@ def residents(
     out = []
     for e in engines:
         gpus = tuple(i for i in e.profile.gpus if i < len(cards))
-        if e.state not in HOLDING or not gpus:
+        if e.state not in HOLDING or not gpus or on_cpu(e):
             continue
         booking = bookings.get(e.engine_id)
         in_flight, waiting, idle_since = activity(e.engine_id)
@@ -92,6 +104,34 @@ def residents(
                 e.state == EngineState.SLEEPING,
                 hold - residual if residual is not None and e.can_sleep else None,
                 host_bytes(e),
+            )
+        )
+    return out
+
+
+def host_residents(
+    engines: Iterable[ManagedEngine],
+    bookings: Mapping[str, Booking],
+    activity: Activity,
+    pinned: Collection[str],
+) -> list[Resident]:
+    """The traylm models on the CPU, each holding its host RAM booking (``gpus`` empty)."""
+    out = []
+    for e in engines:
+        if e.state not in HOLDING or not on_cpu(e):
+            continue
+        booking = bookings.get(e.engine_id)
+        in_flight, waiting, idle_since = activity(e.engine_id)
+        busy = bool(in_flight or waiting) or e.state in (EngineState.STARTING, EngineState.STOPPING)
+        loaded_at = booking.loaded_at_s if booking else 0.0
+        out.append(
+            Resident(
+                e.engine_id,
+                (),
+                booking.host_bytes if booking else 0,
+                busy,
+                e.engine_id in pinned,
+                max(idle_since or 0.0, loaded_at),
             )
         )
     return out

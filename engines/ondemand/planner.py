@@ -14,22 +14,34 @@ fixed GPU set or ``auto`` with a world size. The rules:
   evicted models were used least recently, then headroom;
 - ``auto`` never uses a reserved card (``gpu.reserved``); a fixed set may.
 
+An engine on the CPU takes no GPU memory: ``plan_host`` books its host RAM (weights, KV cache,
+runtime) against what the host has free, keeping ``HOST_RAM_MARGIN_BYTES`` for the system, and
+makes room the same way: idle CPU models stopped, least recently used first (never busy or
+pinned ones); when even that is not enough, a refusal that says what holds the RAM.
+
+Replicas (``plan_copies``): each copy of a model is planned in turn against the picture with
+the copies before it booked (a busy resident) and their evictions done; an ``auto`` copy goes
+to cards no earlier copy took while enough remain, so two copies that each fit one card land one
+per card. A copy that cannot be placed refuses the whole load, saying which copy and what to
+change (fewer replicas, or one copy across the cards with tensor parallel).
+
 ``traylm models fit``, the fit badges, the servable list and every load ask ``plan``, so what
 is predicted is what is done.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engines.adapters.memory import MemoryNeed
 from engines.events.models import Eviction, Placement
+from engines.runtime.adapters.memory import MemoryNeed
 
 GIB = 1 << 30
 HOST_RAM_MARGIN_BYTES = 4 * GIB
-"""Host RAM left free when a model sleeps (its weights move there)."""
+"""Host RAM left free when a model sleeps (its weights move there) or loads on the CPU."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +272,123 @@ def _refusal(
         reason=reason,
         retry_later=busy_only,
     )
+
+
+def plan_host(
+    model: str, need: MemoryNeed, residents: Sequence[Resident], *, host_free_bytes: int
+) -> Placement:
+    """The placement of a CPU engine: host RAM for ``need``, after stopping idle CPU models
+    (``residents``: the models on the CPU, ``hold_bytes`` their host RAM booking) if it must.
+    ``host_free_bytes``: free for traylm now (what the host has available, less what the CPU
+    models booked but have not taken yet)."""
+    free = host_free_bytes - HOST_RAM_MARGIN_BYTES
+    idle = sorted(
+        (r for r in residents if not r.busy and not r.pinned), key=lambda r: r.last_used_s
+    )
+    evictions: list[Eviction] = []
+    while need.free_needed_bytes > free and idle:
+        victim = idle.pop(0)
+        free += victim.hold_bytes
+        evictions.append(Eviction(victim.engine_id, "stop", victim.hold_bytes, ()))
+    if need.free_needed_bytes <= free:
+        freed = "; ".join(f"stop {e.engine_id}" for e in evictions)
+        reason = f"host RAM ({_gib(max(0, free))} free); needs {_gib(need.hold_bytes)}: " + (
+            need.rule + (f"; first {freed}" if freed else "")
+        )
+        return Placement(
+            model,
+            fits=True,
+            evictions=tuple(evictions),
+            reason=reason,
+            on_cpu=True,
+            host_bytes=need.hold_bytes,
+        )
+    held = [r for r in residents if r.busy or r.pinned]
+    busy_only = free + sum(r.hold_bytes for r in held if not r.pinned) >= need.free_needed_bytes
+    who = "; ".join(
+        f"{r.engine_id} {_gib(r.hold_bytes)} ({'pinned' if r.pinned else 'busy'})" for r in held
+    )
+    reason = (
+        f"{model} needs {_gib(need.free_needed_bytes)} of host RAM ({need.rule}) but "
+        f"{_gib(max(0, host_free_bytes))} is free and traylm keeps "
+        f"{_gib(HOST_RAM_MARGIN_BYTES)} for the system"
+        + (f"; on the CPU: {who}" if who else "")
+        + (
+            ". It fits once the busy models finish their requests: retry shortly"
+            if busy_only
+            else ". Close programs that use the RAM, unload a pinned model (`traylm unload "
+            "NAME`), or lower the profile's cpu_kv_cache_gib"
+        )
+    )
+    return Placement(
+        model,
+        fits=False,
+        reason=reason,
+        retry_later=busy_only,
+        on_cpu=True,
+        host_bytes=need.hold_bytes,
+    )
+
+
+def plan_copies(
+    model: str,
+    count: int,
+    plan_one: Callable[[int, Sequence[Resident], int], Placement],
+    residents: Sequence[Resident],
+    *,
+    host_free_bytes: int,
+    gpus_per_copy: int,
+) -> tuple[Placement, ...] | Placement:
+    """Each of ``count`` copies placed in turn (``plan_one(copy index from 0, residents,
+    host free)``), or the refusal (a Placement that does not fit) naming the copy."""
+    placed: list[Placement] = []
+    now = list(residents)
+    host_free = host_free_bytes
+    for i in range(count):
+        found = plan_one(i, now, host_free)
+        if not found.fits:
+            return _copy_refusal(model, i, count, found, gpus_per_copy)
+        placed.append(found)
+        evicted = {e.engine_id for e in found.evictions}
+        now = [r for r in now if r.engine_id not in evicted]
+        host_free += sum(e.frees_bytes for e in found.evictions if found.on_cpu)
+        host_free -= found.host_bytes
+        hold = found.need_bytes_per_gpu
+        now.append(Resident(f"{model} copy {i + 1}", found.gpus, hold, True, False, 0.0))
+    return tuple(placed)
+
+
+def copy_cards(cards: Sequence[Card], taken: set[int], world_size: int) -> list[Card]:
+    """The cards an ``auto`` copy may go to: those no earlier copy took, while enough usable
+    ones remain; else all of them (a copy then shares a card when it fits beside the other)."""
+    free = [c for c in cards if c.index not in taken]
+    return free if sum(not c.reserved for c in free) >= world_size else list(cards)
+
+
+def _copy_refusal(
+    model: str, index: int, count: int, found: Placement, gpus_per_copy: int
+) -> Placement:
+    if index == 0:
+        fix = (
+            "; one copy does not fit one GPU: serve one copy across GPUs with tensor parallel "
+            "(tensor_parallel_size = 2, replicas = 1)"
+            if gpus_per_copy == 1 and not found.on_cpu
+            else ""
+        )
+        why = f"{model} cannot place one of its {count} replicas: {found.reason}{fix}"
+    else:
+        spans = (
+            f" (each copy spans {gpus_per_copy} GPUs with tensor parallel: one copy across "
+            "them, replicas = 1, may be what this machine has room for)"
+            if gpus_per_copy > 1
+            else ""
+        )
+        why = (
+            f"{model}: replica {index + 1} of {count} cannot be placed beside the "
+            f"{'first' if index == 1 else f'{index} before it'}: {found.reason}. There is room "
+            f"for {index}: load it with --replicas {index}{spans}"
+        )
+    return dataclasses.replace(found, reason=why)
 
 
 def _unbusy(r: Resident) -> Resident:

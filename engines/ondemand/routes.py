@@ -4,15 +4,20 @@ query, not in the path.
 
     GET    /api/servable                 every servable model → {"models": [ServableModel],
                                          "ambiguous": {name: why}, "notes": [...], "broken": [...]}
+    GET    /api/setup/proposals          what the first-run setup proposes here → [SetupProposal]
+                                         (presets the GPUs run, with their placement; else
+                                         the CPU starters: proposals.py)
     GET    /api/loaded                   `traylm ps` → [LoadedModel]
     POST   /api/loaded                   {"model", "gpus"?: [0, 1] | "0,1", "ttl"?: "10m" | 600,
-                                         "pin"?: bool} → LoadedModel (202: starting)
+                                         "pin"?: bool, "replicas"?: 2} → LoadedModel (202:
+                                         starting)
     DELETE /api/loaded?model=NAME        → {"unloaded", "deferred", "message", ...}
                                          (202 when deferred: requests still run)
     GET    /api/placement?model=NAME&gpus=0,1    where it would load now → Placement
     GET    /api/attached                 → [AttachedServer]
     POST   /api/attached                 {"name", "url", "key_env"?, "key"?} → AttachedServer
-    DELETE /api/attached/{name}          → AttachedServer (state "detached")
+    DELETE /api/attached/{name}          → AttachedServer (state "detached"); a name that
+                                         is not a profile-style name is refused (400)
 
 Events: ``model.state`` (ModelStateChanged), ``model.loading`` (ModelLoading),
 ``attached.state`` (AttachedChanged).
@@ -24,9 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
+from engines.config.fields import parse_duration
+from engines.config.profiles import MAX_REPLICAS, check_name
+from engines.core.http import json_body, ok, traylm_errors
 from engines.errors import ConfigError
-from engines.fields import parse_duration
-from engines.http import json_body, ok, traylm_errors
 from engines.ondemand.actions import load_model, unload_model
 from engines.ondemand.service import ModelsOnDemand
 
@@ -37,6 +43,7 @@ ONDEMAND: web.AppKey[ModelsOnDemand] = web.AppKey("ondemand", ModelsOnDemand)
 def ondemand_routes() -> list[web.RouteDef]:
     return [
         web.get("/api/servable", traylm_errors(servable)),
+        web.get("/api/setup/proposals", traylm_errors(setup_proposals)),
         web.get("/api/loaded", traylm_errors(loaded)),
         web.post("/api/loaded", traylm_errors(load)),
         web.delete("/api/loaded", traylm_errors(unload)),
@@ -61,6 +68,10 @@ async def servable(request: web.Request) -> web.Response:
     )
 
 
+async def setup_proposals(request: web.Request) -> web.Response:
+    return ok(await request.app[ONDEMAND].setup_proposals())
+
+
 async def loaded(request: web.Request) -> web.Response:
     return ok(request.app[ONDEMAND].ps())
 
@@ -74,7 +85,18 @@ async def load(request: web.Request) -> web.Response:
     if not isinstance(pin, bool):
         raise ConfigError("pin must be true or false")
     gpus = feature.placer.check_gpus(parse_gpus(body.get("gpus")))
-    return ok(await load_model(feature, name, gpus=gpus, ttl_s=ttl, pin=pin), status=202)
+    replicas = _replicas(body.get("replicas"))
+    loaded = await load_model(feature, name, gpus=gpus, ttl_s=ttl, pin=pin, replicas=replicas)
+    return ok(loaded, status=202)
+
+
+def _replicas(value: object) -> int | None:
+    """``replicas`` of a load: a whole number from 1 to MAX_REPLICAS, or absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+        raise ConfigError(f"replicas must be a whole number from 1 to {MAX_REPLICAS}")
+    return value
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -107,7 +129,9 @@ async def attach(request: web.Request) -> web.Response:
 
 async def detach(request: web.Request) -> web.Response:
     feature = request.app[ONDEMAND]
-    server = await feature.attached.detach(request.match_info["name"])
+    server = await feature.attached.detach(
+        check_name(request.match_info["name"], "attached server")
+    )
     await feature.catalog.refresh()
     return ok(server)
 

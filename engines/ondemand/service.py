@@ -11,34 +11,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from engines.errors import ModelUnavailable
+from engines.config.live import SettingsView
+from engines.config.profiles import MAX_REPLICAS, Profile, ProfileStore, replica_id
+from engines.core.bus import EventBus
+from engines.core.modelinfo import read_model_info
+from engines.errors import ModelUnavailable, TraylmError
 from engines.events.codec import Event
-from engines.events.core import EngineState
-from engines.events.gpu import GPUInfo, GPUSnapshot
-from engines.events.hub import LocalModel
-from engines.events.models import LoadedModel, Placement, ServableModel
+from engines.events.core import EngineState, EngineStatus, EnvInstallProgress
+from engines.events.gpu import GPUSnapshot
+from engines.events.hub import LocalFolder, LocalModel
+from engines.events.models import (
+    LoadedModel,
+    ModelStatus,
+    Placement,
+    ServableModel,
+    SetupProposal,
+)
+from engines.events.peers import BoxModel
+from engines.gateway.balance import Affinity, Balancer, Replica
 from engines.gateway.loading import PROGRESS_PERIOD_S, LoadProgress, Progress
 from engines.gateway.proxy import Upstream
-from engines.ondemand import views
+from engines.ondemand import proposals, views
 from engines.ondemand.attach import AttachedServers
-from engines.ondemand.catalog import Catalog, Entry, LibrarySource, ProfileSource, Source
-from engines.ondemand.lifecycle import CheckStart, Engines, Flight, Lifecycle, StartEngine
-from engines.ondemand.occupancy import Activity
+from engines.ondemand.catalog import Catalog, Entry, FolderSource, LibrarySource, ProfileSource
+from engines.ondemand.lifecycle import Engines, Flight, Lifecycle
+from engines.ondemand.parts import Parts
 from engines.ondemand.placing import Placer
-from engines.profiles import ProfileStore
-from engines.settings import SettingsView
-from engines.supervisor import ManagedEngine
+from engines.ondemand.verdicts import StartVerdicts
+from engines.runtime.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
 
 CATALOG_REFRESH_S = 30.0
+ENDED = frozenset({"done", "failed", "cancelled"})
+"""The phases that end an engine-env install."""
 
 
 class Router(Engines, Protocol):
@@ -47,14 +60,24 @@ class Router(Engines, Protocol):
     def route(self, model: str) -> ManagedEngine | None: ...
 
 
-@dataclass(frozen=True)
-class GPUReadings:
-    """The GPU feature's inventory and latest samples, read through callables: the daemon
-    builds the GPU feature after the gateway, and the gateway needs this feature first."""
+class Boxes(Protocol):
+    """The models paired boxes serve, as replicas here (engines/peers/replicas.py)."""
 
-    gpus: Callable[[], Awaitable[tuple[GPUInfo, ...]]]
-    latest: Callable[[], tuple[GPUSnapshot, ...]]
-    simulated: Callable[[], bool]
+    def serving(self, model: str) -> list[Upstream]:
+        """The upstreams of the boxes that serve ``model`` now (dict lookups only)."""
+        ...
+
+    def away(self, model: str) -> str:
+        """Why the box that last served ``model`` does not now (it names the box), or ""."""
+        ...
+
+    def rows(self) -> list[LoadedModel]:
+        """`traylm ps`: each box's models, with the box and its GPUs."""
+        ...
+
+    def listed(self, known: set[str]) -> list[ServableModel]:
+        """/v1/models: the models the boxes serve whose names are not in ``known``."""
+        ...
 
 
 class ModelsOnDemand:
@@ -65,62 +88,107 @@ class ModelsOnDemand:
         *,
         settings: SettingsView,
         engines: Router,
-        start_engine: StartEngine,
         profiles: ProfileStore,
-        library: Callable[[], list[LocalModel]] | None,
-        gpus: GPUReadings,
-        activity: Activity,
         publish: Callable[[Event], None],
         attached_file: Path,
-        extra_sources: tuple[Source, ...] = (),
-        check_start: CheckStart | None = None,
+        bus: EventBus,
+        boxes: Boxes | None = None,
     ) -> None:
-        """No I/O. ``library``: the hub library's models (blocking); ``extra_sources``: more
-        kinds of servable models (registered local folders); ``check_start``: a start's checks
-        before placement (EngineControl.check_start)."""
+        """No I/O. ``bus``: where an engine-env install's end and library changes are heard
+        (the servable list's verdicts are then checked again). What this feature uses of the
+        parts built after it comes with ``connect``; ``boxes``: the paired boxes' replicas
+        (engines/peers/replicas.py)."""
         self._settings = settings
+        self._boxes = boxes
         self._engines = engines
-        self._gpus = gpus
-        self._activity = activity
+        self._parts: Parts | None = None
         self._publish = publish
-        self._library = library
+        self.profiles = profiles
         self.attached = AttachedServers(attached_file, publish)
-        sources: list[Source] = [ProfileSource(profiles, self._weights_of)]
-        if library is not None:
-            sources.append(LibrarySource(library, lambda: set(profiles.names())))
-        sources += [self.attached, *extra_sources]
-        self.catalog = Catalog(sources)
+        self.catalog = Catalog(
+            [
+                ProfileSource(profiles, self._weights_of),
+                LibrarySource(self._library_models, self._profile_names),
+                self.attached,
+                FolderSource(self._folders, self._profile_names),
+            ]
+        )
+        self.verdicts = StartVerdicts(self._check_start)
+        self._bus = bus
         self.lifecycle = Lifecycle(
             engines=engines,
-            start_engine=start_engine,
-            place=lambda f, profile, gpus: self.placer.place(f, profile, gpus),
+            start_engine=self._start_placed,
+            place=lambda f, profile, gpus, count: self.placer.place_copies(f, profile, gpus, count),
             settings=settings,
             publish=publish,
-            activity=activity,
-            check_start=check_start,
+            activity=self.activity,
+            check_start=self._check_start,
         )
         self.placer = Placer(
             settings=settings,
             engines=engines,
             lifecycle=self.lifecycle,
-            latest=gpus.latest,
-            simulated=gpus.simulated,
-            activity=activity,
+            latest=self._latest,
+            sample_after=self._sample_after,
+            activity=self.activity,
         )
+        self.balancer = Balancer()
         self._library_sizes: dict[str, int] = {}
         self._library_read_s = -CATALOG_REFRESH_S
         self._tasks: list[asyncio.Task[None]] = []
 
+    # ----------------------------------------------------------------- the parts built after it
+
+    def connect(self, parts: Parts) -> None:
+        """The parts this feature uses that need it first (parts.py); once, before ``start``."""
+        if self._parts is not None:
+            raise RuntimeError("models on demand is connected to its parts already")
+        self._parts = parts
+
+    @property
+    def parts(self) -> Parts:
+        if self._parts is None:
+            raise RuntimeError("models on demand is used before the daemon connected its parts")
+        return self._parts
+
+    async def _start_placed(self, profile: Profile) -> EngineStatus:
+        return await self.parts.control.start_engine(profile, placed=True)
+
+    async def _check_start(self, profile: Profile) -> None:
+        await self.parts.control.check_start(profile)
+
+    def activity(self, upstream: str) -> tuple[int, int, float | None]:
+        """(in flight, queued, idle since) of one upstream, as the gateway admits it."""
+        return self.parts.gateway.activity(upstream)
+
+    def _latest(self) -> tuple[GPUSnapshot, ...]:
+        return self.parts.gpus.sampler.latest
+
+    async def _sample_after(self, after_s: float) -> None:
+        await self.parts.gpus.sample_after(after_s)
+
+    def _library_models(self) -> list[LocalModel]:
+        return self.parts.hub.library.models()
+
+    def _folders(self) -> list[LocalFolder]:
+        return self.parts.hub.folders.list()
+
+    def _profile_names(self) -> set[str]:
+        return set(self.profiles.names())
+
     # ----------------------------------------------------------------- Feature
 
     async def start(self) -> None:
-        self.placer.infos = await self._gpus.gpus()
+        self.placer.infos = await self.parts.gpus.inventory.gpus()
         await self.attached.start()
         await self.catalog.refresh()
         self._tasks = [
             asyncio.create_task(self.lifecycle.run_idle(), name="ondemand idle"),
             asyncio.create_task(self._refresh_loop(), name="ondemand catalog"),
         ]
+        self._tasks.append(
+            asyncio.create_task(self._forget_on_changes(self._bus), name="ondemand verdicts")
+        )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -135,36 +203,78 @@ class ModelsOnDemand:
             await asyncio.sleep(CATALOG_REFRESH_S)
             await self.catalog.refresh()
 
+    async def _forget_on_changes(self, bus: EventBus) -> None:
+        """An engine env installed (or not) or the library changed: the servable list's
+        verdicts are checked again at the next listing. Wakes only on those events."""
+        with bus.subscribe(frozenset({"env.install", "library.changed"})) as sub:
+            while True:
+                event = await sub.get()
+                if not isinstance(event, EnvInstallProgress) or event.phase in ENDED:
+                    self.verdicts.forget()
+
     @property
     def engines(self) -> Mapping[str, ManagedEngine]:
         return self._engines.engines
 
     # ----------------------------------------------------------------- the gateway's router
 
-    def upstream(self, model: str) -> Upstream | None:
+    def upstream(self, model: str, affinity: Affinity | None = None) -> Upstream | None:
         entry = self.catalog.index.by_name.get(model)
         if entry is not None and entry.kind == "attached":
             return self.attached.upstream(entry.engine_id, model)
-        engine = self._engines.engines.get(entry.engine_id) if entry is not None else None
-        if engine is None or engine.state != EngineState.READY:
-            # any ready engine serving the name: one started ad hoc (`traylm start --model`)
-            engine = self._engines.route(model)
-        if engine is None or engine.state != EngineState.READY or not engine.port:
-            return None
-        if engine.engine_id in self.lifecycle.draining:
-            return None
-        rename = None
-        if engine.profile.engine == "sglang" and model != engine.profile.effective_served_name:
-            rename = engine.profile.effective_served_name  # SGLang serves one name only
-        return Upstream(engine.engine_id, f"http://127.0.0.1:{engine.port}", {}, model_name=rename)
+        ready = self._ready(self.replicas(entry.engine_id)) if entry is not None else []
+        if not ready:
+            # an engine serving the name outside the catalog (`traylm start --model`, the
+            # tuner's candidates)
+            ready = self._ready(
+                e for e in self._engines.engines.values() if model in e.served_names
+            )
+        if not ready and (routed := self._engines.route(model)) is not None:
+            ready = self._ready([routed])
+        boxes = self._boxes.serving(model) if self._boxes and affinity and affinity.boxes else []
+        if len(ready) + len(boxes) <= 1:
+            return _engine_upstream(ready[0], model) if ready else next(iter(boxes), None)
+        # several replicas (this box's engines, paired boxes'): the balancer's pick (fewest
+        # outstanding, the conversation's own while not much busier)
+        names = [e.engine_id for e in ready] + [up.name for up in boxes]
+        loads = [Replica(name, sum(self.activity(name)[:2])) for name in names]
+        chosen = self.balancer.pick(loads, affinity).name
+        engine = next((e for e in ready if e.engine_id == chosen), None)
+        if engine is not None:
+            return _engine_upstream(engine, model)
+        return next(up for up in boxes if up.name == chosen)
 
-    async def load(self, model: str, progress: Progress | None) -> Upstream:
+    def replicas(self, engine_id: str) -> list[ManagedEngine]:
+        """The engines serving one catalog entry: its own, and its replicas' (``NAME.r2``...)."""
+        engines = self._engines.engines
+        ids = (replica_id(engine_id, k) for k in range(1, MAX_REPLICAS + 1))
+        return [e for i in ids if (e := engines.get(i)) is not None]
+
+    def _ready(self, engines: Iterable[ManagedEngine]) -> list[ManagedEngine]:
+        """Those of ``engines`` that take requests now."""
+        draining = self.lifecycle.draining
+        return [
+            e
+            for e in engines
+            if e.state == EngineState.READY and e.port and e.engine_id not in draining
+        ]
+
+    async def load(
+        self, model: str, progress: Progress | None, affinity: Affinity | None = None
+    ) -> Upstream:
         entry = await self.find(model)
+        if entry is None and self._boxes is not None and (away := self._boxes.away(model)):
+            raise ModelUnavailable(
+                f"{model!r} is served only by another box, which is away: {away}",
+                code="box_away",
+                retry_after_s=self._settings.current.gateway.retry_after_s,
+                retry=True,
+            )
         if entry is None:
             engine = self._engines.route(model)
             if engine is not None and engine.state == EngineState.STARTING:
                 await engine.wait_state((EngineState.READY, EngineState.FAILED))
-                if (up := self.upstream(model)) is not None:
+                if (up := self.upstream(model, affinity)) is not None:
                     return up
             raise self.unknown(model)
         if entry.kind == "attached":
@@ -185,8 +295,9 @@ class ModelsOnDemand:
                 code="model_not_loaded",
                 http_status=404,
             )
+        entry = await self.fresh(entry)
         await self._wait(self.lifecycle.flight(entry, "jit"), model, progress)
-        up = self.upstream(model)
+        up = self.upstream(model, affinity)
         if up is None:
             raise ModelUnavailable(
                 f"{model} stopped again right after loading; retry",
@@ -217,10 +328,41 @@ class ModelsOnDemand:
             return "stopped" if entry is not None else "not_served"
         return str(engine.state)
 
+    async def start_profile(self, model: str, *, fresh: bool) -> Profile | None:
+        if fresh:
+            await self.catalog.refresh_fresh()
+        entry = self.catalog.find(model)
+        if entry is None or entry.profile is None:
+            return None
+        engine = self._engines.engines.get(entry.engine_id)
+        down = engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED)
+        return entry.profile if down and entry.engine_id not in self.lifecycle.flights else None
+
+    def served_as(self, engine_id: str) -> str:
+        if engine_id in self.profiles.names():  # a profile wins over a folder of its name
+            return "preset" if self.profiles.is_preset(engine_id) else "profile"
+        return next((e.kind for e in self.catalog.index.entries if e.engine_id == engine_id), "")
+
     def keep_alive(self, upstream: Upstream, seconds: float) -> None:
+        """A request's ``keep_alive``, for its model: every replica of it."""
         res = self.lifecycle.residency.get(upstream.name)
-        if res is not None and res.origin == "jit":
-            res.keep_alive_s = seconds
+        if res is None:
+            return
+        for one in self.lifecycle.residency.values():
+            if one.name == res.name and one.origin == "jit":
+                one.keep_alive_s = seconds
+
+    async def fresh(self, entry: Entry) -> Entry:
+        """``entry`` as its source has it now, when its engine is about to start: a profile
+        edited or a folder's settings changed (`traylm models set`) since the catalog's last
+        read apply to this start. A running, sleeping or loading engine keeps its own."""
+        engine = self._engines.engines.get(entry.engine_id)
+        down = engine is None or engine.state in (EngineState.STOPPED, EngineState.FAILED)
+        if not down or entry.engine_id in self.lifecycle.flights:
+            return entry
+        await self.catalog.refresh_fresh()
+        now = self.catalog.find(entry.name)
+        return now if now is not None and now.engine_id == entry.engine_id else entry
 
     async def find(self, name: str) -> Entry | None:
         """The catalog entry ``name`` routes to; ModelUnavailable (409) when it is ambiguous."""
@@ -250,24 +392,74 @@ class ModelsOnDemand:
             raise self.unknown(name)
         return self.placer.preview(entry, gpus)
 
-    @property
-    def activity(self) -> Activity:
-        return self._activity
-
     async def listing(self) -> list[ServableModel]:
+        """The servable models, each unloaded one with why it cannot start here (``blocked``)."""
         await self.catalog.refresh_fresh()
-        return views.servable(self)
+        models = views.servable(self)
+        entries = {e.engine_id: e for e in self.catalog.index.entries}
+        reasons = await asyncio.gather(
+            *(self._blocked(m, entries.get(m.engine_id)) for m in models)
+        )
+        found = [entries.get(m.engine_id) for m in models]
+        images = await asyncio.to_thread(_accepts_images, found)
+        here = [
+            dataclasses.replace(
+                m,
+                blocked=r.brief if r else "",
+                blocked_code=r.code if r else "",
+                accepts_images=takes,
+            )
+            for m, r, takes in zip(models, reasons, images, strict=True)
+        ]
+        if self._boxes is None:
+            return here
+        known = {n for m in here for n in (m.name, *m.aliases, *m.names)}
+        return here + self._boxes.listed(known)
+
+    async def _blocked(self, model: ServableModel, entry: Entry | None) -> TraylmError | None:
+        """The reason a start of it would be refused with now (EngineControl.check_start: no
+        GPU, then the engine, then the model; kept a while, verdicts.py); None when it can
+        start, or is loaded, loading or attached."""
+        if model.status != ModelStatus.UNLOADED:
+            return None
+        if entry is None or entry.profile is None:
+            return None
+        return await self.verdicts.refusal(entry.profile)
+
+    async def setup_proposals(self) -> list[SetupProposal]:
+        """What the first-run setup proposes on this computer (proposals.py)."""
+        return await proposals.setup_proposals(self, await self.parts.gpus.inventory.gpus())
 
     def ps(self) -> list[LoadedModel]:
-        return views.loaded(self)
+        rows = views.loaded(self)
+        return rows + self._boxes.rows() if self._boxes is not None else rows
+
+    def shared(self) -> list[BoxModel]:
+        """The models ready on this box's own engines, for paired boxes (views.shared)."""
+        return views.shared(self)
 
     # ----------------------------------------------------------------- weights
 
     def _weights_of(self, repo_id: str) -> int | None:
         """The library's size of a repo (read with the sources, in their worker thread)."""
-        if self._library is None:
-            return None
         if time.monotonic() - self._library_read_s > CATALOG_REFRESH_S / 2:
-            self._library_sizes = {m.repo_id: m.size_bytes for m in self._library()}
+            self._library_sizes = {m.repo_id: m.size_bytes for m in self._library_models()}
             self._library_read_s = time.monotonic()
         return self._library_sizes.get(repo_id)
+
+
+def _engine_upstream(engine: ManagedEngine, model: str) -> Upstream:
+    rename = None
+    if engine.profile.engine == "sglang" and model != engine.profile.effective_served_name:
+        rename = engine.profile.effective_served_name  # SGLang serves one name only
+    return Upstream(engine.engine_id, f"http://127.0.0.1:{engine.port}", {}, model_name=rename)
+
+
+def _accepts_images(entries: list[Entry | None]) -> list[bool]:
+    """Which of these models take images, by their config.json (blocking: read in a thread)."""
+    out = []
+    for entry in entries:
+        profile = entry.profile if entry is not None else None
+        info = read_model_info(profile.model, profile.revision) if profile is not None else None
+        out.append(info is not None and info.accepts_images)
+    return out

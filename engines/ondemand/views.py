@@ -3,18 +3,21 @@ picker, `traylm models ls`) and the loaded models (`traylm ps`, the tray menu)."
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Mapping
 from typing import Protocol
 
+from engines.config.profiles import replica_base, replica_index
 from engines.events.core import EngineState
-from engines.events.models import LoadedModel, ModelStatus, ServableModel
+from engines.events.models import LoadedModel, ModelStatus, ReplicaInfo, ServableModel
+from engines.events.peers import BoxModel
 from engines.ondemand.attach import AttachedServers
 from engines.ondemand.catalog import Catalog, Entry
 from engines.ondemand.lifecycle import Lifecycle
-from engines.ondemand.occupancy import HOLDING, Activity, hold_of
+from engines.ondemand.occupancy import HOLDING, hold_of, on_cpu
 from engines.ondemand.placing import Placer
-from engines.supervisor import ManagedEngine
+from engines.runtime.supervisor import ManagedEngine
 
 
 class ModelsOnDemand(Protocol):
@@ -28,8 +31,9 @@ class ModelsOnDemand(Protocol):
     @property
     def engines(self) -> Mapping[str, ManagedEngine]: ...
 
-    @property
-    def activity(self) -> Activity: ...
+    def activity(self, upstream: str) -> tuple[int, int, float | None]: ...
+
+    def replicas(self, engine_id: str) -> list[ManagedEngine]: ...
 
 
 def servable(feature: ModelsOnDemand) -> list[ServableModel]:
@@ -45,7 +49,7 @@ def servable(feature: ModelsOnDemand) -> list[ServableModel]:
         engine = feature.engines.get(entry.engine_id)
         out.append(_model(feature, entry, engine))
     for engine in feature.engines.values():
-        if engine.engine_id not in seen and engine.state in HOLDING:
+        if replica_base(engine.engine_id) not in seen and engine.state in HOLDING:
             name = engine.profile.effective_served_name
             entry = Entry(name, "engine", engine.engine_id, (), engine.profile.aliases)
             out.append(_model(feature, entry, engine))
@@ -64,10 +68,17 @@ def _model(feature: ModelsOnDemand, entry: Entry, engine: ManagedEngine | None) 
     gpus: tuple[int, ...] = ()
     planned = False
     if engine is not None and engine.state in HOLDING:
-        gpus = engine.profile.gpus
+        gpus = () if on_cpu(engine) else engine.profile.gpus
     elif entry.profile is not None and feature.placer.applies(entry.profile):
         gpus, planned = feature.placer.preview_gpus(entry), True
     profile = entry.profile or (engine.profile if engine is not None else None)
+    replicas = _replicas(feature, entry.engine_id)
+    if len(replicas) > 1:
+        engine = engine or feature.engines.get(replicas[0].engine_id)
+        ready = any(r.state == str(EngineState.READY) for r in replicas)
+        status = ModelStatus.LOADED if ready and not loading else status
+        state = str(EngineState.READY) if ready else state
+        gpus, planned = tuple(g for r in replicas for g in r.gpus), False
     return ServableModel(
         name=entry.name,
         aliases=entry.listed,
@@ -81,7 +92,51 @@ def _model(feature: ModelsOnDemand, entry: Entry, engine: ManagedEngine | None) 
         gpus=gpus,
         gpus_planned=planned,
         detail=engine.detail if engine is not None else "",
+        replicas=replicas if len(replicas) > 1 else (),
     )
+
+
+def _replicas(feature: ModelsOnDemand, engine_id: str) -> tuple[ReplicaInfo, ...]:
+    """The engines of one model that hold resources, each with its state and GPUs."""
+    return tuple(
+        ReplicaInfo(
+            e.engine_id,
+            str(e.state),
+            () if on_cpu(e) else e.profile.gpus,
+            feature.activity(e.engine_id)[0],
+        )
+        for e in feature.replicas(engine_id)
+        if e.state in HOLDING
+    )
+
+
+def shared(feature: ModelsOnDemand) -> list[BoxModel]:
+    """The models ready on this box's own engines (a model's replicas as one, its engines'
+    GPUs together): what paired boxes may send here (engines/peers/serving.py). Attached
+    servers are not this box's to share."""
+    entries = {e.engine_id: e for e in feature.catalog.index.entries}
+    draining = feature.lifecycle.draining
+    ready: dict[str, list[ManagedEngine]] = {}
+    for e in feature.engines.values():
+        if e.state == EngineState.READY and e.port and e.engine_id not in draining:
+            ready.setdefault(replica_base(e.engine_id), []).append(e)
+    out = []
+    for base, engines in ready.items():
+        entry, first = entries.get(base), engines[0]
+        name = entry.name if entry is not None else first.profile.effective_served_name
+        listed = entry.listed if entry is not None else ()
+        loads = [feature.activity(e.engine_id) for e in engines]
+        out.append(
+            BoxModel(
+                name=name,
+                names=tuple(dict.fromkeys((name, *listed, *first.served_names))),
+                engine=first.profile.engine,
+                gpus=tuple(g for e in engines if not on_cpu(e) for g in e.profile.gpus),
+                in_flight=sum(load[0] for load in loads),
+                waiting=sum(load[1] for load in loads),
+            )
+        )
+    return out
 
 
 def _attached(feature: ModelsOnDemand, entry: Entry) -> ServableModel:
@@ -104,12 +159,16 @@ def _attached(feature: ModelsOnDemand, entry: Entry) -> ServableModel:
 
 
 def loaded(feature: ModelsOnDemand) -> list[LoadedModel]:
-    """`traylm ps`: every engine holding resources, then the attached servers."""
+    """`traylm ps`: every engine holding resources (a model's replicas a row each, in order),
+    then the attached servers."""
     names = {e.engine_id: e.name for e in feature.catalog.index.entries}
     now = time.monotonic()
-    rows = [
-        _engine_row(feature, e, names, now) for e in feature.engines.values() if e.state in HOLDING
-    ]
+    holding = sorted(
+        (e for e in feature.engines.values() if e.state in HOLDING),
+        key=lambda e: (replica_base(e.engine_id), replica_index(e.engine_id)),
+    )
+    counts = collections.Counter(replica_base(e.engine_id) for e in holding)
+    rows = [_engine_row(feature, e, names, now, counts) for e in holding]
     for server in feature.attached.servers.values():
         in_flight, waiting, _ = feature.activity(f"attached:{server.name}")
         rows.append(
@@ -136,18 +195,24 @@ def loaded(feature: ModelsOnDemand) -> list[LoadedModel]:
 
 
 def _engine_row(
-    feature: ModelsOnDemand, engine: ManagedEngine, names: dict[str, str], now_s: float
+    feature: ModelsOnDemand,
+    engine: ManagedEngine,
+    names: dict[str, str],
+    now_s: float,
+    counts: Mapping[str, int],
 ) -> LoadedModel:
     res = feature.lifecycle.residency.get(engine.engine_id)
     in_flight, waiting, _ = feature.activity(engine.engine_id)
     bookings = {k: r.booking for k, r in feature.lifecycle.residency.items()}
-    card = feature.placer.card_bytes()
+    card = 0 if on_cpu(engine) else feature.placer.card_bytes()
     per_gpu = hold_of(engine, bookings, card, card) if engine.profile.gpus and card else 0
     idle = feature.lifecycle.idle_for_s(res, now_s) if res is not None else None
     limit = res.idle_limit_s() if res is not None else None
     counting = limit is not None and idle is not None and engine.state != EngineState.STARTING
+    base = replica_base(engine.engine_id)
+    of = max(counts.get(base, 1), replica_index(engine.engine_id))
     return LoadedModel(
-        name=names.get(engine.engine_id, engine.profile.effective_served_name),
+        name=names.get(base, engine.profile.effective_served_name),
         engine_id=engine.engine_id,
         engine=engine.profile.engine,
         state=str(engine.state),
@@ -161,4 +226,6 @@ def _engine_row(
         ttl_s=res.ttl_s if res is not None else 0.0,
         pinned=bool(res and res.pinned),
         detail=engine.stage,  # starting: its start phase ("loading weights")
+        ram_bytes=res.booking.host_bytes if res is not None else 0,
+        replica=f"{replica_index(engine.engine_id)}/{of}" if of > 1 else "",
     )

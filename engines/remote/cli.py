@@ -32,7 +32,7 @@ def add_parsers(sub: Any) -> None:
 
 async def _client() -> DaemonClient | None:
     try:
-        return await DaemonClient.connect()
+        return await DaemonClient.connect(plain_calls=True)
     except DaemonUnavailable:
         return None
 

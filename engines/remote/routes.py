@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engines.http import ok, traylm_errors
+from engines.core.http import ok, traylm_errors
 from engines.remote.service import RemoteFallback
 
 REMOTE: web.AppKey[RemoteFallback] = web.AppKey("remote", RemoteFallback)

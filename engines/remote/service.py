@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from engines.config import RemoteSettings
+from engines.config.sections import RemoteSettings
 from engines.errors import ConfigError
 from engines.events.codec import Event
 from engines.events.remote import RemoteRouted, RemoteStatus

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.engine_output import read_lines
+from engines.core.procs import group_alive, signal_group
 from engines.errors import EngineError
 from engines.events.trt import TRTBuildProgress
-from engines.procs import group_alive, signal_group
+from engines.runtime.output import read_lines
 from engines.trt.plan import BuildPlan, BuildStep
 
 log = logging.getLogger(__name__)

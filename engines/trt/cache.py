@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.config.tomlfile import write_bytes_atomic
 from engines.errors import ConfigError, EngineError
 from engines.events.trt import TRTCacheEntry
-from engines.tomlfile import write_bytes_atomic
 
 META = "meta.json"
 ENGINE_DIR = "engine"

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engines.config.profiles import Profile
 from engines.errors import ConfigError
 from engines.events.gpu import GPUInfo
 from engines.gpu.backend import cuda_order
 from engines.gpu.inventory import architecture, by_cuda_index, capability, sm_name
-from engines.profiles import Profile
 from engines.trt.model import ModelFacts
 from engines.trt.plan import checkpoint_tool
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from engines.client import DaemonClient
-from engines.config import Paths, load_settings
+from engines.config.sections import Paths, load_settings
 from engines.errors import ConfigError, DaemonUnavailable
 from engines.events.codec import to_plain
 from engines.events.trt import TRTCacheEntry
@@ -45,7 +45,7 @@ def add_engine_parsers(esub: Any) -> None:
 
 async def _client() -> DaemonClient | None:
     try:
-        return await DaemonClient.connect()
+        return await DaemonClient.connect(plain_calls=True)
     except DaemonUnavailable:
         return None
 

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engines.config import resources_dir
-from engines.envsteps import META_FILE, Check, EnvExtras, ProgressFn, capture, report
+from engines.config.sections import resources_dir
+from engines.config.tomlfile import write_bytes_atomic
+from engines.envs.steps import META_FILE, Check, EnvExtras, ProgressFn, capture, report
 from engines.errors import EngineEnvError
 from engines.events.gpu import GPUInfo
 from engines.gpu.inventory import Inventory, architecture, capability, sm_name
-from engines.tomlfile import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

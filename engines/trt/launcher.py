@@ -17,17 +17,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from engines.adapters.base import EngineRuntime, tp_env
-from engines.envs import EnvInfo, load_flags
+from engines.config.live import SettingsView
+from engines.config.profiles import Profile
+from engines.envs.manager import EnvInfo, load_flags
 from engines.errors import EngineEnvError, EngineError
 from engines.events.codec import Event
 from engines.events.core import EngineState, Notice
 from engines.events.gpu import GPUInfo
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 from engines.gpu.inventory import Inventory, major_version
-from engines.profiles import Profile
-from engines.settings import SettingsView
-from engines.supervisor import EngineView, LogSink, Prepare
+from engines.runtime.adapters.base import EngineRuntime, tp_env
+from engines.runtime.supervisor import EngineView, LogSink, Prepare
 from engines.trt.build import ETAModel, run_build
 from engines.trt.cache import CacheKey, EngineCache, mismatch_error
 from engines.trt.checks import check_build_model, check_fit, check_gpus, check_precision
@@ -42,7 +42,7 @@ TOOLS = ("quantize", "convert-llama", "build")
 
 
 class EnvFinder(Protocol):
-    """Finds an installed engine environment (engines/envs.py EnvManager.find)."""
+    """Finds an installed engine environment (engines/envs/manager.py EnvManager.find)."""
 
     def find(self, engine: str, *, device: str, version: str | None = None) -> EnvInfo: ...
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.core.modelinfo import ConfigUnreadable, folder_config
 from engines.errors import ConfigError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -63,11 +64,10 @@ def local_model_dir(model: str, revision: str | None) -> tuple[Path, str]:
 
 def read_model_facts(path: Path, source_id: str = "") -> ModelFacts:
     try:
-        config: dict[str, Any] = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
+        config = folder_config(path)
+    except ConfigUnreadable as exc:
         raise ConfigError(
-            f"{path}/config.json cannot be read ({exc}); point the profile at a Hugging Face "
-            "model folder"
+            f"{path}: {exc}; point the profile at a Hugging Face model folder"
         ) from None
     text = config.get("text_config") or config
     archs = config.get("architectures") or []

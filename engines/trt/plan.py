@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.adapters.base import FlagSet
+from engines.config.profiles import Profile
 from engines.errors import ConfigError
 from engines.events.gpu import GPUInfo
 from engines.gpu.inventory import capability
-from engines.profiles import Profile
+from engines.runtime.adapters.base import FlagSet
 from engines.trt.model import ModelFacts
 
 CONVERT_FAMILIES: dict[str, str] = {

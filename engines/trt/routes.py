@@ -12,8 +12,8 @@ import asyncio
 
 from aiohttp import web
 
+from engines.core.http import json_body, ok, traylm_errors
 from engines.errors import ConfigError
-from engines.http import json_body, ok, traylm_errors
 from engines.trt.launcher import GIB, current_environment
 from engines.trt.service import TRTFeature
 

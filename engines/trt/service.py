@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from engines.config.live import SettingsView
 from engines.events.codec import Event
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 from engines.gpu.inventory import Inventory
-from engines.settings import SettingsView
-from engines.supervisor import EngineView
+from engines.runtime.supervisor import EngineView
 from engines.trt.cache import EngineCache, differences
 from engines.trt.launcher import GIB, EnvFinder, TRTLauncher, current_environment
 

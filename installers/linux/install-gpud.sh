@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install traylm-gpud, the privileged GPU helper (fan curves, power limits). Run with sudo:
 #   sudo bash installers/linux/install-gpud.sh [--user NAME] [--uninstall]
+#   (an install by install.sh keeps a copy: sudo bash ~/.local/share/traylm/gpud/install-gpud.sh)
 # - a root-owned virtual environment in /opt/traylm-gpud (never the user's venv: root must not
 #   run code that an unprivileged user can edit)
 # - the system group `traylm`, with NAME (default: the user who ran sudo) added to it
@@ -17,7 +18,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --user) user="$2"; shift ;;
     --uninstall) uninstall=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "install-gpud.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -47,7 +48,17 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), "traylm needs Python 3.11 or newer"'
 [ -x "$prefix/bin/python" ] || "$PY" -m venv "$prefix"
 "$prefix/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "is ignored" || true
-"$prefix/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "$repo" 2>&1 | grep -v "is ignored" || true
+# the wheel install.sh kept beside this script (a packaged install), else the source checkout
+wheel=$(ls "$here"/traylm-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$wheel" ]; then
+  source=$wheel
+elif [ -f "$repo/pyproject.toml" ]; then
+  source=$repo
+else
+  echo "install-gpud.sh: no traylm wheel beside this script and no source checkout above it; run the install-gpud.sh that traylm's install.sh kept (traylm doctor names it)" >&2
+  exit 1
+fi
+"$prefix/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "$source" 2>&1 | grep -v "is ignored" || true
 "$prefix/bin/traylm-gpud" --help >/dev/null
 chown -R root:root "$prefix"
 chmod -R go-w "$prefix"

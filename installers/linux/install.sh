@@ -59,7 +59,20 @@ placed "$venv"
 
 step "installing traylm and its libraries into it (PySide6 is the big one, about 100 MB)"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "is ignored" || true
-"$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "${editable[@]}" "$repo" 2>&1 \
+# A packaged install keeps the GPU helper's installer (it runs as root, from a root-owned venv)
+# in $gpud with the wheel it installs from, so `sudo bash $gpud/install-gpud.sh` works after the
+# source is gone; an editable install (--dev) keeps using the checkout's.
+gpud="$data/gpud"
+source=("$repo")
+if [ ${#editable[@]} = 0 ]; then
+  rm -rf "$gpud" && mkdir -p "$gpud"
+  "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$gpud" "$repo" 2>&1 \
+    | pip_progress
+  cp "$here/install-gpud.sh" "$here/traylm-gpud.service" "$gpud/"
+  placed "$gpud"
+  source=("$gpud"/traylm-*.whl)
+fi
+"$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "${editable[@]}" "${source[@]}" 2>&1 \
   | pip_progress
 "$venv/bin/python" -c "import engines, desktop" || { echo "traylm: the install failed (see pip's lines above)" >&2; exit 1; }
 

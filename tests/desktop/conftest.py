@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from desktop.app import DesktopApp
-from desktop.messages import LinkState
-from engines.config import HubSettings, Paths
-from engines.procs import free_loopback_port
+from desktop.daemon.messages import LinkState
+from engines.config.sections import HubSettings, Paths
+from engines.core.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.desktop.threaded_daemon import ThreadedDaemon, sim_settings
 from tests.fakes.hub_server import FakeHub, tiny_llama_repo
@@ -44,8 +44,11 @@ def daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
 
 
 @pytest.fixture
-def sim_daemon_thread(paths: Paths, fake_env: Path) -> Iterator[ThreadedDaemon]:
-    """A real daemon on two SIMULATED GPUs, with its in-process traylm-gpud."""
+def sim_daemon_thread(
+    paths: Paths, fake_env: Path, fake_cuda_env: Path
+) -> Iterator[ThreadedDaemon]:
+    """A real daemon on two SIMULATED GPUs, with its in-process traylm-gpud, and FAKE vLLM envs
+    for the CPU and for CUDA."""
     d = ThreadedDaemon(paths, sim_settings()).start()
     yield d
     d.stop()

@@ -21,7 +21,8 @@ from typing import Any
 
 from tests.fakes.hub_server import FakeFile, FakeHub, FakeRepo, bytes_file, tiny_llama_repo
 
-HUB_CONFIG = "\n[gpu]\nsimulate_gpus = 2\n\n[hub]\nmin_free_gib = 0.0\nparallel_files = 1\n"
+NO_GPU_CONFIG = "\n[hub]\nmin_free_gib = 0.0\nparallel_files = 1\n"
+HUB_CONFIG = "\n[gpu]\nsimulate_gpus = 2\n" + NO_GPU_CONFIG
 TRT_PROFILE = """model = "{model}"
 engine = "trtllm"
 device = "cuda"
@@ -250,9 +251,9 @@ def request_loop(port: int, model: str, stop: threading.Event) -> None:
 def live_gpu_scenes(s: Any, home: Path) -> None:
     """The daemon in this process on SIMULATED GPUs under load; the tray app attached to it."""
     from desktop.app import DesktopApp
-    from desktop.icons import TrayState
-    from desktop.messages import LinkState
-    from engines.config import load_settings
+    from desktop.daemon.messages import LinkState
+    from desktop.tray.icons import TrayState
+    from engines.config.sections import load_settings
     from engines.events import EngineState
     from engines.gpu.sim import sim_uuid
     from tests.desktop.screenshots import settle, wait_for
@@ -269,11 +270,11 @@ def live_gpu_scenes(s: Any, home: Path) -> None:
     stop = threading.Event()
     try:
         wait_for(lambda: app.state.connection.state == LinkState.CONNECTED, 30, "connection")
-        app.actions.start_profile("qwen-tiny-cpu")
-        wait_for(lambda: app.state.engines.get("qwen-tiny-cpu") is not None
-                 and app.state.engines["qwen-tiny-cpu"].state == EngineState.READY, 30, "ready")  # fmt: skip
+        app.actions.start_profile("qwen-tiny-gpu")  # on the simulated GPUs (FAKE CUDA env)
+        wait_for(lambda: app.state.engines.get("qwen-tiny-gpu") is not None
+                 and app.state.engines["qwen-tiny-gpu"].state == EngineState.READY, 30, "ready")  # fmt: skip
         traffic = threading.Thread(
-            target=request_loop, args=(d.port, "qwen-tiny", stop), daemon=True
+            target=request_loop, args=(d.port, "qwen-gpu", stop), daemon=True
         )
         traffic.start()
         dash = app.open_dashboard("gpus")
@@ -314,7 +315,7 @@ def tray_hot(s: Any, app: Any) -> None:
     from PySide6.QtCore import QPoint
     from PySide6.QtWidgets import QToolTip
 
-    from desktop.tray import BALLOON_MS
+    from desktop.tray.icon import BALLOON_MS
     from tests.desktop.screenshots import settle, wait_for
 
     geo = app.tray.icon.geometry()
@@ -343,7 +344,7 @@ def tray_hot(s: Any, app: Any) -> None:
 def envs_install(s: Any, app: Any, dash: Any) -> None:
     """Install an engine from the dashboard: a tiny local package stands in for vLLM's wheels
     (engines.envs.RECIPES is patched in this process, where the daemon now runs)."""
-    from engines.envs import RECIPES, EngineRecipe
+    from engines.envs.manager import RECIPES, EngineRecipe
     from tests.desktop.screenshots import wait_for
 
     pkg = s.home / "pkg"

@@ -1,8 +1,11 @@
 """Write a PNG of every window and dashboard page of the tray app, under Xvfb with a real tray.
 
-    .venv/bin/python tests/desktop/screenshots.py [OUT_DIR]      (default: screenshots/)
+    .venv/bin/python tests/desktop/screenshots.py [OUT_DIR] [--only-simulated|--only-no-gpus]
 
-Every view is written twice, NAME-light.png and NAME-dark.png (desktop/theme.py's two palettes).
+Every view is written twice, NAME-light.png and NAME-dark.png (desktop/look/theme.py's two palettes),
+for two computers: OUT_DIR/simulated-gpus/ (two SIMULATED RTX 4090s) and OUT_DIR/no-gpus/ (this
+machine's real NVML, which finds no GPU: the GPUs page shows CPU and RAM, Fans & power says
+there is nothing to control). Default OUT_DIR: screenshots/.
 
 It starts Xvfb and trayer (tests/desktop/install-x11-deps.sh installs them), the FAKE Hub, a
 real daemon (``python -m engines serve``) on two SIMULATED GPUs with the FAKE vLLM and
@@ -55,9 +58,10 @@ def settle(ms: int = 300) -> None:
 class Session:
     """Xvfb + trayer + a daemon process (tests/desktop/x11.py), torn down in reverse order."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, *, gpus: bool = True) -> None:
         from tests.desktop.x11 import XDesktop
 
+        self.gpus = gpus  # False: a computer without NVIDIA GPUs (the real NVML says none)
         self.out = out
         self.home = Path(tempfile.mkdtemp(prefix="traylm-shots-"))
         self.x = XDesktop()
@@ -65,11 +69,17 @@ class Session:
         self.hub: object = None
 
     def start(self) -> None:
-        from engines.config import Paths
-        from engines.procs import free_loopback_port
-        from tests.desktop.screenshot_scenes import HUB_CONFIG, TRT_PROFILE, start_hub
+        from engines.config.sections import Paths
+        from engines.core.procs import free_loopback_port
+        from tests.desktop.screenshot_scenes import (
+            HUB_CONFIG,
+            NO_GPU_CONFIG,
+            TRT_PROFILE,
+            start_hub,
+        )
         from tests.desktop.x11 import FAKE_PROFILE, missing_x_tools, prepare_home
         from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
+        from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
         missing = missing_x_tools()
         if missing:
@@ -87,14 +97,17 @@ class Session:
         broken = FAKE_PROFILE.replace('"org/fake"', '"meta-llama/Llama-3.1-8B"').format(
             args=f"--print '{kv_line}' --exit-after-print 1"
         )
-        trt = TRT_PROFILE.format(model=model)
+        profiles = {"qwen-tiny-cpu": profile, "llama-8b-long-context": broken}
+        if self.gpus:  # a model on the (simulated) GPUs, and a TensorRT-LLM build for them
+            profiles["qwen-tiny-gpu"] = profile.replace('"qwen-tiny"', '"qwen-gpu"').replace(
+                'device = "cpu"', 'device = "cuda"'
+            )
+            profiles["llama-trt-fp8"] = TRT_PROFILE.format(model=model)
         env = prepare_home(
-            self.home,
-            free_loopback_port(),
-            {"qwen-tiny-cpu": profile, "llama-8b-long-context": broken, "llama-trt-fp8": trt},
-            HUB_CONFIG,
+            self.home, free_loopback_port(), profiles, HUB_CONFIG if self.gpus else NO_GPU_CONFIG
         )
         make_fake_trtllm_env(Path(env["TRAYLM_ENVS_DIR"]))
+        make_fake_vllm_env(Path(env["TRAYLM_ENVS_DIR"]), device="cuda")
         self.x.start_x()
         os.environ.update({**env, **self.x.env})
         self.paths = Paths.from_env()
@@ -136,7 +149,7 @@ class Session:
     def use_theme(theme: str) -> None:
         from PySide6.QtWidgets import QApplication
 
-        from desktop.theme import apply_theme
+        from desktop.look.theme import apply_theme
 
         app = QApplication.instance()
         if isinstance(app, QApplication) and app.property("traylmTheme") != theme:
@@ -149,8 +162,9 @@ def dashboard_pages(s: Session, dash: object) -> None:
     from tests.desktop.screenshot_scenes import bench_scene, fans_scene, models_tabs
 
     assert isinstance(dash, DashboardWindow)
-    scenes = {"engines": engines_tabs, "models": models_tabs, "bench": bench_scene,
-              "fans": fans_scene}  # fmt: skip
+    scenes = {"engines": engines_tabs, "models": models_tabs, "bench": bench_scene}
+    if s.gpus:  # without a GPU the page says so: its default view is the scene
+        scenes["fans"] = fans_scene
     for spec in PAGES:
         dash.show_page(spec.key)
         page = dash.page(spec.key)
@@ -175,7 +189,7 @@ def engines_tabs(s: Session, dash: object, page: object) -> None:
             wait_for(lambda: "metadata" in page.envs.report.text(), what="doctor")
         if tab == "engines":
             wait_for(lambda: len(page.tokens_chart.series["all models"]) > 3, what="chart")
-        if tab == "tensorrt-llm":
+        if tab == "tensorrt-llm" and s.gpus:
             from tests.desktop.screenshot_scenes import trt_tab
 
             trt_tab(s, page)
@@ -192,7 +206,7 @@ def icons_sheet(out: Path) -> None:
     from PySide6.QtCore import QRect
     from PySide6.QtGui import QColor, QPainter, QPixmap
 
-    from desktop.icons import TrayState, state_icon
+    from desktop.tray.icons import TrayState, state_icon
 
     states = list(TrayState)
     rows = [("#f2f2f2", 22), ("#2b2b2b", 22), ("#dcdcdc", 48), ("#1e1f22", 48)]
@@ -209,9 +223,9 @@ def icons_sheet(out: Path) -> None:
     print(f"wrote {out / 'icons.png'}")
 
 
-def run(out: Path) -> None:
+def run(out: Path, *, gpus: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    session = Session(out)
+    session = Session(out, gpus=gpus)
     try:
         session.start()
         scenes(session)
@@ -224,7 +238,7 @@ def scenes(s: Session) -> None:
     from PySide6.QtWidgets import QApplication
 
     from desktop.app import DesktopApp
-    from desktop.messages import LinkState
+    from desktop.daemon.messages import LinkState
     from engines.events import EngineState
 
     qapp = QApplication([sys.argv[0]])
@@ -260,17 +274,18 @@ def scenes(s: Session) -> None:
     app.bridge.call(seed, done.append)
     wait_for(lambda: done, what="seeded chat")
 
-    # the chat window: error card first (no engine yet)
+    # the chat window: sending to a model that is not loaded loads it (models on demand)
     chat = app.open_chat("")
     chat.resize(1000, 700)
     wait_for(lambda: chat.controller.summaries, what="chat list")
     chat.composer.setPlainText("Hello!")
     chat.select_model("qwen-tiny")
+    chat.max_tokens.setValue(48)
     chat.on_send_clicked()
-    wait_for(lambda: chat.transcript.error_card.isVisible(), what="error card")
-    s.shot(chat, "chat-engine-not-running")
+    wait_for(lambda: chat.status.text().startswith("Loading qwen-tiny")
+             or len(chat.transcript.messages) >= 2, what="loading")  # fmt: skip
+    s.shot(chat, "chat-loading-on-send")
 
-    app.actions.start_profile("qwen-tiny-cpu")
     wait_for(
         lambda: (
             app.state.engines.get("qwen-tiny-cpu") is not None
@@ -285,9 +300,6 @@ def scenes(s: Session) -> None:
     s.screen("tray-menu")
     app.tray.menu.hide()
 
-    chat.max_tokens.setValue(48)
-    chat.controller.options = chat.options()
-    chat.controller.retry()
     wait_for(lambda: chat.controller.streaming is None and len(chat.transcript.messages) >= 2,
              what="live reply")  # fmt: skip
     s.shot(chat, "chat-live-reply")
@@ -329,11 +341,16 @@ def scenes(s: Session) -> None:
     s.shot(fallback.dashboard, "fallback-window-no-tray")
     fallback.shutdown()
 
-    from tests.desktop.screenshot_scenes import live_gpu_scenes
-
     s.stop_daemon()
-    live_gpu_scenes(s, s.home)
+    if s.gpus:
+        from tests.desktop.screenshot_scenes import live_gpu_scenes
+
+        live_gpu_scenes(s, s.home)
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1] if len(sys.argv) > 1 else "screenshots").resolve())
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    root = Path(args[0] if args else "screenshots").resolve()
+    kinds = {"--only-simulated": (True,), "--only-no-gpus": (False,)}
+    for gpus in next((kinds[a] for a in sys.argv[1:] if a in kinds), (True, False)):
+        run(root / ("simulated-gpus" if gpus else "no-gpus"), gpus=gpus)

@@ -9,6 +9,7 @@ import urllib.request
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QLabel
 
 from desktop.app import DesktopApp
 from desktop.chat.transcript import CodeBlockView, TranscriptView
@@ -80,6 +81,13 @@ def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot, app, daemon_thread
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
     assert chat.composer.toPlainText() == ""
     assert _stored(daemon_thread, chat)[0].content == "first line\nsecond line"
+    # the sent message is shown as typed: two lines, not Markdown's one paragraph
+    label = chat.transcript.messages[0].findChild(QLabel, "messageText")
+    lines = label.heightForWidth(600) / label.fontMetrics().lineSpacing()
+    assert 2 <= lines < 3, lines
+    assert "TTFT" in chat.status.text()  # the reply's figures...
+    chat.new_button.click()
+    assert chat.status.text() == ""  # ...belong to the chat left, not to the new one
 
 
 def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
@@ -93,7 +101,9 @@ def test_esc_stops_a_streaming_reply(qtbot, app, daemon_thread) -> None:
     stored = _stored_reply(qtbot, daemon_thread, chat)
     assert stored[1].finish_reason == "stopped"  # the partial reply is kept
     assert 3 <= len(stored[1].content.split()) < 200
-    assert "stopped" in chat.transcript.messages[1].stats.text()
+    # the reply was stopped (by the user), not the model
+    assert "reply stopped by you" in chat.transcript.messages[1].stats.text()
+    assert "reply stopped by you" in chat.status.text()
     # the gateway closed the upstream request, so the engine stopped generating for nobody
     stats_url = f"http://127.0.0.1:{engine.port}/fake/stats"
     qtbot.waitUntil(
@@ -178,6 +188,68 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     assert chat.controller.transcript is None
 
 
+def test_an_edit_can_be_cancelled_and_a_sent_edit_retitles_the_chat(
+    qtbot, app, daemon_thread
+) -> None:
+    """Esc or Cancel leaves an edit: the message and its reply stay, the composer gets back
+    what it held, and the next Send appends. A sent edit of the first question gives the chat
+    that question as its title; a title the user gave stays."""
+    chat = _ready_chat(qtbot, app, daemon_thread)
+    _send(qtbot, chat, "first question", 1)
+    qtbot.waitUntil(lambda: len(_stored(daemon_thread, chat)) == 2, timeout=10000)
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 1 and len(chat.transcript.messages) == 2)
+
+    def edit(index: int) -> None:
+        button = chat.transcript.messages[index].buttons["edit"]
+        qtbot.waitUntil(lambda: button.isVisibleTo(chat), timeout=5000)  # once its reply ended
+        button.click()
+
+    chat.composer.setPlainText("a draft")
+    edit(0)
+    assert chat.composer.toPlainText() == "first question" and chat.edit_note.isVisibleTo(chat)
+    assert chat.send_button.text() == "Send edit"
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Escape)
+    assert chat.editing is None and not chat.edit_note.isVisibleTo(chat)
+    assert chat.composer.toPlainText() == "a draft" and chat.send_button.text() == "Send"
+    edit(0)
+    chat.cancel_edit_button.click()
+    assert chat.editing is None and chat.composer.toPlainText() == "a draft"
+
+    edit(0)  # the first question: the chat's title follows it
+    chat.composer.setPlainText("a new\n  opening")
+    chat.on_send_clicked()
+    qtbot.waitUntil(lambda: chat.chat_list.item(0).text() == "a new opening", timeout=10000)
+    assert chat.windowTitle() == "traylm — a new opening"
+    qtbot.waitUntil(lambda: len(_stored(daemon_thread, chat)) == 2, timeout=10000)
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=5000)
+
+    chat.composer.setPlainText("second question")
+    chat.on_send_clicked()  # appended: the first turn stays
+    qtbot.waitUntil(
+        lambda: (
+            [m.content for m in _stored(daemon_thread, chat)]
+            == ["a new\n  opening", "w0 ", "second question", "w0 "]
+        ),
+        timeout=10000,
+    )
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 4, timeout=5000)
+    edit(2)  # a later question: the title stays
+    chat.composer.setPlainText("second, edited")
+    chat.on_send_clicked()
+    qtbot.waitUntil(
+        lambda: [m.content for m in _stored(daemon_thread, chat)][2:] == ["second, edited", "w0 "],
+        timeout=10000,
+    )
+    assert daemon_thread.run(lambda c: c.chats())[0].title == "a new opening"
+
+    chat_id = chat.controller.transcript.chat.chat_id
+    daemon_thread.run(lambda c: c.update_chat(chat_id, title="my own title"))
+    daemon_thread.run(lambda c: c.add_chat_messages(
+        chat_id, [{"role": "user", "content": "again"}], truncate_from=0
+    ))  # fmt: skip
+    assert daemon_thread.run(lambda c: c.chats())[0].title == "my own title"
+
+
 def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_thread):
     """Models on demand: the picker lists a servable model that is not loaded (saying that
     sending loads it); sending starts its engine, the window says how the load goes (the
@@ -212,7 +284,10 @@ def test_a_preset_that_cannot_start_here_is_listed_last_and_greyed(qtbot, app, d
     chat = app.open_chat("")
     app.actions.reload_profiles()
     qtbot.waitUntil(
-        lambda: {"fake", "llama-3.1-8b"} <= set(chat.controller.models) and bool(app.state.envs),
+        lambda: (
+            {"fake", "llama-3.1-8b"} <= set(chat.controller.models)
+            and bool(app.state.why_blocked("llama-3.1-8b"))
+        ),  # the daemon's answer arrived
         timeout=10000,
     )
     chat.on_models_changed()
@@ -223,7 +298,7 @@ def test_a_preset_that_cannot_start_here_is_listed_last_and_greyed(qtbot, app, d
     assert names.index("fake") < preset
     assert not items.item(preset).isEnabled()
     tip = picker.itemData(preset, Qt.ItemDataRole.ToolTipRole)
-    assert tip == "cannot start here: needs an NVIDIA GPU"
+    assert tip == "cannot start here: needs an NVIDIA GPU (this computer has none)"
     assert items.item(names.index("fake")).isEnabled()
 
 
@@ -343,3 +418,22 @@ def test_an_unanswered_message_offers_retry(qtbot, app, daemon_thread) -> None:
     assert not question.buttons["retry"].isVisibleTo(chat)  # not while a reply streams
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
     assert [m.content for m in _stored(daemon_thread, chat)] == ["hello?", "w0 w1 "]
+
+
+def test_long_chat_titles_are_not_clipped_behind_the_scrollbar(qtbot, app, daemon_thread) -> None:
+    """Many chats with long titles: the list scrolls up and down only, each title ends in "…"
+    inside the visible list (the whole title in its tooltip), none runs under the scroll bar."""
+    long = "a question long enough to need more room than the list has to show it whole"
+    for i in range(25):
+        daemon_thread.run(lambda c, i=i: c.create_chat(title=f"{i} {long}"))
+    chat = app.open_chat("")
+    chat.show()
+    qtbot.waitUntil(lambda: chat.chat_list.count() == 25, timeout=5000)
+    chat.chat_list.verticalScrollBar().setValue(0)
+    QApplication.processEvents()
+    lst = chat.chat_list
+    assert lst.verticalScrollBar().isVisible()
+    assert lst.horizontalScrollBar().maximum() == 0  # no sideways scrolling to read a title
+    item = lst.item(0)
+    assert lst.visualItemRect(item).right() <= lst.viewport().width()
+    assert item.toolTip().startswith(item.text())

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import desktop.app
-from desktop.instance import send_command
+from desktop.session.instance import send_command
 from engines import __version__
 from engines.cli import main as cli_main
-from engines.config import Paths
+from engines.config.sections import Paths
 
 ROOT = Path(__file__).resolve().parents[2]
 

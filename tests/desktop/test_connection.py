@@ -13,12 +13,14 @@ from typing import Any
 import psutil
 import pytest
 
-from desktop.icons import TrayState
-from desktop.instance import InstanceServer, PrimaryLock
-from desktop.messages import LinkState
-from engines.config import Paths
+from desktop.daemon.messages import LinkState
+from desktop.dashboard.settings_page import SettingsPage
+from desktop.session.instance import InstanceServer, PrimaryLock
+from desktop.tray.icons import TrayState
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from engines.events import EngineState
-from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 
@@ -117,6 +119,50 @@ def test_starts_the_daemon_detached_when_none_runs(
 
 
 @pytest.mark.slow
+def test_restarting_the_daemon_says_what_it_does_and_brings_the_models_back(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    """Settings ▸ Restart the daemon: the first click says what it stops and brings back (and
+    the new port); the restart finishes, says so, serves on the new port, and the model that
+    was loaded is loaded again. Until then, Settings shows the port really bound."""
+    port, new_port = free_loopback_port(), free_loopback_port()
+    _write_port(paths, port)
+    write_toml_atomic(
+        paths.profiles_dir / "fake.toml",
+        {"model": "org/fake", "served_name": "fake", "device": "cpu",
+         "env": {"FAKE_ENGINE_ARGS": ""}},
+    )  # fmt: skip
+    app = app_factory(spawn_daemon=True, connect=False)
+    try:
+        qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=30000)
+        old_pid = app.state.connection.daemon_pid
+        app.actions.start_profile("fake")
+        qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=30000)
+        page = app.open_dashboard("settings").page("settings")
+        assert isinstance(page, SettingsPage)
+        page.port.setValue(new_port)
+        page.port.editingFinished.emit()
+        qtbot.waitUntil(lambda: app.state.settings.gateway.port == new_port, timeout=5000)
+        qtbot.waitUntil(lambda: f"port {new_port} after a restart" in page.bound.text())
+        assert page.bound.text().startswith(f"127.0.0.1:{port}")  # still served there
+
+        page.restart_daemon.click()
+        said = page.result.text()
+        assert "Restarting stops fake" in said and "loads it again" in said, said
+        assert f"moves to port {new_port}" in said and page.restart_daemon.text() == "Restart now"
+        assert app.state.connection.daemon_pid == old_pid  # nothing happened yet
+        page.restart_daemon.click()
+        qtbot.waitUntil(lambda: "The daemon restarted" in page.result.text(), timeout=60000)
+        assert f":{new_port}" in page.result.text() and "loading fake again" in page.result.text()
+        assert app.state.connection.daemon_pid != old_pid
+        qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=30000)
+        qtbot.waitUntil(lambda: page.bound.text() == f"127.0.0.1:{new_port} (no API key)")
+    finally:
+        with qtbot.waitSignal(app.finished, timeout=30000):
+            app.quit_with("stop")
+
+
+@pytest.mark.slow
 def test_a_daemon_that_cannot_start_says_why(
     qtbot, app_factory: AppFactory, paths: Paths, fake_env
 ) -> None:
@@ -155,6 +201,31 @@ def test_second_instance_shows_the_windows_of_the_first(qtbot, paths: Paths) -> 
         qtbot.waitUntil(lambda: second.poll() is not None, timeout=30000)
         assert second.returncode == 0
         assert commands == [{"cmd": "show", "what": "chat", "page": ""}]
+    finally:
+        server.close()
+        lock.release()
+
+
+def test_a_relaunch_brings_back_the_window_of_a_first_app_without_a_tray(
+    qtbot, app, paths: Paths
+) -> None:
+    """Issue 25, point 10: on a desktop without a system tray the first app is its window; a
+    relaunch (the menu entry again, a real second process) must bring that window back, also
+    when it was minimized, instead of showing nothing."""
+    assert app.fallback and app.dashboard is not None
+    app.dashboard.showMinimized()
+    qtbot.waitUntil(lambda: app.dashboard.isMinimized())
+    lock = PrimaryLock.try_acquire(paths)  # as desktop.app.main holds it for the first app
+    assert lock is not None
+    server = InstanceServer(paths, app.handle_command)
+    assert server.listen()
+    try:
+        second = subprocess.Popen(
+            [sys.executable, "-m", "desktop"], env={**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+        )
+        qtbot.waitUntil(lambda: second.poll() is not None, timeout=30000)
+        assert second.returncode == 0
+        qtbot.waitUntil(lambda: app.dashboard.isVisible() and not app.dashboard.isMinimized())
     finally:
         server.close()
         lock.release()

@@ -5,13 +5,19 @@ Settings page (every change goes through PATCH /api/settings)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import shlex
 import stat
+import urllib.error
 import urllib.request
+from pathlib import Path
 
+import pytest
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import QLabel
 
-from desktop import autostart
+import desktop.daemon.link
 from desktop.app import DesktopApp
 from desktop.chat.keyfile import read_key
 from desktop.dashboard.engines_page import EnginesPage
@@ -19,9 +25,13 @@ from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.settings_page import SettingsPage
 from desktop.dashboard.unavailable import UnavailablePage
 from desktop.dashboard.window import DashboardWindow
-from desktop.hf_token import token_path
-from engines.events import EngineState
-from tests.desktop.conftest import ThreadedDaemon
+from desktop.session import autostart
+from engines.client import DaemonClient
+from engines.envs.manager import EnvManager
+from engines.errors import DaemonUnavailable
+from engines.events import EngineState, EnvInstallProgress
+from tests.desktop.conftest import AppFactory, ThreadedDaemon
+from tests.fakes.fake_trt_env import make_tiny_hf_model
 
 
 def _engines_page(app: DesktopApp) -> tuple[DashboardWindow, EnginesPage]:
@@ -34,7 +44,8 @@ def _engines_page(app: DesktopApp) -> tuple[DashboardWindow, EnginesPage]:
 def test_every_page_is_listed_and_built(qtbot, app) -> None:
     dash = app.open_dashboard("")
     assert dash.nav.count() == len(PAGES)
-    assert dash.current_key() == "gpus"  # the first page
+    # no GPU here: once the daemon says so, the landing page is Engines, not the empty GPUs
+    qtbot.waitUntil(lambda: dash.current_key() == "engines", timeout=5000)
     assert [spec.key for spec in PAGES if not spec.available] == []
     for row, spec in enumerate(PAGES):
         dash.show_page(spec.key)
@@ -61,7 +72,7 @@ def test_a_page_without_its_api_is_said_plainly(
 def test_engines_page_controls_and_live_chart(qtbot, app, daemon_thread: ThreadedDaemon):
     daemon_thread.write_fake_profile("fake")
     app.actions.reload_profiles()
-    dash, page = _engines_page(app)
+    _, page = _engines_page(app)
     qtbot.waitUntil(lambda: page.profile_picker.findText("fake") >= 0)
     page.profile_picker.setCurrentText("fake")
     page.start_button.click()
@@ -71,7 +82,8 @@ def test_engines_page_controls_and_live_chart(qtbot, app, daemon_thread: Threade
     )
     assert page.table.item(0, 2).text() == "fake"
     assert page.stop_button.isEnabled() and page.chat_button.isEnabled()
-    # a request through the gateway shows up in the live chart (sampled every second)
+    # a request through the gateway shows up in the live chart (the daemon's throughput
+    # events, about one a second while requests run)
     body = b'{"model": "fake", "messages": [], "max_tokens": 5}'
     request = urllib.request.Request(
         f"{daemon_thread.url}/v1/chat/completions",
@@ -80,11 +92,9 @@ def test_engines_page_controls_and_live_chart(qtbot, app, daemon_thread: Threade
     )
     urllib.request.urlopen(request).read()
     qtbot.waitUntil(lambda: (page.tokens_chart.latest("all models") or 0) > 0, timeout=10000)
-    link = app.bridge.link
-    assert link.metrics_interval_s == 1.0  # live charts on screen: sampled every second
-    dash.hide()
-    qtbot.waitUntil(lambda: link.metrics_interval_s == 5.0)  # hidden: only the tooltip's pace
-    dash.show()
+    # the traffic stopped: one event of zeros, and the chart says so
+    qtbot.waitUntil(lambda: page.tokens_chart.latest("all models") == 0, timeout=10000)
+    assert page.inflight_chart.latest("requests") == 0
     page.chat_button.click()
     assert app.chat_window is not None and app.chat_window.model_picker.currentText() == "fake"
     page.stop_button.click()
@@ -160,6 +170,81 @@ def test_environments_and_doctor(qtbot, app, daemon_thread) -> None:
     assert "install finished" in envs.report.text()
     assert "FAIL" in envs.report.text()  # the FAKE env's python is no vLLM: imports fail
     assert "fix:" in envs.report.text()
+    # a version a guarded upgrade held back says so, and why
+    manager = EnvManager(daemon_thread.paths.envs_dir)
+    manager.hold(manager.find("vllm", device="cpu"), "TTFT p50 ms worse by 12% than 0.31.0")
+    envs.reload()
+    qtbot.waitUntil(lambda: envs.table.item(0, 4).text() == "yes, held back", timeout=5000)
+    assert "TTFT p50 ms worse by 12%" in envs.table.item(0, 4).toolTip()
+
+
+def test_a_slow_doctor_is_waited_for_not_called_a_dead_daemon(
+    qtbot, daemon_thread, fake_env: Path, app_factory: AppFactory, monkeypatch
+) -> None:
+    """Importing vLLM and torch can take longer than an ordinary call may: the doctor waits
+    for its checks. Any call that outlasts its time says the daemon is busy, never that it
+    is not running (it once proposed `traylm serve` while the daemon was serving)."""
+    python = fake_env / "bin" / "python"  # the FAKE env's import of vLLM takes 3 s here
+    script = python.read_text().replace(
+        "\n", '\ncase "$2" in *"import vllm"*) sleep 3 ;; esac\n', 1
+    )
+    python.write_text(script)
+    monkeypatch.setattr(desktop.daemon.link, "CLIENT_TIMEOUT_S", 1.0)
+    app = app_factory()
+    _, page = _engines_page(app)
+    page.tabs.setCurrentWidget(page.envs)
+    envs = page.envs
+    qtbot.waitUntil(lambda: envs.table.rowCount() == 1, timeout=5000)
+    envs.table.selectRow(0)
+    envs.doctor_button.click()
+    qtbot.waitUntil(lambda: "metadata" in envs.report.text(), timeout=20000)
+    assert "imports" in envs.report.text() and "serve" not in envs.report.text()
+
+    async def doctor_within_1_s() -> None:
+        client = await DaemonClient.connect(daemon_thread.paths)
+        try:
+            await client.env_doctor(fake_env.name, timeout_s=1.0)
+        finally:
+            await client.close()
+
+    with pytest.raises(DaemonUnavailable) as err:
+        asyncio.run(doctor_within_1_s())
+    assert "running but busy" in err.value.message and "traylm serve" not in err.value.message
+
+
+def test_a_long_download_shows_bytes_rate_time_left_and_a_ticking_clock(
+    qtbot, app, daemon_thread
+) -> None:
+    """pip downloading a large wheel (its events as the daemon publishes them, through the real
+    event stream): the Engines tab says how many bytes of how many, how fast, about how long is
+    left, and its clock keeps moving while pip says nothing."""
+    _, page = _engines_page(app)
+    page.tabs.setCurrentWidget(page.envs)
+    envs = page.envs
+    assert daemon_thread.daemon is not None
+    bus = daemon_thread.daemon.bus
+    mb = 1_000_000
+    for elapsed_s, done in ((60.0, 100 * mb), (64.0, 300 * mb)):  # 50 MB/s
+        bus.publish_threadsafe(EnvInstallProgress(
+            engine="vllm", device="cpu", phase="install", line="", elapsed_s=elapsed_s,
+            step="downloading", package="torch-2.9.0-cp311-linux_x86_64.whl", done_bytes=done,
+            file_done_bytes=done, file_total_bytes=1300 * mb,
+        ))  # fmt: skip
+    qtbot.waitUntil(lambda: "300.0 MB of 1.3 GB" in envs.install_status.message, timeout=5000)
+    text = envs.install_status.message
+    assert "50.0 MB/s" in text and "about 20 s left" in text, text
+
+    def clock_s() -> int:
+        minutes, seconds = re.findall(r"· (\d+) min (\d+) s$", envs.install_status.message)[0]
+        return int(minutes) * 60 + int(seconds)
+
+    first = clock_s()
+    assert first >= 64
+    qtbot.waitUntil(lambda: clock_s() >= first + 2, timeout=5000)  # no event meanwhile
+    bus.publish_threadsafe(
+        EnvInstallProgress(engine="vllm", device="cpu", phase="cancelled", line="test")
+    )
+    qtbot.waitUntil(lambda: "Cancelled" in envs.install_status.message, timeout=5000)
 
 
 def _settings_page(app: DesktopApp) -> SettingsPage:
@@ -177,6 +262,9 @@ def test_settings_apply_through_the_daemon_with_its_docs(qtbot, app, daemon_thre
     page.price.editingFinished.emit()
     qtbot.waitUntil(lambda: page.result.property("ok") is True, timeout=5000)
     assert "electricity_price_per_kwh = 0.42" in daemon_thread.paths.config_file.read_text()
+    assert page.result.text() == "Saved: Electricity price 0.42"  # words, not setting keys
+    page.theme.setCurrentText("dark")
+    qtbot.waitUntil(lambda: page.result.text() == "Saved: Colours dark", timeout=15000)
     page.simulate.setValue(2)
     page.simulate.editingFinished.emit()
     qtbot.waitUntil(lambda: app.state.settings.gpu.simulate_gpus == 2, timeout=5000)
@@ -195,7 +283,9 @@ def test_lan_sharing_refused_without_a_key_then_allowed(qtbot, app, daemon_threa
     notice = app.dashboard.notice  # errors stay in the notice bar, wrapped, until dismissed
     qtbot.waitUntil(lambda: "no API key" in notice.label.text(), timeout=5000)
     assert notice.isVisibleTo(app.dashboard)
-    page.findChild(type(page.restart_daemon), "addApiKey").click()
+    add = page.findChild(type(page.restart_daemon), "addApiKey")
+    add.click()  # the first click says what a key changes; the second adds it
+    add.click()
     qtbot.waitUntil(lambda: page.keys.count() == 1, timeout=5000)
     key = page.new_key.text()
     assert key.startswith("tlm-") and page.new_key.isVisible()
@@ -209,6 +299,57 @@ def test_lan_sharing_refused_without_a_key_then_allowed(qtbot, app, daemon_threa
     qtbot.waitUntil(lambda: page.result.property("ok") is False, timeout=5000)
     assert "no API key" in page.result.text()
     assert page.keys.count() == 1
+
+
+def test_a_key_says_what_it_changes_and_never_locks_out_the_chat(qtbot, app, daemon_thread) -> None:
+    """Add key says first what a key changes; once added, the open chat keeps answering with
+    its own credential (no key of its own), while other apps on this computer need the key
+    until keys are for LAN clients only."""
+    daemon_thread.write_fake_profile("fake")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    chat = app.open_chat("")
+    qtbot.waitUntil(lambda: chat.controller.loaded == ("fake",), timeout=5000)
+    models_url = f"{daemon_thread.url}/v1/models"
+
+    def outside_status() -> int:  # another app on this computer, without a key
+        try:
+            with urllib.request.urlopen(models_url, timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    page = _settings_page(app)
+    add = page.add_key_button
+    add.click()
+    assert page.key_note.isVisibleTo(page) and "apps on this computer too" in page.key_note.text()
+    assert add.text() == "Add the key" and page.keys.count() == 0  # nothing changed yet
+    assert outside_status() == 200
+    add.click()
+    qtbot.waitUntil(lambda: page.keys.count() == 1, timeout=5000)
+    assert outside_status() == 401
+    qtbot.waitUntil(lambda: "(API key required)" in page.bound.text(), timeout=5000)
+
+    app.bridge.link.gateway.api_key = ""  # the chat has no key: its own credential does
+    chat.controller.loaded = ()
+    chat.controller.load_models()  # the picker still lists what is served
+    qtbot.waitUntil(lambda: chat.controller.loaded == ("fake",), timeout=5000)
+    assert chat.controller.models_error is None
+    chat.controller.options = None
+    chat.max_tokens.setValue(2)
+    chat.composer.setPlainText("still there?")
+    chat.on_send_clicked()
+    qtbot.waitUntil(lambda: len(chat.transcript.messages) == 2, timeout=10000)
+    qtbot.waitUntil(lambda: chat.controller.streaming is None, timeout=10000)
+    assert chat.transcript.messages[1].text == "w0 w1 "
+    assert not chat.transcript.error_card.isVisible()
+
+    page.keys_for.setCurrentIndex(page.keys_for.findData("lan"))
+    qtbot.waitUntil(lambda: app.state.settings.gateway.keys_for == "lan", timeout=5000)
+    saved = "Saved: Keys needed by LAN clients only"
+    qtbot.waitUntil(lambda: page.result.text() == saved, timeout=5000)  # the call's answer
+    qtbot.waitUntil(lambda: outside_status() == 200, timeout=5000)
+    qtbot.waitUntil(lambda: "required from the LAN" in page.bound.text(), timeout=5000)
 
 
 def test_autostart_toggle_writes_the_xdg_entry(qtbot, app, daemon_thread, tmp_path) -> None:
@@ -225,12 +366,63 @@ def test_autostart_toggle_writes_the_xdg_entry(qtbot, app, daemon_thread, tmp_pa
 
 
 def test_hf_token_is_saved_privately(qtbot, app, daemon_thread, tmp_path) -> None:
+    """The token goes through the daemon's hub route: the daemon writes the login file (0600),
+    the page shows where the daemon finds its token, and Remove deletes the saved one."""
     page = _settings_page(app)
-    assert "No token" in page.hf_status.text()
+    qtbot.waitUntil(lambda: "No token" in page.hf_status.text(), timeout=5000)
+    assert not page.clear_hf_token.isEnabled()
     page.hf_token.setText("hf_secret")
     page.findChild(type(page.restart_daemon), "saveHfToken").click()
-    path = token_path()
-    assert path == tmp_path / "hf-home" / "token"
+    path = tmp_path / "hf-home" / "token"
+    qtbot.waitUntil(lambda: "saved in" in page.hf_status.text(), timeout=5000)
+    assert str(path) in page.hf_status.text() and page.hf_token.text() == ""
     assert path.read_text() == "hf_secret"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert "saved in" in page.hf_status.text() and page.hf_token.text() == ""
+    assert daemon_thread.run(lambda c: c.hf_token()).source == "file"  # the daemon's view
+    page.clear_hf_token.click()
+    qtbot.waitUntil(lambda: "No token" in page.hf_status.text(), timeout=5000)
+    assert not path.exists()
+    page.hf_token.setText("not a token")
+    page.findChild(type(page.restart_daemon), "saveHfToken").click()
+    qtbot.waitUntil(lambda: "not a Hugging Face token" in page.result.text(), timeout=5000)
+    assert not path.exists()
+
+
+def test_without_a_gpu_the_engines_page_greys_the_gpu_presets_and_offers_the_local_model(
+    qtbot, daemon_thread: ThreadedDaemon, app_factory, tmp_path
+) -> None:
+    """A computer without a GPU (no simulator): the shipped RTX 4090 presets are greyed with the
+    daemon's reason (the Profiles tab says so beside "valid"), the registered model folder
+    (vllm-cpu, the FAKE env) is offered, picked, and starts."""
+    model = make_tiny_hf_model(tmp_path / "tiny-chat")
+    daemon_thread.run(lambda c: c.add_local_folder(str(model), name="tiny"))
+    app = app_factory()
+    _dash, page = _engines_page(app)
+    picker = page.profile_picker
+    preset = "llama-3.1-8b-1gpu"
+    qtbot.waitUntil(
+        lambda: picker.findData("tiny") >= 0 and bool(app.state.why_blocked(preset)),
+        timeout=15000,
+    )
+    items = picker.model()
+    assert isinstance(items, QStandardItemModel)
+    for name in (preset, "llama-3.3-70b-awq-tp2", "qwen2.5-32b-awq-tp2"):
+        row = picker.findData(name)
+        assert row >= 0 and not items.item(row).isEnabled(), name
+        assert "needs an NVIDIA GPU (this computer has none)" in picker.itemText(row)
+        assert items.item(row).toolTip() == app.state.why_blocked(name)
+    tiny = picker.findData("tiny")
+    assert items.item(tiny).isEnabled() and picker.itemText(tiny) == "tiny"
+    assert picker.currentIndex() == tiny and page.start_button.isEnabled()  # offered first
+    picker.setCurrentIndex(picker.findData(preset))
+    assert not page.start_button.isEnabled()
+    assert "needs an NVIDIA GPU" in page.start_button.toolTip()
+    page.profiles.load_profile(preset)  # the Profiles tab: valid, but not startable here
+    qtbot.waitUntil(lambda: page.profiles.validation.text().startswith("✓ valid"))
+    assert page.profiles.validation.text().endswith(
+        "as saved it cannot start on this computer: needs an NVIDIA GPU (this computer has none)"
+    )
+    assert "#b7791f" in page.profiles.validation.styleSheet()  # amber: valid, not startable
+    picker.setCurrentIndex(tiny)
+    page.start_button.click()
+    qtbot.waitUntil(lambda: daemon_thread.engine_state("tiny") == EngineState.READY, timeout=30000)

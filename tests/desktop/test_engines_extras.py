@@ -19,9 +19,9 @@ import pytest
 
 from desktop.app import DesktopApp
 from desktop.dashboard.engines_page import EnginesPage
-from engines.config import Paths, RemoteSettings
+from engines.config.sections import Paths, RemoteSettings
+from engines.core.procs import free_loopback_port
 from engines.events import TRTBuildProgress
-from engines.procs import free_loopback_port
 from tests.desktop.conftest import AppFactory, ThreadedDaemon, sim_settings
 from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
 
@@ -40,7 +40,7 @@ def _engines_page(app: DesktopApp, tab: str) -> EnginesPage:
 def test_install_an_engine_from_the_dashboard_with_progress(
     qtbot, app: DesktopApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engines.envs import RECIPES, EngineRecipe
+    from engines.envs.manager import RECIPES, EngineRecipe
 
     pkg = tmp_path / "pkg"
     pkg.mkdir()

@@ -84,6 +84,16 @@ def test_install_sh_shows_its_steps_puts_traylm_on_path_and_uninstall_removes_al
     traylm = home / ".local" / "bin" / "traylm"
     version = subprocess.run([str(traylm), "--version"], env=env, capture_output=True, text=True)
     assert version.stdout.strip() == "traylm 0.1.0"
+    # the GPU helper's installer is kept with the wheel it installs from, and the daemon names it
+    gpud = home / ".local/share/traylm/gpud"
+    assert {p.name for p in gpud.iterdir()} >= {"install-gpud.sh", "traylm-gpud.service"}
+    assert list(gpud.glob("traylm-0.1.0-*.whl"))
+    python = (home / ".local/share/traylm/venv/bin/python").as_posix()
+    hint = subprocess.run(
+        [python, "-c", "from engines.gpu.helper_client import install_hint; print(install_hint())"],
+        env=env, capture_output=True, text=True, check=True, cwd=home,
+    ).stdout  # fmt: skip
+    assert f"sudo bash {gpud}/install-gpud.sh" in hint, hint
 
     again = subprocess.run(
         ["bash", str(ROOT / "installers" / "linux" / "install.sh"), "--add-to-path"],
@@ -114,6 +124,26 @@ def test_install_sh_shows_its_steps_puts_traylm_on_path_and_uninstall_removes_al
         env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "nothing to remove" in nothing.stdout
+
+
+def test_the_helper_hint_names_the_installer_this_computer_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25, point 9: the hint named `installers/linux/install-gpud.sh`, which exists only in a
+    source checkout. A packaged install names the copy install.sh keeps; a pipx/uv install (no
+    copy) says where the installer comes from."""
+    from engines.gpu import helper_client
+
+    assert helper_client.SOURCE_INSTALLER == ROOT / "installers" / "linux" / "install-gpud.sh"
+    assert f"`sudo bash {helper_client.SOURCE_INSTALLER}`" in helper_client.install_hint()
+    monkeypatch.setattr(helper_client, "SOURCE_INSTALLER", tmp_path / "gone" / "install-gpud.sh")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "share"))
+    kept = tmp_path / "share" / "traylm" / "gpud" / "install-gpud.sh"
+    assert "from traylm's source" in helper_client.install_hint()
+    assert str(kept.parent) in helper_client.install_hint()
+    kept.parent.mkdir(parents=True)
+    kept.write_text("#!/bin/sh\n")
+    assert f"`sudo bash {kept}`" in helper_client.install_hint()
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +179,7 @@ def test_a_built_wheel_installs_as_a_tool_and_carries_its_resources(
     assert "llama-3.1-8b-1gpu" in profiles.stdout  # the presets ship in resources/
     python = traylm.resolve().with_name("python")
     check = (
-        "from engines.config import resources_dir as r; "
+        "from engines.config.sections import resources_dir as r; "
         "names = ['starters.toml', 'icons/traylm.svg', 'probes/argparse_flags.py', "
         "'flags/vllm-0.32.0.json', 'fans/quiet.toml', 'power/stock.toml']; "
         "missing = [n for n in names if not (r() / n).is_file()]; "

@@ -5,9 +5,20 @@ area inside a page may need a horizontal scroll bar."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
-from PySide6.QtWidgets import QApplication, QScrollArea, QTabWidget
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QApplication,
+    QGroupBox,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QScrollArea,
+    QTabWidget,
+    QWidget,
+)
 
 from desktop.app import DesktopApp
 from desktop.dashboard.pages import PAGES
@@ -58,3 +69,40 @@ def test_the_first_size_fits_the_screen(qtbot, sim_app: DesktopApp) -> None:
     area = dash.screen().availableGeometry()
     assert dash.width() == min(1100, area.width())
     assert dash.height() <= area.height()
+
+
+# a setting's key ("ui.theme = 'dark'") or an HTTP path ("GET /v1/models") is for the CLI and
+# the code; what the app shows says it in words
+KEY_OR_PATH = re.compile(
+    r"\b(gateway|ui|hub|energy|gpu|engines|guard|ondemand)\.[a-z_]+\b|"
+    r"\b(GET|POST|PATCH|PUT|DELETE) /|/api/|/v1/"
+)
+
+
+def _what_the_user_reads(root: QWidget) -> Iterator[tuple[str, str]]:
+    for widget in (root, *root.findChildren(QWidget)):
+        name = widget.objectName() or type(widget).__name__
+        yield name, widget.toolTip()
+        if isinstance(widget, (QLabel, QAbstractButton, QLineEdit)):
+            yield name, widget.text()
+        if isinstance(widget, QGroupBox):
+            yield name, widget.title()
+        if isinstance(widget, (QLineEdit, QPlainTextEdit)):
+            yield name, widget.placeholderText()
+
+
+def test_no_setting_keys_or_http_paths_in_what_the_user_reads(qtbot, sim_app: DesktopApp) -> None:
+    dash = sim_app.open_dashboard("")
+    windows: list[QWidget] = [sim_app.open_chat("")]
+    for spec in PAGES:
+        dash.show_page(spec.key)
+        windows.append(dash.page(spec.key))
+    found = {
+        f"{name}: {text!r}"
+        for window in windows
+        for name, text in _what_the_user_reads(window)
+        # the profile form edits a profile's TOML fields by name: its tooltips are the daemon's
+        # docs of those fields, which may name the setting that gives the default
+        if KEY_OR_PATH.search(text) and not name.startswith("field-")
+    }
+    assert sorted(found) == []

@@ -15,10 +15,10 @@ from desktop.app import DesktopApp
 from desktop.chat.window import ChatWindow
 from desktop.dashboard.engines_page import EnginesPage
 from desktop.dashboard.models_page import ModelsPage
-from engines.config import Paths
-from engines.envs import RECIPES
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import RECIPES
 from engines.events import EngineState
-from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 from tests.fakes.fake_trt_env import make_tiny_hf_model
@@ -145,9 +145,12 @@ def test_with_jit_off_the_chats_starting_card_says_when_the_start_failed_with_it
 
 
 def test_a_start_refused_at_once_offers_the_install_in_app(
-    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+    qtbot, sim_app: DesktopApp, sim_daemon_thread: ThreadedDaemon, fake_cuda_env: Path
 ) -> None:
-    daemon_thread.write_profile("gpu-only", model="org/m", device="cuda")  # no CUDA build here
+    """GPUs (simulated) but no CUDA build of vLLM: the start is refused for the engine."""
+    shutil.rmtree(fake_cuda_env)  # the simulated computer's FAKE CUDA build is not installed
+    app = sim_app
+    sim_daemon_thread.write_profile("gpu-only", model="org/m", device="cuda")
     app.actions.reload_profiles()
     qtbot.waitUntil(lambda: app.state.profile("gpu-only") is not None)
     dash = app.open_dashboard("engines")
@@ -170,15 +173,20 @@ def test_the_tray_lists_library_folders_and_starts_one(
     assert isinstance(page, ModelsPage)
     page.show_library()
     view = page.folders
-    view.choose_folder = lambda _parent: str(tmp_path)  # not a model: said plainly
+    view.choose_folder = lambda _parent, _start: str(tmp_path)  # not a model: said plainly
     view.add_button.click()
     qtbot.waitUntil(lambda: view.result.state == "error", timeout=10000)
     assert "is not a model folder: no config.json" in view.result.message
-    view.choose_folder = lambda _parent: str(folder)
+    view.choose_folder = lambda _parent, _start: str(folder)
     view.add_button.click()
     qtbot.waitUntil(lambda: view.table.rowCount() == 1, timeout=10000)
     assert view.table.item(0, 0).text() == "my-llama"
     assert view.table.item(0, 4).text() == "ready to serve"
+    # the next Browse… opens beside the last model folder, not in the home folder
+    asked: list[str] = []
+    view.choose_folder = lambda _parent, start: asked.append(start) or ""
+    view.add_button.click()
+    assert asked == [str(tmp_path)]
 
     app.tray.menu.aboutToShow.emit()
     [start] = [a for a in app.tray.models_menu.actions() if a.objectName() == "library:my-llama"]
@@ -206,11 +214,13 @@ def test_the_profile_editors_model_field_has_a_browse_button(
     page = _engines_page(app)
     form = page.profiles.form
     form.widgets["model"].setText("org/name")
-    form.choose_folder = lambda _parent: answer
+    starts: list[str] = []
+    form.choose_folder = lambda _parent, start: starts.append(start) or answer
     browse = form.findChild(type(page.start_button), "browseModel")
     assert browse is not None
     browse.click()
     assert form.widgets["model"].text() == (answer or "org/name")  # cancelled: unchanged
+    assert starts == [""]  # a Hub id is no place to look, and the library has no folder yet
 
 
 def test_an_offline_hub_search_says_so_across_the_page_with_its_fix(
@@ -231,7 +241,7 @@ def test_an_offline_hub_search_says_so_across_the_page_with_its_fix(
         assert search.fix_button.isVisible()
         assert search.fix_button.text() == "Use a model folder on this computer…"
         asked: list[bool] = []
-        page.folders.choose_folder = lambda _parent: asked.append(True) or ""
+        page.folders.choose_folder = lambda _parent, _start: asked.append(True) or ""
         search.fix_button.click()
         assert asked == [True] and page.tabs.currentWidget() is page.shelf
     finally:

@@ -6,15 +6,18 @@ run a model's own code."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from desktop.app import DesktopApp
 from desktop.dashboard.models_page import ModelsPage
-from desktop.notify import Notification
+from desktop.tray.notify import Notification
+from engines.core.procs import free_loopback_port
 from engines.events import DownloadState
-from tests.desktop.conftest import ThreadedDaemon
+from tests.conftest import fast_settings
+from tests.desktop.conftest import ThreadedDaemon, fast_hub
 from tests.fakes.hub_server import FakeHub, bytes_file, tiny_llama_repo
 
 TINY, BIG, CUSTOM = "traylm-test/tiny-llama", "traylm-test/big-llama", "traylm-test/custom"
@@ -65,7 +68,31 @@ def test_search_filters_details_and_fit_badges(qtbot, app, fake_hub: FakeHub) ->
     assert set(fit.badges) == {("vllm", 1), ("vllm", 2), ("trtllm", 1), ("trtllm", 2)}
     assert all(b.property("verdict") == "fits" for b in fit.badges.values())
     assert "RTX 4090" in fit.grid.itemAtPosition(0, 1).widget().text()
+    assert "(example)" not in fit.grid.itemAtPosition(0, 1).widget().text()
     assert "Fits every engine" in fit.fixes.text()
+
+
+def test_without_a_gpu_the_fit_badges_say_they_are_an_example(
+    qtbot, paths, fake_env, fake_hub: FakeHub, app_factory
+) -> None:
+    """Issue 25 screenshots: on a computer without NVIDIA the daemon judges a model on two
+    RTX 4090s, and the page read as if this computer had them."""
+    settings = dataclasses.replace(fast_settings(free_loopback_port()), hub=fast_hub())
+    d = ThreadedDaemon(paths, settings).start()
+    try:
+        app = app_factory()
+        qtbot.waitUntil(lambda: app.state.gpu.overview is not None, timeout=5000)
+        page = _models_page(app)
+        _search(qtbot, page, "tiny")
+        _select(qtbot, page, TINY)
+        fit = page.search.fit
+        qtbot.waitUntil(lambda: len(fit.badges) == 4, timeout=10000)
+        head = fit.grid.itemAtPosition(0, 1).widget().text()
+        assert head == "<b>1 × NVIDIA GeForce RTX 4090</b> (example)"
+        assert "This computer has no NVIDIA GPU" in fit.fixes.text()
+        app.shutdown()
+    finally:
+        d.stop()
     assert page.search.pull_button.text().startswith("Download ")
     assert not page.search.trust.isVisibleTo(page)  # a plain Llama needs no code of its own
 

@@ -15,10 +15,10 @@ import pytest
 
 from desktop.app import DesktopApp
 from desktop.setup.dialog import SetupDialog
-from engines.config import Paths
-from engines.envs import RECIPES
-from engines.events import EngineState
-from engines.procs import free_loopback_port
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import RECIPES
+from engines.events import EngineState, SetupProposal
 from tests.conftest import fast_settings
 from tests.desktop.conftest import AppFactory, ThreadedDaemon, fast_hub
 from tests.fakes.fake_trt_env import make_tiny_hf_model
@@ -57,11 +57,14 @@ def test_first_run_from_nothing_to_a_chat_answer(
 ) -> None:
     app = app_factory(offer_setup=True)
     setup = _setup(qtbot, app)  # opened by itself: nothing can start here yet
+    qtbot.waitUntil(lambda: bool(app.state.why_blocked("llama-3.1-8b-1gpu")))  # the daemon's
     app.tray.menu.aboutToShow.emit()
     assert app.tray.start_action.text() == "Set up traylm…"
     preset = next(a for a in app.tray.profiles_menu.actions()
                   if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
-    assert not preset.isEnabled() and "(needs an NVIDIA GPU)" in preset.text()
+    assert (
+        not preset.isEnabled() and "(needs an NVIDIA GPU (this computer has none))" in preset.text()
+    )
 
     assert "No NVIDIA GPU" in setup.cards["hardware"].text.text()
     qtbot.waitUntil(lambda: "not installed yet" in setup.cards["engine"].text.text())
@@ -125,17 +128,17 @@ def test_no_network_during_the_first_run_leads_to_a_model_folder(
     qtbot.waitUntil(lambda: setup.offline.isVisible(), timeout=60000)
     assert "cannot be reached" in setup.offline.text()
     qtbot.waitUntil(lambda: setup.cards["engine"].view.status == "done")
-    setup.go_button.click()
+    # offline, no Hub model is the default (its download would fail): the setup asks for a
+    # folder first, and "Set it all up" waits for one
     card = setup.cards["model"]
-    qtbot.waitUntil(lambda: card.view.status == "error", timeout=60000)
-    assert "cannot be reached" in card.text.text() and "pull it while online" in card.text.text()
-    assert card.fix_button.isVisible() and card.fix_button.text().startswith("Use a folder")
-    assert card.hint.text() == f"or in a terminal: traylm models pull {STARTER_REPO}"
+    qtbot.waitUntil(lambda: "folder on this computer first" in card.text.text(), timeout=60000)
+    assert setup.flow.choice is None and not setup.go_button.isEnabled()
+    assert setup.group.checkedButton() is None  # no Hub model looks picked either
 
     (tmp_path / "holiday-photos").mkdir()
     answers = [str(tmp_path / "holiday-photos"), str(make_tiny_hf_model(tmp_path / "my-llama"))]
-    setup.choose_folder = lambda _parent: answers.pop(0)
-    card.fix_button.click()  # a folder that is not a model: said plainly, nothing registered
+    setup.choose_folder = lambda _parent, _start: answers.pop(0)
+    setup.browse_button.click()  # a folder that is not a model: said plainly, nothing registered
     qtbot.waitUntil(lambda: "is not a model folder" in card.text.text(), timeout=10000)
     assert "no config.json" in card.text.text()
     assert offline_daemon.run(lambda c: c.local_folders()) == []
@@ -150,6 +153,15 @@ def test_no_network_during_the_first_run_leads_to_a_model_folder(
     assert chat.transcript.messages[1].text.startswith("w0 ")
     [folder] = offline_daemon.run(lambda c: c.local_folders())
     assert folder.name == "my-llama" and folder.path == str(tmp_path / "my-llama")
+
+    # run again, a finished setup offers its choices again (none greyed) to pick another
+    # model; offline, its default is still the folder, never a Hub model
+    assert app.open_setup() is setup
+    assert not setup.flow.done and setup.go_button.text() == "Set it all up"
+    qtbot.waitUntil(lambda: setup.flow.offline, timeout=60000)
+    assert setup.flow.choice is not None and setup.flow.choice.kind == "folder"
+    assert setup.rows and all(row.isEnabled() for row in setup.rows.values())
+    assert setup.go_button.isEnabled()
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -177,16 +189,18 @@ def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
         expected = ["llama-3.1-8b-1gpu"]
         if gpus == 2:
             expected += ["llama-3.3-70b-awq-tp2", "qwen2.5-32b-awq-tp2"]
-        assert sorted(setup.rows) == expected  # a TP 2 preset needs two GPUs
+        # a TP 2 preset needs two GPUs: the daemon's proposals (its start checks, its planner)
+        qtbot.waitUntil(lambda: sorted(setup.rows) == expected, timeout=10000)
         assert "vLLM (CUDA build) is not installed yet" in setup.cards["engine"].text.text()
         if gpus == 2:  # the fit estimator's verdict for 2 × 24 GiB, from the daemon
             badge = setup.rows["llama-3.3-70b-awq-tp2"].badge
             qtbot.waitUntil(lambda: badge.property("verdict") in ("fits", "tight"), timeout=20000)
+        qtbot.waitUntil(lambda: bool(app.state.why_blocked("llama-3.1-8b-1gpu")))
         app.tray.menu.aboutToShow.emit()
         assert app.tray.start_action.text() == "Set up traylm…"
         preset = next(a for a in app.tray.profiles_menu.actions()
                       if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
-        assert "needs the vLLM engine (CUDA build): not installed" in preset.text()
+        assert "(needs the vLLM engine (CUDA build): traylm engines install vllm)" in preset.text()
     finally:
         d.stop()
 
@@ -213,3 +227,28 @@ def test_an_install_cancelled_half_way_leaves_nothing(
     assert not setup.cancel_install_button.isVisible()
     assert list(fresh_daemon.paths.envs_dir.iterdir()) == []
     assert setup.go_button.isEnabled() and setup.flow.download is None  # it went no further
+
+
+def test_the_setup_lists_what_the_daemon_proposes(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The setup keeps no rule of its own: it lists the daemon's proposals (GET /api/setup/
+    proposals), here one that only the daemon knows of, and asks the daemon its fit in this
+    computer's memory (a starter runs on the CPU)."""
+    from engines.ondemand import proposals
+
+    only = SetupProposal(
+        name="only-the-daemon",
+        repo_id="org/only-the-daemon",
+        title="Only the daemon",
+        about="proposed by the daemon, not by the app",
+        kind="starter",
+        device="cpu",
+        profile={"model": "org/only-the-daemon", "served_name": "only-the-daemon"},
+    )
+    monkeypatch.setattr(proposals, "cpu_starters", lambda: [only])
+    setup = app.open_setup()
+    qtbot.waitUntil(lambda: list(setup.rows) == ["only-the-daemon"], timeout=10000)
+    [shown] = setup.flow.proposals
+    assert (shown.title, shown.kind, shown.device) == ("Only the daemon", "starter", "cpu")
+    assert shown.served_name == "only-the-daemon"

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from desktop.chat.stream import ChatDelta, ChatRequest, GatewayHTTP
-from engines.procs import free_loopback_port
+from engines.core.procs import free_loopback_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,7 +41,7 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
 
 
 def _request() -> ChatRequest:
-    return ChatRequest(1, "m", (("user", "hi"),), 0.7, 1.0, 100)
+    return ChatRequest(1, "m", (("user", "hi", ()),), 0.7, 1.0, 100)
 
 
 async def test_connection_dropped_mid_reply_keeps_the_partial_reply(serve) -> None:
@@ -121,3 +121,38 @@ async def test_cancel_is_stop_and_keeps_what_arrived(serve) -> None:
     await gateway.close()
     assert ended.finish_reason == "stopped" and ended.error is None
     assert ended.content.startswith("w0 w1 ")
+
+
+async def test_a_reply_that_arrives_in_one_burst_claims_no_speed(serve) -> None:
+    """A first reply held back on its way (a cold model's load) arrives in one burst: its
+    tokens/s cannot be measured and none is claimed (it once said 82,005 tok/s). Tokens spread
+    over time give their real rate."""
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 400}}\n\n'
+
+    async def burst(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(0.2)  # the load: the time to the first token
+        await resp.write(b"".join(_chunk(f"w{i} ") for i in range(400)) + usage)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def paced(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(6):
+            await resp.write(_chunk(f"w{i} "))
+            await asyncio.sleep(0.03)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    gateway = GatewayHTTP(lambda _m: None)
+    gateway.base_url = await serve(burst)
+    ended = await gateway.stream_chat(_request())
+    assert ended.completion_tokens == 400 and ended.ttft_s is not None and ended.ttft_s >= 0.2
+    assert ended.tokens_per_s is None and "tokens_per_s" not in ended.stats()
+    gateway.base_url = await serve(paced)
+    ended = await gateway.stream_chat(_request())
+    await gateway.close()
+    # 5 tokens after the first, at least 0.03 s apart: never more than 5 / 0.15 s
+    assert ended.tokens_per_s is not None and 0 < ended.tokens_per_s <= 5 / 0.15 + 0.01

@@ -1,4 +1,4 @@
-"""The look (desktop/theme.py): Fusion with the designed palette, light or dark as the desktop
+"""The look (desktop/look/theme.py): Fusion with the designed palette, light or dark as the desktop
 says (Qt's colour scheme, followed live) unless ``ui.theme`` forces one; re-applying the same
 theme is free (a new style sheet would re-polish every widget)."""
 
@@ -9,7 +9,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 from desktop.app import DesktopApp
-from desktop.theme import DARK, LIGHT, apply_theme
+from desktop.look.theme import DARK, LIGHT, apply_theme
 
 
 class _PolishProbe(QObject):

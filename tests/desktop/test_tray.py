@@ -5,13 +5,15 @@ notifications say ready/failed with the diagnosis, and Quit asks and is remember
 from __future__ import annotations
 
 import shlex
+import threading
 
+import openai
 from PySide6.QtGui import QAction, QGuiApplication
 
 from desktop.app import DesktopApp
-from desktop.icons import TrayState
-from desktop.notify import Notification
-from engines.events import EngineState, EngineStatus
+from desktop.tray.icons import TrayState
+from desktop.tray.notify import Notification
+from engines.events import EngineState, EngineStatus, GatewayThroughput
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 
 
@@ -133,9 +135,14 @@ def test_the_models_menu_unloads_a_loaded_model(qtbot, app: DesktopApp, daemon_t
     daemon_thread.write_fake_profile("fake")
     daemon_thread.run(lambda c: c.load_model("fake"))
     qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
+    # what Stop and Unload do, on hover (a menu hides its actions' tooltips unless told)
+    assert "cut off" in _menu_action(app, "stop").toolTip()
+    assert "start it again" in _menu_action(app, "restart").toolTip()
     app.tray.menu.aboutToShow.emit()
     (unload,) = [a for a in app.tray.models_menu.actions() if a.objectName() == "unload:fake"]
     assert unload.text() == "Unload fake"
+    assert "once the replies it is writing are done" in unload.toolTip()
+    assert app.tray.models_menu.toolTipsVisible() and app.tray.menu.toolTipsVisible()
     unload.trigger()
     qtbot.waitUntil(lambda: _engine_state(app, "fake") == EngineState.STOPPED, timeout=20000)
     assert daemon_thread.engine_state("fake") == EngineState.STOPPED
@@ -198,3 +205,35 @@ def test_quit_asks_and_remembers_stop(qtbot, daemon_thread, app_factory: AppFact
     config = daemon_thread.paths.config_file.read_text()
     assert 'quit_action = "stop"' in config
     qtbot.waitUntil(lambda: not daemon_thread.paths.daemon_json.exists(), timeout=30000)
+
+
+def test_throughput_comes_from_the_daemons_events(qtbot, app: DesktopApp, daemon_thread) -> None:
+    """Another program's stream makes the tray busy and shows its tokens per second, from the
+    daemon's throughput events (no /metrics scraping); the zero event after it ends clears both."""
+    daemon_thread.write_fake_profile("fake", args="--token-delay 0.2")
+    app.actions.start_profile("fake")
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=20000)
+    samples: list[object] = []
+    app.state.throughput_sampled.connect(samples.append)
+    client = openai.OpenAI(base_url=f"{daemon_thread.url}/v1", api_key="unused", max_retries=0)
+
+    def ask() -> None:
+        stream = client.chat.completions.create(
+            model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=10, stream=True
+        )
+        for _ in stream:
+            pass
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.BUSY, timeout=10000)
+    qtbot.waitUntil(lambda: "tokens/s" in app.tray.icon.toolTip() and any(
+        isinstance(s, GatewayThroughput) and s.tokens_per_s > 0 for s in samples
+    ), timeout=20000)  # fmt: skip
+    asker.join(timeout=20)
+    qtbot.waitUntil(lambda: app.tray.current == TrayState.READY, timeout=10000)
+    qtbot.waitUntil(lambda: samples[-1] == app.state.throughput and not (
+        app.state.throughput.tokens_per_s or app.state.throughput.in_flight
+    ), timeout=10000)  # fmt: skip
+    assert "0.0 tokens/s" in app.tray.icon.toolTip()
+    client.close()

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from desktop.instance import send_command
-from engines.config import Paths
-from engines.procs import free_loopback_port
+from desktop.session.instance import send_command
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
 from tests.desktop.x11 import (
     FAKE_PROFILE,
     XDesktop,
@@ -27,6 +27,7 @@ from tests.desktop.x11 import (
 )
 
 pytestmark = [pytest.mark.tray, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -138,3 +139,55 @@ def _guard(port: int, paths: Paths, notice_margin_c: float) -> None:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )  # fmt: skip
     urllib.request.urlopen(request).read()
+
+
+BALLOON_CHILD = """
+import json, sys, time
+from PySide6.QtCore import QEventLoop
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication, QLabel, QSystemTrayIcon
+from desktop.tray.icons import app_icon
+from desktop.look.theme import apply_theme
+app = QApplication([])
+apply_theme(app, "dark")
+icon = QSystemTrayIcon(app_icon())
+icon.show()
+deadline = time.monotonic() + 20
+while icon.geometry().width() == 0 and time.monotonic() < deadline:
+    app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+icon.showMessage("qwen failed", "out of memory", QSystemTrayIcon.MessageIcon.Warning, 10000)
+tips = []
+while not tips and time.monotonic() < deadline:
+    app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+    tips = [w for w in app.topLevelWidgets()
+            if w.metaObject().className() == "QBalloonTip" and w.isVisible()]
+image = tips[0].grab().toImage()
+labels = tips[0].findChildren(QLabel)
+print(json.dumps({
+    "background": image.pixelColor(image.width() // 2, image.height() - 6).lightnessF(),
+    "text": [label.palette().color(QPalette.ColorRole.WindowText).lightnessF()
+             for label in labels if label.text()],
+}))
+"""
+
+
+def test_notification_balloon_is_readable_in_the_dark_theme(tmp_path) -> None:
+    """Issue 25, point 10: where the desktop has no notification service Qt draws the tray's
+    balloon itself, in a fixed pale yellow; in the dark theme its text was the theme's light
+    grey on that yellow. The text must be dark on the balloon's light background."""
+    import subprocess
+
+    missing = missing_x_tools()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing: run tests/desktop/install-x11-deps.sh")
+    x = XDesktop().start_x()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", BALLOON_CHILD], env={**x.env, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+    finally:
+        x.close()
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["background"] > 0.8 and seen["text"]  # the pale balloon, its title and message
+    assert all(seen["background"] - text > 0.6 for text in seen["text"]), seen

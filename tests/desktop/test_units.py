@@ -1,4 +1,4 @@
-"""The pure parts of the desktop app: Markdown splitting, throughput from Prometheus text, the
+"""The pure parts of the desktop app: Markdown splitting, the
 tray's state and tooltip, the SSE collector, the autostart entry, the profile form; and the
 PySide6 signal refcount regression that made 6.12.0 unusable."""
 
@@ -13,14 +13,13 @@ import pytest
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QComboBox
 
-from desktop import autostart
 from desktop.chat.markdown import Block, split_blocks
 from desktop.chat.stream import ChatRequest, _Collector, error_from_body
+from desktop.daemon.messages import LinkState, ProfileEntry, freeze
 from desktop.dashboard.profile_form import ProfileForm
-from desktop.icons import TrayState
-from desktop.messages import LinkState, ProfileEntry, freeze
-from desktop.throughput import ThroughputMeter, parse_samples
-from desktop.tray_state import tooltip_text, tray_state
+from desktop.session import autostart
+from desktop.tray.icon_state import tooltip_text, tray_state
+from desktop.tray.icons import TrayState
 from engines.events import EngineState, EngineStatus
 
 
@@ -36,29 +35,6 @@ def test_markdown_blocks() -> None:
         Block("code", "```py\ninner\n```", "md"),
     )
     assert split_blocks("") == ()
-
-
-GATEWAY_TEXT = """# HELP traylm_generation_tokens_total Generated tokens
-# TYPE traylm_generation_tokens_total counter
-traylm_generation_tokens_total{model="a"} %d
-traylm_generation_tokens_total{model="b \\"quoted\\""} %d
-traylm_requests_in_flight{engine="a"} %d
-traylm_requests_total{route="/v1/chat/completions",status="200"} 9
-"""
-
-
-def test_throughput_from_metrics() -> None:
-    samples = parse_samples(GATEWAY_TEXT % (1, 2, 3), frozenset({"traylm_requests_in_flight"}))
-    assert samples == [("traylm_requests_in_flight", {"engine": "a"}, 3.0)]
-    meter = ThroughputMeter(window_s=10)
-    first = meter.add(GATEWAY_TEXT % (100, 0, 0), now_s=0.0)
-    assert first.tokens_per_s == 0 and first.in_flight == 0
-    second = meter.add(GATEWAY_TEXT % (150, 30, 2), now_s=5.0)
-    assert second.per_model == {"a": 10.0, 'b \\"quoted\\"': 6.0}
-    assert second.tokens_per_s == 16.0 and second.in_flight == 2
-    third = meter.add(GATEWAY_TEXT % (150, 30, 0), now_s=20.0)  # idle: the window moves on
-    assert third.tokens_per_s == 0.0
-    assert meter.add(GATEWAY_TEXT % (5, 0, 0), 25.0).tokens_per_s == 0  # daemon restarted
 
 
 def _status(engine_id: str, state: EngineState) -> EngineStatus:
@@ -111,7 +87,7 @@ def test_tooltip_text() -> None:
 
 
 def _collector(posted: list[object]) -> _Collector:
-    return _Collector(ChatRequest(7, "m", (("user", "hi"),), 0.7, 1.0, 16), posted.append)
+    return _Collector(ChatRequest(7, "m", (("user", "hi", ()),), 0.7, 1.0, 16), posted.append)
 
 
 def _line(data: object) -> bytes:
@@ -126,11 +102,11 @@ def test_sse_collector_counts_tokens_and_reads_errors() -> None:
     for word in ("Hel", "lo", "!"):
         assert c.feed(_line({"choices": [{"delta": {"content": word}}]}))
     assert c.feed(_line({"choices": [{"delta": {}, "finish_reason": "length"}]}))
-    assert c.feed(_line({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert c.feed(_line({"choices": [], "usage": {"completion_tokens": 16}}))
     assert not c.feed(b"data: [DONE]\n")
     ended = c.ended("")
-    assert ended.content == "Hello!" and ended.finish_reason == "length"
-    assert ended.completion_tokens == 4  # usage wins over counted chunks
+    assert ended.content == "Hello!" and ended.finish_reason == "length"  # max_tokens (16)
+    assert ended.completion_tokens == 16  # usage wins over counted chunks
     assert ended.ttft_s is not None and ended.ttft_s >= 0
     assert "".join(getattr(p, "text", "") for p in posted) == "Hello!"  # nothing lost
 

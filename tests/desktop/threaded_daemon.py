@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from engines.client import DaemonClient
-from engines.config import EnergySettings, GPUSettings, Paths, Settings
+from engines.config.sections import EnergySettings, GPUSettings, Paths, Settings
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
 from engines.events import EngineState, EngineStatus
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
 from tests.conftest import fast_settings
 
 T = TypeVar("T")
@@ -106,12 +106,14 @@ class ThreadedDaemon:
     def write_profile(self, name: str, **fields: Any) -> None:
         write_toml_atomic(self.paths.profiles_dir / f"{name}.toml", fields)
 
-    def write_fake_profile(self, name: str = "fake", args: str = "", **fields: Any) -> None:
+    def write_fake_profile(
+        self, name: str = "fake", args: str = "", device: str = "cpu", **fields: Any
+    ) -> None:
         self.write_profile(
             name,
             model="org/" + name,
             served_name=name,
-            device="cpu",
+            device=device,
             env={"FAKE_ENGINE_ARGS": args},
             **fields,
         )

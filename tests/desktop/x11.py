@@ -156,7 +156,7 @@ class XDesktop(Processes):
 def start_daemon(procs: Processes, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
     """``python -m engines serve`` with TRAYLM_HOME from ``env``; returns once daemon.json
     names it."""
-    from engines.config import Paths
+    from engines.config.sections import Paths
 
     proc = procs.start([sys.executable, "-m", "engines", "serve"], env, log)
     daemon_json = Paths.from_env(env).daemon_json
@@ -179,7 +179,7 @@ def prepare_home(
     """A private TRAYLM_HOME with the FAKE vLLM env, ``gateway.port``, more config.toml sections
     (``extra_config``) and profiles (TOML text); returns the environment for the daemon and the
     app."""
-    from engines.config import Paths
+    from engines.config.sections import Paths
     from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
     env = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.procs import free_loopback_port
+from engines.core.procs import free_loopback_port
 from tests.engines.test_cli import serve, stop_daemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 
 from engines.cli import run_command
-from engines.config import Paths
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 
 
 def traylm(

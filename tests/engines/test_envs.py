@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
 import pytest
 
-from engines.envs import (
+from engines.envs.manager import (
     META_FILE,
     RECIPES,
     ROUTES_FILE,
@@ -147,6 +148,27 @@ async def test_successful_local_install_records_metadata(tmp_path: Path, local_r
 
 
 @pytest.mark.slow
+async def test_each_install_line_is_logged_once(
+    tmp_path: Path,
+    local_recipe,  # type: ignore[no-untyped-def]
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """pip's lines reach the daemon's log once each (they were written twice)."""
+    local_recipe()
+    manager = EnvManager(tmp_path / "envs")
+    seen: list[str] = []
+    with caplog.at_level(logging.INFO, logger="engines"):
+        await manager.install(
+            "vllm", device="cpu", progress=lambda p, ln: seen.append(ln), extra_index_urls=()
+        )
+    logged = [r.getMessage() for r in caplog.records if r.name == "engines.envs.steps"]
+    twice = sorted({m for m in logged if logged.count(m) > 1})
+    assert any("install: " in m and "localpkg" in m for m in logged)
+    assert twice == []
+    assert any("localpkg" in ln for ln in seen)  # the caller still hears every line
+
+
+@pytest.mark.slow
 async def test_a_failed_route_probe_does_not_fail_the_install(tmp_path: Path, local_recipe) -> None:  # type: ignore[no-untyped-def]
     """The route probe builds the engine's own app (internal API a release may move): without
     it the install still finishes, says so, and the gateway falls back to the engine's 404s."""
@@ -168,3 +190,22 @@ def test_routes_prefer_the_envs_probed_list(tmp_path: Path) -> None:
     probed = load_routes("vllm", "0.32.0", tmp_path)
     assert probed is not None and probed.serves("POST", "/v1/x")
     assert not probed.serves("POST", "/v1/chat/completions")
+
+
+def test_a_held_back_version_is_passed_over_unless_named(tmp_path: Path) -> None:
+    """A guarded upgrade's version on trial or refused: profiles that name no version keep the
+    older one; one that names it runs it; with only held ones left, the newest of them."""
+    manager = EnvManager(tmp_path)
+    make_fake_vllm_env(tmp_path, version="0.31.0")
+    older = manager.find("vllm", device="cpu", version="0.31.0")
+    make_fake_vllm_env(tmp_path, version="0.32.0")
+    held = manager.hold(manager.find("vllm", device="cpu"), "refused: TTFT p95 worse by 20%")
+    assert held.version == "0.32.0" and held.held.startswith("refused")
+    assert manager.find("vllm", device="cpu").version == "0.31.0"
+    assert manager.find("vllm", device="cpu", version="0.32.0").held == held.held
+    manager.hold(older, "on trial")
+    assert manager.find("vllm", device="cpu").version == "0.32.0"  # all held: the newest
+    manager.release(held)
+    manager.release(older)
+    assert manager.find("vllm", device="cpu").version == "0.32.0"
+    assert [e.held for e in manager.list()] == ["", ""]

@@ -13,9 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from engines.config import Paths
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from tests.engines.test_cli import traylm
 
 

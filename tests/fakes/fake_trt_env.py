@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines.envs import META_FILE, env_dir_name
+from engines.envs.manager import META_FILE, env_dir_name
 from tests.fakes.fake_trt_tools import tensorrt_version
 
 FAKES = Path(__file__).resolve().parent

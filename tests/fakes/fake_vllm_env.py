@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from engines.config import resources_dir
-from engines.envs import FLAGS_FILE, META_FILE, env_dir_name
+from engines.config.sections import resources_dir
+from engines.envs.manager import FLAGS_FILE, META_FILE, env_dir_name
 
 ENGINE_SCRIPT = Path(__file__).with_name("openai_engine.py")
 FAKE_VERSION = "0.32.0"  # the version whose real flag allow-list ships in resources/flags
@@ -33,9 +33,9 @@ ENTRYPOINTS = (
 """The entrypoints a real vLLM env runs, mapped onto the fake engine's command line."""
 
 RUN_FROM_C = (
-    # traylm runs those modules from -c code (engines/adapters/vllm_start.py): the same as -m
+    # traylm runs those modules from -c code (engines/runtime/adapters/vllm_start.py): the same as -m
     'if [ "$1" = "-c" ]; then case "$2" in\n'
-    # the warm process: the launch's argv comes as one JSON line on stdin (engines/warm.py)
+    # the warm process: the launch's argv comes as one JSON line on stdin (engines/runtime/warm.py)
     '  *sys.stdin.readline*) shift 2; set -- --warm "$@" ;;\n'
     "  *\"run_module('vllm.entrypoints.openai.api_server'\"*) shift 2;"
     ' set -- -m vllm.entrypoints.openai.api_server "$@" ;;\n'
@@ -47,17 +47,27 @@ RUN_FROM_C = (
 vLLM. The fake engine prints the real engine's start lines (--vllm-start-log: the phases)."""
 
 
+PIP = f'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then exec "{sys.executable}" "$@"; fi\n'
+"""A real env has its own pip (the upgrade asks it for the newest version): here the test's."""
+
+
 def make_fake_vllm_env(
-    envs_dir: Path, *, complete: bool = True, version: str = FAKE_VERSION, device: str = "cpu"
+    envs_dir: Path,
+    *,
+    complete: bool = True,
+    version: str = FAKE_VERSION,
+    device: str = "cpu",
+    engine_args: str = "",
 ) -> Path:
     """A FAKE env of ``version``: its flags.json stands for the list the install-time probe
-    records (a copy of the shipped 0.32.0 list, whatever the version)."""
+    records (a copy of the shipped 0.32.0 list, whatever the version). ``engine_args``: FAKE
+    engine options this version always has (``--first-token-delay 0.3``: a slower release)."""
     target = envs_dir / env_dir_name("vllm", version, device)
     (target / "bin").mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
     python.write_text(
-        f'#!/bin/sh\n{RUN_FROM_C}{ENTRYPOINTS}exec "{sys.executable}" "{ENGINE_SCRIPT}" '
-        '--vllm-start-log "$@"\n'
+        f'#!/bin/sh\n{PIP}{RUN_FROM_C}{ENTRYPOINTS}exec "{sys.executable}" "{ENGINE_SCRIPT}" '
+        f'--vllm-start-log {engine_args} "$@"\n'
     )
     python.chmod(0o755)
     shutil.copy(resources_dir() / "flags" / f"vllm-{FAKE_VERSION}.json", target / FLAGS_FILE)

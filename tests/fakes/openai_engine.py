@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -120,7 +121,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="print vLLM 0.32's start lines (one per phase), spread over --startup-delay",
     )
+    p.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=5.0,
+        help="seconds an idle kept-alive connection stays open (uvicorn's timeout_keep_alive, "
+        "which vLLM, SGLang and trtllm-serve run with: 5)",
+    )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
+    p.add_argument(
+        "--end-delay",
+        type=float,
+        default=0.0,
+        help="seconds between a stream's [DONE] and the end of its body (a client that stops "
+        "at [DONE], as the openai SDK does, closes before the body ends)",
+    )
     p.add_argument(
         "--bad-utf8",
         action="store_true",
@@ -145,8 +160,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpu-memory-utilization",
         "--tensor-parallel-size",
         "--pipeline-parallel-size",
+        "--data-parallel-size",
         "--tool-call-parser",
         "--reasoning-parser",
+        "--speculative-config",
     ):
         p.add_argument(flag)
     p.add_argument("--runner", default="auto", choices=("auto", "generate", "pooling"))
@@ -160,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--disable-custom-all-reduce",
         "--enable-sleep-mode",
         "--enable-auto-tool-choice",
+        "--no-enable-prefix-caching",
+        "--no-enable-chunked-prefill",
     ):
         p.add_argument(flag, action="store_true")
     extra = os.environ.get("FAKE_ENGINE_ARGS", "")
@@ -190,6 +209,28 @@ class FakeEngine:
         self.waking = False
         self.silent_health = 0  # /health probes left unanswered while asleep or waking
         self.health_probes = 0
+        self.seen: list[str] = []  # "METHOD /path user" of the last requests (not /health)
+        self.last_input: Any = None  # the ``input`` of the last request that had one
+        # --max-num-seqs as vLLM's scheduler keeps it: at most that many streams generate at
+        # once, the others wait (so the tuner's max-num-seqs candidates really differ)
+        self.slots = asyncio.Semaphore(int(args.max_num_seqs)) if args.max_num_seqs else None
+
+    @web.middleware
+    async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Note each request as it arrived (``user`` from a JSON body names a test's request),
+        so a test can check that the engine saw exactly the requests its client sent."""
+        if request.path not in ("/health", "/fake/stats", "/metrics"):
+            user = ""
+            if request.can_read_body and request.content_type == "application/json":
+                try:
+                    body = await request.json()
+                    user = str(body.get("user", ""))
+                    if "input" in body:
+                        self.last_input = body["input"]
+                except (ValueError, AttributeError):
+                    user = "?"
+            self.seen = [*self.seen[-199:], f"{request.method} {request.path_qs} {user}".strip()]
+        return await handler(request)
 
     async def start_core(self, app: web.Application) -> None:
         if self.args.core_process:  # in our process group, as vLLM's EngineCore is
@@ -255,6 +296,8 @@ class FakeEngine:
                 "silent_health": self.silent_health,
                 "health_probes": self.health_probes,
                 "last_keys": self.last_keys,
+                "seen": self.seen,
+                "last_input": self.last_input,
             }
         )
 
@@ -358,7 +401,11 @@ class FakeEngine:
         pad = " " * max(0, self.args.chunk_bytes - 150)
         sent = 0
         self.streaming += 1
+        holds = False
         try:
+            if self.slots is not None:
+                await self.slots.acquire()
+                holds = True
             if self.args.first_token_delay:
                 await asyncio.sleep(self.args.first_token_delay)
             for i in range(max_tokens):
@@ -405,12 +452,16 @@ class FakeEngine:
                 }
                 await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
+            if self.args.end_delay:
+                await asyncio.sleep(self.args.end_delay)
         except (asyncio.CancelledError, ConnectionResetError):
             self.aborted += 1
             print(f"fake engine: client went away after {sent} tokens (aborted)", flush=True)
             raise
         finally:
             self.streaming -= 1
+            if holds and self.slots is not None:
+                self.slots.release()
         return resp
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -465,7 +516,7 @@ def vllm_start_lines(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if "--warm" in args:
-        # a warm start (engines/warm.py): the launch's argv comes as one JSON line on stdin
+        # a warm start (engines/runtime/warm.py): the launch's argv comes as one JSON line on stdin
         args = [a for a in args if a != "--warm"]
         print("fake engine: imports done, waiting for the launch", flush=True)
         line = sys.stdin.readline()
@@ -502,7 +553,7 @@ def serve(args: argparse.Namespace) -> None:
         time.sleep(args.startup_delay)
     engine = FakeEngine(args)
     tasks = tasks_of(args)
-    app = web.Application(middlewares=[fastapi_not_found])
+    app = web.Application(middlewares=[engine.record, fastapi_not_found])
     app.on_startup.append(engine.start_core)
     app.router.add_get("/health", engine.health)
     app.router.add_get("/v1/models", engine.models)
@@ -535,6 +586,7 @@ def serve(args: argparse.Namespace) -> None:
         print=listening,
         access_log=None,
         handler_cancellation=True,
+        keepalive_timeout=args.keepalive_timeout,
         backlog=1024,  # the gateway benchmark opens 256 connections at once
     )
 

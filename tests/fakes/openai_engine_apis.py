@@ -27,6 +27,9 @@ ALL_TASKS = frozenset({"generate", "embed", "transcription"})
 TOOL_CHOICE_ERROR = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
+MESSAGES_CONTEXT_TOKENS = 8192
+"""A longer ``max_tokens`` on /v1/messages is refused (vLLM refuses what the context cannot
+hold, in Anthropic's shape with its own error type)."""
 _ids = itertools.count(1)
 
 
@@ -148,6 +151,14 @@ class FakeAPIs:
             return _anthropic(wrong)
         if needs_tool_parser(body, self.args):
             return _anthropic(vllm_error(400, TOOL_CHOICE_ERROR))
+        temperature = body.get("temperature", 1.0)
+        if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 1:
+            # pydantic's error, answered by vLLM's app-wide handler in OpenAI's shape
+            return vllm_error(400, "body.temperature: Input should be less than or equal to 1")
+        if int(body["max_tokens"]) > MESSAGES_CONTEXT_TOKENS:  # the handler's own error
+            return _anthropic(
+                vllm_error(400, f"max_tokens is more than {MESSAGES_CONTEXT_TOKENS} tokens")
+            )
         words = [f"w{i}" for i in range(int(body["max_tokens"]))]
         message = {
             "id": f"msg_fake{next(_ids)}",

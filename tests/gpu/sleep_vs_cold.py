@@ -1,6 +1,6 @@
 """Real-GPU measurement (needs an NVIDIA GPU, the CUDA vLLM env and a running `traylm serve`):
 vLLM sleep mode against a cold start, through traylm. NOT RUN on the project's CI machine (no
-GPU there): the planner's sleep estimates (engines/adapters/memory.py SLEEP_RESIDUAL_BYTES, the
+GPU there): the planner's sleep estimates (engines/runtime/adapters/memory.py SLEEP_RESIDUAL_BYTES, the
 host RAM a sleeping model takes) are unverified until someone runs this.
 
     python tests/gpu/sleep_vs_cold.py PROFILE [--runs 3]
@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engines.config import Paths
+from engines.config.sections import Paths
 
 
 def control() -> tuple[str, dict[str, str]]:

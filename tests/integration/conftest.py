@@ -18,11 +18,11 @@ import platformdirs
 import psutil
 import pytest
 
-from engines.config import Paths
-from engines.envs import RECIPES, EnvInfo, EnvManager
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import RECIPES, EnvInfo, EnvManager
 from engines.errors import EngineEnvError
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
 
 TINY_MODEL_SCRIPT = Path(__file__).with_name("tiny_model.py")
 ENGINE_READY_TIMEOUT_S = 300
@@ -144,11 +144,12 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")[-5000:]
 
 
-def start_daemon(home: Path, port: int) -> DaemonProcess:
+def start_daemon(home: Path, port: int, *, envs_dir: Path | None = None) -> DaemonProcess:
+    """``envs_dir``: the daemon's engine envs (default: the cached ones, engine_envs_dir)."""
     env = {
         **os.environ,
         "TRAYLM_HOME": str(home),
-        "TRAYLM_ENVS_DIR": str(engine_envs_dir()),
+        "TRAYLM_ENVS_DIR": str(envs_dir or engine_envs_dir()),
         "PYTHONUNBUFFERED": "1",
     }
     paths = Paths.from_env(env)
@@ -205,8 +206,7 @@ def vllm_daemon(
             "extra_flags": ["--enable-log-requests"],
             # tools work through every API (the tiny tokenizer has Llama 3's <|python_tag|>)
             "tool_parser": "llama3_json",
-            # Responses kept in the engine, so the clients can retrieve and chain them
-            "env": {"VLLM_ENABLE_RESPONSES_API_STORE": "1"},
+            # no VLLM_ENABLE_RESPONSES_API_STORE: traylm keeps responses for every engine
         },
     )
     try:

@@ -95,9 +95,10 @@ def test_openai_responses_create_stream_retrieve(oai: openai.OpenAI) -> None:
         model="tiny", input="And then?", previous_response_id=made.id, max_output_tokens=4
     )
     assert chained.id != made.id
-    with pytest.raises(openai.NotFoundError, match="no response 'resp_unknown' was made"):
+    unknown = "no response 'resp_unknown' is known for this caller"
+    with pytest.raises(openai.NotFoundError, match=unknown):
         oai.responses.retrieve("resp_unknown")
-    with pytest.raises(openai.NotFoundError, match="Response with id 'resp_unknown' not found"):
+    with pytest.raises(openai.NotFoundError, match=unknown):
         oai.responses.create(model="tiny", input="x", previous_response_id="resp_unknown")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.envs import RECIPES
+from engines.envs.manager import RECIPES
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.integration.conftest import engine_envs_dir, reusable_env
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from engines.core.procs import free_loopback_port
 from engines.events import DownloadState
 from engines.hub.fit import GIB, FitRequest, estimate, kv_bytes_per_token
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon
 from tests.engines.hub.conftest import (  # noqa: F401 - fixtures used by this module
     fake_hub,

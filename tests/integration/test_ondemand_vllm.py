@@ -14,8 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from tests.integration.conftest import DaemonProcess, engine_processes, start_daemon, traylm
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from engines.config import resources_dir
-from engines.envs import EnvInfo, load_flags, load_routes
+from engines.config.sections import resources_dir
+from engines.envs.manager import EnvInfo, load_flags, load_routes
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

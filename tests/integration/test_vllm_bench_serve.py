@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.envs import EnvInfo
+from engines.envs.manager import EnvInfo
 from tests.integration.conftest import DaemonProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

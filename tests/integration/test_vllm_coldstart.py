@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engines.adapters.vllm_start import model_cache_key
+from engines.runtime.adapters.vllm_start import model_cache_key
 from tests.integration.conftest import DaemonProcess, traylm
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -64,6 +64,11 @@ def test_phases_and_per_model_compile_cache_reused(
     shared = vllm_daemon.paths.engine_cache_dir / "vllm-0.32.0-cpu" / "modelinfos"
     assert (shared / "vllm-model_executor-models-llama-LlamaForCausalLM.json").exists()
 
+    # the warm pool keeps one process (engines.warm_starts): another test's engines (the tuner's
+    # candidates) may have taken its place, so one restart first makes tiny's own
+    started = time.time()
+    traylm("restart", "tiny", env=vllm_daemon.env, timeout=120)
+    wait_ready(vllm_daemon, started)
     started = time.time()
     traylm("restart", "tiny", env=vllm_daemon.env, timeout=120)
     second = wait_ready(vllm_daemon, started)

@@ -36,16 +36,16 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engines.adapters.base import EngineRuntime, LaunchSpec  # noqa: E402
-from engines.adapters.vllm import VLLMAdapter  # noqa: E402
-from engines.adapters.vllm_start import ENTRY_MODULE  # noqa: E402
-from engines.config import EngineSettings  # noqa: E402
-from engines.envs import EnvManager  # noqa: E402
+from engines.config.profiles import Profile, profile_from_mapping  # noqa: E402
+from engines.config.sections import EngineSettings  # noqa: E402
+from engines.core.procs import PidRegistry  # noqa: E402
+from engines.envs.manager import EnvManager  # noqa: E402
 from engines.events import EngineStartPhase, EngineState, Event  # noqa: E402
-from engines.procs import PidRegistry  # noqa: E402
-from engines.profiles import Profile, profile_from_mapping  # noqa: E402
-from engines.supervisor import ManagedEngine  # noqa: E402
-from engines.warm import WarmPool  # noqa: E402
+from engines.runtime.adapters.base import EngineRuntime, LaunchSpec  # noqa: E402
+from engines.runtime.adapters.vllm import VLLMAdapter  # noqa: E402
+from engines.runtime.adapters.vllm_start import ENTRY_MODULE  # noqa: E402
+from engines.runtime.supervisor import ManagedEngine  # noqa: E402
+from engines.runtime.warm import WarmPool  # noqa: E402
 
 TINY_MODEL_SCRIPT = ROOT / "tests" / "integration" / "tiny_model.py"
 NEW_ENV_KEYS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")

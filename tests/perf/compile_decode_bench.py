@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 import dataclasses  # noqa: E402
 
-from engines.adapters.vllm import VLLMAdapter  # noqa: E402
-from engines.envs import EnvManager  # noqa: E402
-from engines.procs import free_loopback_port  # noqa: E402
-from engines.profiles import profile_from_mapping  # noqa: E402
+from engines.config.profiles import profile_from_mapping  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
+from engines.envs.manager import EnvManager  # noqa: E402
+from engines.runtime.adapters.vllm import VLLMAdapter  # noqa: E402
 
 TINY_MODEL_SCRIPT = ROOT / "tests" / "integration" / "tiny_model.py"
 MODELS = {

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from PySide6.QtCore import QCoreApplication  # noqa: E402
 
-from desktop.instance import send_command  # noqa: E402
-from engines.config import Paths  # noqa: E402
-from engines.procs import free_loopback_port  # noqa: E402
+from desktop.session.instance import send_command  # noqa: E402
+from engines.config.sections import Paths  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
 from tests.desktop.x11 import (  # noqa: E402
     FAKE_PROFILE,
     XDesktop,

@@ -30,11 +30,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engines.client import DaemonClient
-from engines.config import HubSettings, Paths
+from engines.config.sections import HubSettings, Paths
+from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
 from engines.events import DownloadState, DownloadStateChanged
 from engines.hub import attempt
-from engines.procs import free_loopback_port
 from tests.conftest import fast_settings
 from tests.fakes.hub_server import FakeHub, FakeRepo, bytes_file, safetensors_file
 

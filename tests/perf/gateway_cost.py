@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engines.procs import free_loopback_port  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
 from tests.perf import gateway_bench as gb  # noqa: E402
 
 STREAMS = 64
@@ -69,6 +69,7 @@ async def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        gb.offline_hub(stack)
         try:
             picked = argparse.Namespace(targets=["traylm", "bare"], baseline=args.baseline)
             targets = await gb.start_targets(picked, home, gb.PACED_ARGS, procs)

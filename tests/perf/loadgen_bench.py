@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from engines.bench.load import RequestSpec, Target, run_load  # noqa: E402
 from engines.bench.metrics import level_result  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
 from engines.events import BenchTelemetry  # noqa: E402
-from engines.procs import free_loopback_port  # noqa: E402
 
 FAKE = ROOT / "tests" / "fakes" / "openai_engine.py"
 

@@ -40,7 +40,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engines.procs import free_loopback_port  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
 from tests.fakes.fake_vllm_env import make_fake_vllm_env  # noqa: E402
 
 LISTENING_RE = re.compile(r"fake engine: listening at (\d+\.\d+)")
@@ -161,7 +161,7 @@ async def jit_fake(runs: int) -> None:
 
 
 async def jit_real(runs: int) -> None:
-    from engines.envs import EnvManager
+    from engines.envs.manager import EnvManager
     from tests.integration.conftest import TINY_MODEL_SCRIPT, test_envs_dir
 
     env = EnvManager(test_envs_dir()).find("vllm", device="cpu")
@@ -291,9 +291,9 @@ async def router_cost(requests: int, rounds: int, baseline: Path | None) -> None
 async def resolve_cost(calls: int = 100_000) -> None:
     """GatewayContext.resolve for a warm model, in process: what the router adds per request
     (the HTTP figures above are dominated by everything else)."""
-    from engines.config import Paths
+    from engines.config.sections import Paths
+    from engines.config.tomlfile import write_toml_atomic
     from engines.daemon import Daemon
-    from engines.tomlfile import write_toml_atomic
     from tests.conftest import fast_settings
 
     with tempfile.TemporaryDirectory(prefix="traylm-ondemand-") as tmp:

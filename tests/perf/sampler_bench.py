@@ -28,12 +28,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from engines.core.procs import free_loopback_port
+from engines.core.store import Store
 from engines.events import Event
 from engines.gpu.history import TelemetryHistory
 from engines.gpu.sampler import Sampler
 from engines.gpu.sim import SimulatedBackend
-from engines.procs import free_loopback_port
-from engines.store import Store
 
 
 def sample_cost(n: int) -> None:

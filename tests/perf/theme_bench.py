@@ -27,8 +27,8 @@ os.environ["TRAYLM_HOME"] = tempfile.mkdtemp(prefix="traylm-theme-bench-")
 sys.path.insert(0, sys.argv[2])
 from PySide6.QtWidgets import QApplication, QMenu
 from desktop.app import DesktopApp
-from desktop.theme import apply_theme
-from engines.config import Paths
+from desktop.look.theme import apply_theme
+from engines.config.sections import Paths
 
 app = QApplication([])
 t0 = time.perf_counter()

@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 async def run(requests: int, concurrency: int, usage_on: bool) -> tuple[float, int]:
     from engines.client import DaemonClient
-    from engines.config import Paths
+    from engines.config.sections import Paths
+    from engines.config.tomlfile import write_toml_atomic
+    from engines.core.procs import free_loopback_port
     from engines.daemon import Daemon
     from engines.events import EngineState
-    from engines.procs import free_loopback_port
-    from engines.tomlfile import write_toml_atomic
     from tests.conftest import fast_settings
     from tests.fakes.fake_vllm_env import make_fake_vllm_env
 

@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engines.envs import EnvInfo, EnvManager  # noqa: E402
-from engines.procs import free_loopback_port  # noqa: E402
-from engines.tomlfile import write_toml_atomic  # noqa: E402
+from engines.config.tomlfile import write_toml_atomic  # noqa: E402
+from engines.core.procs import free_loopback_port  # noqa: E402
+from engines.envs.manager import EnvInfo, EnvManager  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     TINY_MODEL_SCRIPT,
     DaemonProcess,

@@ -1,4 +1,4 @@
-"""Each engine's memory rule (engines/adapters/memory.py) through its adapter, and vLLM's sleep
+"""Each engine's memory rule (engines/runtime/adapters/memory.py) through its adapter, and vLLM's sleep
 mode: only CUDA profiles get it, only when the installed version accepts the flag."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from engines.adapters import adapter_for
-from engines.adapters.base import EngineRuntime, FlagSet
-from engines.adapters.memory import GIB, SLEEP_RESIDUAL_BYTES
-from engines.envs import load_flags
+from engines.config.profiles import Profile, profile_from_mapping
+from engines.envs.manager import load_flags
 from engines.errors import ConfigError
-from engines.profiles import Profile, profile_from_mapping
+from engines.runtime.adapters import adapter_for
+from engines.runtime.adapters.base import EngineRuntime, FlagSet
+from engines.runtime.adapters.memory import GIB, SLEEP_RESIDUAL_BYTES
 from tests.engines.adapters.test_vllm import runtime
 
 CARD = 24 * GIB
@@ -117,7 +117,7 @@ def test_sleep_mode_only_on_cuda_and_only_when_the_version_accepts_it() -> None:
 
 
 def test_auto_gpus_round_trip_and_refused_at_launch_unplaced() -> None:
-    from engines.profiles import profile_to_mapping
+    from engines.config.profiles import profile_to_mapping
 
     p = profile(gpus="auto", tensor_parallel_size=2)
     assert p.gpus_auto and p.gpus == ()

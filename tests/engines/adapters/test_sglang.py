@@ -4,6 +4,7 @@ function."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any
@@ -12,20 +13,26 @@ import aiohttp
 import pytest
 from packaging.version import Version
 
-from engines.adapters.base import EngineRuntime, FlagSet
-from engines.adapters.sglang import SGLangAdapter
-from engines.envs import load_flags
+from engines.config.profiles import profile_from_mapping
+from engines.config.sections import GPUSettings
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import load_flags
 from engines.errors import ConfigError, UnknownFlagError
 from engines.events import EngineState, EngineStatus
-from engines.profiles import profile_from_mapping
-from tests.conftest import RunningDaemon
+from engines.runtime.adapters.base import EngineRuntime, FlagSet
+from engines.runtime.adapters.sglang import SGLangAdapter
+from tests.conftest import RunningDaemon, fast_settings
 from tests.fakes.fake_trt_env import make_fake_sglang_env
 
 
 @pytest.fixture
 async def sg(daemon_factory: Any, paths: Any) -> RunningDaemon:
+    """A daemon on two simulated GPUs (a CUDA profile needs GPUs to start)."""
     make_fake_sglang_env(paths.envs_dir)
-    d: RunningDaemon = await daemon_factory()
+    base = fast_settings(free_loopback_port())
+    d: RunningDaemon = await daemon_factory(
+        dataclasses.replace(base, gpu=GPUSettings(simulate_gpus=2))
+    )
     return d
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from engines.adapters.base import RUN_DIR, EngineRuntime
-from engines.adapters.trtllm import CONFIG_NAME, RULES, TRTLLMAdapter
-from engines.envs import load_flags
+from engines.config.profiles import Profile, profile_from_mapping
+from engines.envs.manager import load_flags
 from engines.errors import ConfigError, UnknownFlagError
 from engines.events.gpu import GPUInfo
 from engines.gpu.sim import SimulatedBackend
-from engines.profiles import Profile, profile_from_mapping
+from engines.runtime.adapters.base import RUN_DIR, EngineRuntime
+from engines.runtime.adapters.trtllm import CONFIG_NAME, RULES, TRTLLMAdapter
 from engines.trt.checks import check_build_model, check_fit, check_precision
 from engines.trt.model import read_model_facts
 from engines.trt.plan import BuildTools, build_arguments, plan_build

@@ -5,17 +5,18 @@ worker/utils, gpu_model_runner, config/model, config/vllm)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from engines.adapters import ADAPTERS, adapter_for
-from engines.adapters.base import EngineRuntime, FlagSet
-from engines.adapters.vllm import VLLMAdapter
-from engines.envs import load_flags
+from engines.config.profiles import Profile, profile_from_mapping
+from engines.envs.manager import load_flags
 from engines.errors import ConfigError, UnknownFlagError
-from engines.profiles import Profile, profile_from_mapping
+from engines.runtime.adapters import ADAPTERS, adapter_for
+from engines.runtime.adapters.base import EngineRuntime, FlagSet
+from engines.runtime.adapters.vllm import VLLMAdapter
 
 
 def runtime(device: str = "cuda") -> EngineRuntime:
@@ -329,3 +330,24 @@ def test_parsers_and_runner_are_vllm_settings() -> None:
         profile(engine="trtllm", runner="pooling")
     with pytest.raises(ConfigError, match="is not a parser name"):
         profile(tool_parser="--evil")
+
+
+def test_data_parallel_is_vllms_own_flag_where_the_version_has_it() -> None:
+    argv, env = launch(profile(device="cpu", data_parallel_size=2), device="cpu")
+    assert flag_value(argv, "--data-parallel-size") == "2"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env  # each rank is an engine core process
+    assert "--data-parallel-size" not in launch(profile())[0]
+    older = runtime("cpu")
+    flags = {k: v for k, v in older.flags.flags.items() if k != "--data-parallel-size"}
+    older = dataclasses.replace(older, flags=dataclasses.replace(older.flags, flags=flags))
+    p = profile(device="cpu", data_parallel_size=2)
+    with pytest.raises(UnknownFlagError, match="does not accept --data-parallel-size"):
+        VLLMAdapter().launch(p, runtime=older, port=1, model=p.model)
+
+
+def test_data_parallel_is_for_vllm_and_counts_gpus() -> None:
+    with pytest.raises(ConfigError, match="use replicas instead"):
+        profile_from_mapping("s", {"model": "org/m", "engine": "sglang", "data_parallel_size": 2})
+    with pytest.raises(ConfigError, match="data parallel = 2 needs that many GPUs"):
+        profile(gpus=[0], data_parallel_size=2)
+    assert profile(gpus=[0, 1], data_parallel_size=2).gpu_count == 2

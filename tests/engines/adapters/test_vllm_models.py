@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from engines.adapters.vllm_models import Parsers, family_parsers, model_tasks
-from engines.config import resources_dir
-from engines.envs import load_flags, load_routes
-from engines.profiles import ProfileStore, profile_from_mapping
+from engines.config.profiles import ProfileStore, profile_from_mapping
+from engines.config.sections import resources_dir
+from engines.envs.manager import load_flags, load_routes
+from engines.runtime.adapters.vllm_models import Parsers, family_parsers, model_tasks
 
 
 def tasks(archs: list[str], **fields: object) -> set[str]:

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from packaging.version import Version
 
-from engines.adapters.base import EngineRuntime
-from engines.adapters.vllm import VLLMAdapter
-from engines.envs import FLAGS_FILE, RECIPES, EnvManager, load_flags
+from engines.config.profiles import profile_from_mapping
+from engines.envs.manager import FLAGS_FILE, RECIPES, EnvManager, load_flags
 from engines.events import EngineState
-from engines.profiles import profile_from_mapping
+from engines.runtime.adapters.base import EngineRuntime
+from engines.runtime.adapters.vllm import VLLMAdapter
 from tests.conftest import RunningDaemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 

@@ -19,6 +19,7 @@ import pytest
 
 from engines.bench.cli import CANCEL_ANSWER_S
 from engines.bench.compare import cell
+from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from engines.events import (
     BenchConfig,
@@ -31,7 +32,6 @@ from engines.events import (
     to_plain,
 )
 from engines.gpu.sim import SimulatedBackend, sim_uuid
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon
 from tests.engines.gpu.test_daemon import feature, sim_settings
 from tests.engines.test_daemon_gateway import start_fake
@@ -320,12 +320,19 @@ async def test_ctrl_c_in_bench_run_cancels_the_run(sim_daemon: RunningDaemon) ->
             stderr=asyncio.subprocess.STDOUT,
         )
         try:
-            while True:  # wait until it measures
+            assert proc.stdout is not None
+            said = b""  # the CLI follows its run once it says so: from then on Ctrl-C cancels
+            while b"started against" not in said:  # (a starved CLI says it late)
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                assert line, said.decode()
+                said += line
+            while True:  # and the run measures
                 event = await asyncio.wait_for(sub.get(), 60)
                 if isinstance(event, BenchProgress) and event.phase == "measure":
                     break
             proc.send_signal(signal.SIGINT)
-            out, _ = await asyncio.wait_for(proc.communicate(), CANCEL_DEADLINE_S)
+            rest, _ = await asyncio.wait_for(proc.communicate(), CANCEL_DEADLINE_S)
+            out = said + rest
             while True:
                 event = await asyncio.wait_for(sub.get(), CANCEL_DEADLINE_S)
                 if isinstance(event, BenchFinished):

@@ -12,6 +12,21 @@ from engines.errors import ControlAPIError
 from engines.events import ChatChanged
 from tests.conftest import RunningDaemon
 
+PNG_URL = (  # a 1×1 PNG
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8Dw"
+    "HwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+
+
+async def test_images_are_kept_with_their_message(daemon: RunningDaemon) -> None:
+    """Issue 25, point 11: a message's images are stored with it and come back in order."""
+    c = daemon.client
+    chat = await c.create_chat(model="see")
+    message = {"role": "user", "content": "what is this?", "images": [PNG_URL, PNG_URL]}
+    t = await c.add_chat_messages(chat.chat_id, [message, {"role": "assistant", "content": "a"}])
+    assert t.messages[0].images == (PNG_URL, PNG_URL) and t.messages[1].images == ()
+    assert (await c.chat(chat.chat_id)).messages[0].images == (PNG_URL, PNG_URL)
+
 
 async def test_conversation_lifecycle(daemon: RunningDaemon) -> None:
     c = daemon.client
@@ -51,10 +66,14 @@ async def test_conversation_lifecycle(daemon: RunningDaemon) -> None:
         chat.chat_id, [{"role": "user", "content": "edited"}], truncate_from=0
     )
     assert [m.content for m in t.messages] == ["edited"]
-    assert t.chat.title.startswith("What is")  # a title, once given, stays
+    assert t.chat.title == "edited"  # a title taken from the first question follows it
 
     renamed = await c.update_chat(chat.chat_id, title="KV", system_prompt="Be brief.")
     assert (renamed.title, renamed.system_prompt) == ("KV", "Be brief.")
+    t = await c.add_chat_messages(
+        chat.chat_id, [{"role": "user", "content": "edited again"}], truncate_from=0
+    )
+    assert t.chat.title == "KV"  # a title the user gave stays
     assert [s.chat_id for s in await c.chats()] == [chat.chat_id]
     await c.delete_chat(chat.chat_id)
     assert await c.chats() == []
@@ -88,6 +107,18 @@ async def test_newest_conversation_first(daemon: RunningDaemon) -> None:
             "finish_reason must be one of",
         ),
         ({"messages": [{"role": "user", "content": "x"}], "truncate_from": "1"}, "truncate_from"),
+        (
+            {"messages": [{"role": "user", "content": "x", "images": ["http://x/cat.png"]}]},
+            "images[0] must be a data:image/png, jpeg, webp or gif;base64 URL",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "images": ["data:image/png;base64,a"]}]},
+            "images[0] is not valid base64",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "images": [PNG_URL] * 5}]},
+            "images must be a list of at most 4 images",
+        ),
     ],
 )
 async def test_bad_messages_get_one_clear_error(

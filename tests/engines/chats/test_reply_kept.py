@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from engines.config import Paths
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from tests.engines.test_cli import traylm
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ CLIENT = textwrap.dedent("""
     async def main():
         gateway = GatewayHTTP(post)
         gateway.base_url, gateway.control_token = url, token
-        request = ChatRequest(1, "fake", (("user", "tell me"),), 0.7, 1.0, 100000,
+        request = ChatRequest(1, "fake", (("user", "tell me", ()),), 0.7, 1.0, 100000,
                               chat_id=chat_id, position=1)
         await gateway.stream_chat(request)
     asyncio.run(main())

@@ -10,9 +10,9 @@ import logging
 import aiohttp
 import pytest
 
-from engines.config import Paths
+from engines.config.sections import Paths
+from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
-from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.engines.test_cli import traylm
 

@@ -13,8 +13,8 @@ import socket
 
 import pytest
 
+from engines.core.procs import free_loopback_port
 from engines.gateway.chunked import DirectChunks
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
 

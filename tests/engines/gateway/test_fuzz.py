@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engines.config import Paths
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
 from tests.engines.test_cli import serve, serve_log, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
@@ -225,6 +225,12 @@ NESTED = b"[" * 3000 + b"]" * 3000
 
 @FUZZ
 @example(method="POST", path="/v1/chat/completions", headers={}, body=NESTED)
+@example(  # an Accept that is not UTF-8 reached the engine's request head as surrogates: 500
+    method="POST",
+    path="/v1/chat/completions",
+    headers={"Accept": b"text/\xff\xfe"},
+    body=b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}',
+)
 @example(
     method="GET", path="/v1/models", headers={"Authorization": b"Bearer \xc3\xa9\xff"}, body=None
 )

@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engines.config import Paths
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from tests.engines.test_cli import traylm
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from engines.config import Paths
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
 from engines.gateway.security import hash_key
-from engines.tomlfile import write_toml_atomic
 
 pytestmark = pytest.mark.slow
 PORT = 8000  # the daemon's namespace has a port space of its own
@@ -34,7 +34,7 @@ try:
     with urllib.request.urlopen(request, timeout=10) as r:
         print(r.status, r.read().decode()[:300])
 except urllib.error.HTTPError as e:
-    print(e.code, e.read().decode()[:300])
+    print(e.code, e.read().decode()[:300], f"[x-should-retry: {e.headers.get('x-should-retry')}]")
 except urllib.error.URLError as e:
     print("refused" if isinstance(e.reason, ConnectionRefusedError) else f"error {e.reason}")
 """
@@ -104,6 +104,20 @@ class LanDaemon:
         peer = ["ip", "netns", "exec", self.ns.peer_ns, sys.executable, "-c", PEER_SCRIPT]
         out = subprocess.run(
             [*peer, url, key, host],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    def from_here(self, path: str) -> str:
+        """A request from the daemon's own computer (loopback), without a key."""
+        url = f"http://127.0.0.1:{PORT}{path}"
+        here = ["ip", "netns", "exec", self.ns.daemon_ns, sys.executable, "-c", PEER_SCRIPT]
+        out = subprocess.run(
+            [*here, url, "", f"127.0.0.1:{PORT}"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -188,7 +202,19 @@ def test_without_lan_sharing_another_computer_is_refused_whatever_the_bind(
     d = lan_daemon({"host": "0.0.0.0"})  # bound to every address, but LAN sharing off
     answer = d.from_peer("/v1/models")
     assert answer.startswith("403 ") and "serves only this computer" in answer, answer
+    assert "[x-should-retry: false]" in answer  # a client retrying would only be refused again
     assert d.from_peer("/health").startswith("403 ")
     assert d.status().get("bound") == [f"0.0.0.0:{PORT}"]
     local = d.traylm("status")
     assert local.returncode == 0 and "this computer only" in local.stdout
+
+
+def test_keys_for_lan_clients_only(lan_daemon: Callable[[dict[str, object]], LanDaemon]) -> None:
+    """gateway.keys_for = "lan": the other computer needs the key, this one does not."""
+    key = "tlm-test-key-lan"
+    d = lan_daemon({"lan_sharing": True, "api_key_sha256": [hash_key(key)], "keys_for": "lan"})
+    assert d.from_peer("/v1/models").startswith("401 ")
+    assert d.from_peer("/v1/models", key).startswith("200 ")
+    assert d.from_here("/v1/models").startswith("200 ")
+    d.traylm("config", "set", "gateway.keys_for", "all")
+    wait_for(lambda: d.from_here("/v1/models").startswith("401 "), "this computer to need it")

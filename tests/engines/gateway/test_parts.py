@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from engines.core.metrics import MetricsRegistry
 from engines.gateway.admission import Admission, QueueFull
 from engines.gateway.security import Guard, hash_key
-from engines.gateway.sse import whole_events
-from engines.metrics import MetricsRegistry
+from engines.gateway.sse import ends_reply, whole_events
 
 
 async def test_admission_queues_in_order_then_refuses() -> None:
@@ -33,23 +33,6 @@ async def test_admission_queues_in_order_then_refuses() -> None:
     release.set()
     await asyncio.gather(first, *queued)
     assert order == [0, 1, 2] and adm.in_flight == 0 and adm.waiting == 0
-
-
-async def test_admission_try_enter_takes_only_a_free_slot() -> None:
-    """The express lane's way in: a free slot at once, else False (it leaves the request to
-    the full path, which queues it); a slot it leaves goes to the longest waiter."""
-    adm = Admission(max_concurrent=1, max_queue=5, queue_timeout_s=5)
-    assert adm.try_enter() and adm.in_flight == 1
-    assert not adm.try_enter()
-    waiter = asyncio.create_task(adm.slot().__aenter__())
-    await asyncio.sleep(0.01)
-    assert adm.waiting == 1
-    adm.leave()  # handed to the waiter: still one in flight
-    await waiter
-    assert adm.in_flight == 1 and adm.waiting == 0
-    assert not adm.try_enter()
-    adm.leave()
-    assert adm.in_flight == 0 and adm.try_enter()
 
 
 async def test_admission_queue_timeout() -> None:
@@ -193,3 +176,21 @@ def test_canonical_paths_pass() -> None:
 )
 def test_only_whole_events_are_relayed(data: bytes, whole: bytes) -> None:
     assert data[: whole_events(data)] == whole
+
+
+@pytest.mark.parametrize(
+    ("events", "last"),
+    [
+        (b"data: [DONE]\n\n", True),
+        (b'data: {"choices": []}\n\ndata: [DONE]\n\n', True),
+        (b'data: {"choices": []}\n\n', False),
+        (b'data: [DONE]\n\ndata: {"late": 1}\n\n', False),  # only the last event counts
+        (b"event: message_delta\ndata: {}\n\nevent: message_stop\ndata: {}\n\n", True),
+        (b"event: message_stop\r\ndata: {}\r\n\r\n", True),
+        (b'event: response.output_text.delta\ndata: {"delta": "[DONE]"}\n\n', False),
+        (b'event: response.completed\ndata: {"response": {}}\n\n', True),
+        (b"", False),
+    ],
+)
+def test_the_event_that_ends_a_reply_is_known(events: bytes, last: bool) -> None:
+    assert ends_reply(events) is last

@@ -18,8 +18,8 @@ import aiohttp
 import openai
 import pytest
 
+from engines.core.procs import free_loopback_port
 from engines.events import EngineState
-from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import sdk, start_fake
 
@@ -88,9 +88,10 @@ async def _non_reading_client(d: RunningDaemon, max_tokens: int) -> asyncio.Stre
 async def test_clients_that_never_read_lose_their_slots(daemon_factory, fake_env) -> None:
     """Streams whose clients read nothing are ended after gateway.client_stall_timeout_s and
     their requests aborted in the engine; the slots come back, and the engine (busy and slow to
-    answer meanwhile) is not restarted for it."""
+    answer meanwhile) is not restarted for it. The limit is lowered (a live setting) only once
+    every slot was seen held: on a loaded machine the 40 streams take a while to start."""
     settings = fast_settings(
-        free_loopback_port(), max_concurrent=40, max_queue=0, client_stall_timeout_s=2.0
+        free_loopback_port(), max_concurrent=40, max_queue=0, client_stall_timeout_s=600.0
     )
     d: RunningDaemon = await daemon_factory(settings)
     await start_fake(d, args="--chunk-bytes 8192")
@@ -103,6 +104,7 @@ async def test_clients_that_never_read_lose_their_slots(daemon_factory, fake_env
             body = {"model": "fake", "messages": [], "max_tokens": 1}
             async with http.post(d.url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 429  # every slot is held by a client that does not read
+        await d.daemon.live.update({"gateway.client_stall_timeout_s": 2.0})
         await wait_until(lambda: fake_stats(d)["aborted"] >= 40, "the streams to be ended", 60)
         async with (
             aiohttp.ClientSession() as http,

@@ -122,35 +122,6 @@ async def test_without_usage_the_text_events_are_counted() -> None:
     assert records == [(200, None, 3)]  # the role event is not a token
 
 
-async def test_the_headers_leave_with_the_first_event() -> None:
-    """One write for the status line, the headers and the first event (not a segment of its
-    own for the headers): the first read of a raw client holds all of them."""
-
-    async def late_first_event(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)  # the engine answers with its headers at once
-        await asyncio.sleep(0.05)  # shapes the stream: the first token comes later
-        await resp.write(ROLE + DONE)
-        return resp
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", late_first_event)
-    async for up in serve(app):
-        gateway, _ = gateway_app(up, [])
-        async for gw in serve(gateway):
-            port = int(gw.rsplit(":", 1)[1])
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-            )
-            first = await reader.read(65536)
-            writer.close()
-            await writer.wait_closed()
-    assert first.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert ROLE in first
-
-
 MESSAGES_STREAM = (
     b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
     b'{"input_tokens":7,"output_tokens":1}}}\n\n'

@@ -4,8 +4,9 @@ models.retrieve, tokenize, rerank/score, audio, and the capability errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import aiohttp
@@ -13,10 +14,12 @@ import anthropic
 import openai
 import pytest
 
-from engines.envs import ROUTES_FILE, load_routes
+from engines.config.sections import RequestsSettings
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import ROUTES_FILE, load_routes
+from engines.errors import ControlAPIError
 from engines.events import EngineState
 from engines.gateway.security import hash_key
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import sdk, start_fake
 
@@ -71,24 +74,79 @@ async def test_responses_create_stream_retrieve_and_cancel(daemon: RunningDaemon
     assert (await client.responses.retrieve(streamed_id)).id == streamed_id
     with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
         await client.responses.cancel(made.id)  # the engine's own answer, relayed
-    with pytest.raises(openai.NotFoundError, match="no response 'resp_nope' was made through"):
+    with pytest.raises(
+        openai.NotFoundError, match="no response 'resp_nope' is known for this caller"
+    ):
         await client.responses.retrieve("resp_nope")
     chained = await client.responses.create(
         model="fake", input="more", previous_response_id=made.id
     )
     assert chained.id != made.id
-    assert d.daemon.ctx.responses.owner(chained.id) == "fake"
+    assert d.daemon.ctx.responses.engine_for(chained.id, "this computer") == "fake"
     await client.close()
 
 
-async def test_unknown_previous_response_id_is_a_clear_404(daemon: RunningDaemon) -> None:
-    await start_fake(daemon)  # this engine does not keep responses
-    client = sdk(daemon)
+async def test_a_response_belongs_to_the_key_that_made_it(daemon_factory, fake_env) -> None:
+    """Issue 21 item 6: key B could retrieve and cancel what key A made. Now another key's
+    response answers exactly as one never made: 404, never 403 (that would say it exists)."""
+    keys = (hash_key("key-a"), hash_key("key-b"))
+    d = await daemon_factory(fast_settings(free_loopback_port(), api_key_sha256=keys))
+    await start_local(d, "fake", "org/fake", env=STORE)
+    a = openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="key-a", max_retries=0)
+    b = openai.AsyncOpenAI(base_url=d.url + "/v1", api_key="key-b", max_retries=0)
+    made = await a.responses.create(model="fake", input="hi", max_output_tokens=3)
+    events = [e async for e in await a.responses.create(model="fake", input="hi", stream=True)]
+    streamed_id = events[-1].response.id
+
+    async def refused(call: Awaitable[object], response_id: str) -> str:
+        with pytest.raises(openai.NotFoundError) as err:
+            await call
+        body = err.value.body
+        assert isinstance(body, dict) and body["code"] == "response_not_found", body
+        return str(body["message"]).replace(response_id, "ID")
+
+    never = await refused(b.responses.retrieve("resp_never"), "resp_never")
+    assert "no response 'ID' is known for this caller: traylm keeps" in never
+    for rid in (made.id, streamed_id):
+        assert await refused(b.responses.retrieve(rid), rid) == never
+        assert await refused(b.responses.cancel(rid), rid) == never
+        assert await refused(b.responses.delete(rid), rid) == never
+        assert await refused(b.responses.input_items.list(rid), rid) == never
+        chained = b.responses.create(model="fake", input="more", previous_response_id=rid)
+        assert await refused(chained, rid) == never
+    # A still has its responses: traylm answers retrieve, input_items and delete itself;
+    # cancel reaches the engine (only its own store runs background responses)
+    assert (await a.responses.retrieve(made.id)).output_text == "w0 w1 w2"
+    assert (await a.responses.retrieve(streamed_id)).id == streamed_id
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+        await a.responses.cancel(made.id)
+    items = await a.responses.input_items.list(made.id)
+    assert [item.model_dump()["content"][0]["text"] for item in items.data] == ["hi"]
+    chained_a = await a.responses.create(model="fake", input="more", previous_response_id=made.id)
+    assert (await a.responses.retrieve(chained_a.id)).id == chained_a.id
+    await a.responses.delete(made.id)
+    assert await refused(a.responses.retrieve(made.id), made.id) == never
+    await a.close()
+    await b.close()
+
+
+async def test_unknown_previous_response_id_when_nobody_keeps_responses(
+    daemon_factory, fake_env
+) -> None:
+    """traylm keeping none (requests.responses_keep = 0): the engine's 404, with both ways to
+    keep responses."""
+    settings = fast_settings(free_loopback_port())
+    d = await daemon_factory(
+        dataclasses.replace(settings, requests=RequestsSettings(responses_keep=0))
+    )
+    await start_fake(d)  # this engine does not keep responses
+    client = sdk(d)
     with pytest.raises(openai.NotFoundError) as err:
         await client.responses.create(model="fake", input="hi", previous_response_id="resp_x")
     message = str(err.value)
     assert "Response with id 'resp_x' not found." in message
     assert "VLLM_ENABLE_RESPONSES_API_STORE" in message and "profile 'fake'" in message
+    assert "requests.responses_keep" in message
     await client.close()
 
 
@@ -165,6 +223,36 @@ async def test_api_keys_work_as_bearer_and_as_x_api_key(daemon_factory, fake_env
             await no_key.models.list()
     await good.close()
     await bad.close()
+
+
+async def test_keys_for_lan_only_and_traylms_own_chat_credential(daemon_factory, fake_env) -> None:
+    """With keys for LAN clients only (gateway.keys_for = "lan"), apps on this computer need no
+    key; with keys for all, they do, except traylm's own chat window, which sends the daemon's
+    control token (X-Traylm-Token) and keeps working whatever the keys."""
+    d = await daemon_factory(
+        fast_settings(free_loopback_port(), api_key_sha256=(hash_key("sekret"),), keys_for="lan")
+    )
+    await start_fake(d)
+    token = d.client.info.token
+    hi = {"model": "fake", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(d.url + "/v1/chat/completions", json=hi) as r:
+            assert r.status == 200  # from this computer, no key needed
+        await d.client.update_settings({"gateway.keys_for": "all"})
+        async with http.get(d.url + "/v1/models") as r:
+            assert r.status == 401
+        async with http.get(d.url + "/v1/models", headers={"X-Traylm-Token": token}) as r:
+            assert r.status == 200
+        async with http.post(
+            d.url + "/v1/chat/completions", json=hi, headers={"X-Traylm-Token": token}
+        ) as r:
+            assert r.status == 200
+        async with http.get(d.url + "/v1/models", headers={"X-Traylm-Token": "guess"}) as r:
+            assert r.status == 401
+        async with http.get(d.url + "/v1/models", headers={"Authorization": "Bearer sekret"}) as r:
+            assert r.status == 200
+    with pytest.raises(ControlAPIError, match="keys_for"):
+        await d.client.update_settings({"gateway.keys_for": "nobody"})
 
 
 async def test_models_retrieve_tokenize_rerank_score_and_audio(daemon: RunningDaemon) -> None:

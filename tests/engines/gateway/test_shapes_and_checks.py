@@ -7,14 +7,15 @@ import json
 
 from aiohttp import web
 
-from engines.config import GatewaySettings
-from engines.envs import load_routes
+from engines.config.sections import GatewaySettings
+from engines.core.http import openai_error
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import load_routes
 from engines.gateway.capabilities import Capabilities, explain_engine_error
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard, hash_key
 from engines.gateway.shapes import api_error, as_anthropic, error_message
-from engines.http import openai_error
 
 G = GatewaySettings()
 
@@ -73,9 +74,14 @@ def test_engine_errors_in_any_shape_become_anthropic_ones() -> None:
     assert converted.headers["Retry-After"] == "2"
     assert body(converted)["error"] == {"type": "api_error", "message": "engine x did not answer"}
     already = web.json_response(
-        {"type": "error", "error": {"type": "x", "message": "y"}}, status=400
+        {"type": "error", "error": {"type": "not_found_error", "message": "y"}}, status=404
     )
     assert as_anthropic(already) is already
+    # vLLM's translate_error_response: Anthropic's shape, its own exception name as the type
+    vllm = web.json_response(
+        {"type": "error", "error": {"type": "BadRequestError", "message": "y"}}, status=400
+    )
+    assert body(as_anthropic(vllm))["error"] == {"type": "invalid_request_error", "message": "y"}
     assert error_message(b"not json") is None
 
 
@@ -143,19 +149,43 @@ def test_the_bare_404_names_the_kind_of_model_when_it_is_known() -> None:
 def test_response_owners_keep_the_newest_ids() -> None:
     owners = ResponseOwners(limit=3)
     for i in range(5):
-        owners.record("e1", f'{{"id": "resp_{i}", "object": "response"}}'.encode())
+        owners.record("e1", f'{{"id": "resp_{i}", "object": "response"}}'.encode(), caller="a")
     owners.record(
         "e2",
         b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_9"}}\n\n',
+        caller="a",
     )
-    owners.record("e2", b'{"id": "msg_1"}')  # not a response id
+    owners.record("e2", b'{"id": "msg_1"}', caller="a")  # not a response id
     assert len(owners) == 3
-    assert owners.owner("resp_0") is None and owners.owner("resp_4") == "e1"
-    assert owners.owner("resp_9") == "e2"
+    assert owners.engine_for("resp_0", "a") is None and owners.engine_for("resp_4", "a") == "e1"
+    assert owners.engine_for("resp_9", "a") == "e2"
+    assert owners.engine_for("resp_9", "b") is None  # another caller's: as if unknown
+
+
+def test_callers_are_the_key_or_this_computer() -> None:
+    keys = Guard.build(
+        hosts=(),
+        origins=(),
+        key_digests=(hash_key("k1"), hash_key("k2")),
+        port=free_loopback_port(),
+        lan=True,
+    )
+    a = keys.caller("Bearer k1", None, remote="10.0.0.2", local=False)
+    assert a == keys.caller(None, "k1", remote="127.0.0.1", local=True)  # the key, not where
+    assert a != keys.caller("Bearer k2", None, remote="10.0.0.2", local=False)
+    open_ = Guard.build(hosts=(), origins=(), key_digests=(), port=free_loopback_port(), lan=False)
+    here = open_.caller(None, None, remote="127.0.0.1", local=True)
+    assert here == open_.caller("Bearer whatever", None, remote="::1", local=True)
+    assert here != open_.caller(None, None, remote="10.0.0.2", local=False)
+    assert open_.caller(None, None, remote="10.0.0.2", local=False) != open_.caller(
+        None, None, remote="10.0.0.3", local=False
+    )
 
 
 def test_api_keys_from_bearer_or_x_api_key() -> None:
-    guard = Guard.build(hosts=(), origins=(), key_digests=(hash_key("k1"),), port=8000, lan=False)
+    guard = Guard.build(
+        hosts=(), origins=(), key_digests=(hash_key("k1"),), port=free_loopback_port(), lan=False
+    )
     assert guard.key_ok("Bearer k1") and guard.key_ok(None, "k1")
     assert not guard.key_ok(None, "k2") and not guard.key_ok(None, None)
     assert not guard.key_ok("Bearer wrong", "k1")  # a Bearer header is the key that counts

@@ -12,9 +12,9 @@ import time
 
 import aiohttp
 
-from engines.config import GPUSettings, Settings
-from engines.procs import free_loopback_port
-from engines.store import Store
+from engines.config.sections import GPUSettings, Settings
+from engines.core.procs import free_loopback_port
+from engines.core.store import Store
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engines.core.procs import free_loopback_port
 from engines.gateway.upstream_client import (
     HIGH_WATER,
     EngineBadReply,
@@ -22,7 +23,6 @@ from engines.gateway.upstream_client import (
     UpstreamClient,
     UpstreamReply,
 )
-from engines.procs import free_loopback_port
 
 Reply = Sequence[bytes | None] | Callable[[bytes], Sequence[bytes | None]]
 
@@ -239,10 +239,21 @@ async def test_closing_a_reply_midway_closes_its_connection() -> None:
 @pytest.mark.parametrize(
     ("pieces", "error", "words"),
     [
-        ([b"SSH-2.0-OpenSSH\r\n\r\n"], EngineBadReply, "status line"),
-        ([b"HTTP/1.1 2000 OK\r\n\r\n"], EngineBadReply, "status"),
-        ([b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n"], EngineBadReply, "header line"),
+        ([b"SSH-2.0-OpenSSH\r\n\r\n"], EngineBadReply, "Expected HTTP/"),
+        ([b"HTTP/1.1 2000 OK\r\n\r\n"], EngineBadReply, "Invalid response status"),
+        ([b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n"], EngineBadReply, "Invalid header token"),
         ([b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000], EngineBadReply, "the headers over"),
+        (
+            fixed(b"abcd", extra=b"Content-Length: 4\r\n"),
+            EngineBadReply,
+            "Duplicate Content-Length",
+        ),
+        (
+            [b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"],
+            EngineBadReply,
+            "Transfer-Encoding can't be present with Content-Length",
+        ),
+        ([b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"], EngineBadReply, "Content-Length"),
         ([None], EngineUnreachable, "closed the connection before its reply"),
     ],
 )
@@ -260,11 +271,11 @@ async def test_a_bad_head_is_an_error_of_the_request(
 @pytest.mark.parametrize(
     ("tail", "words"),
     [
-        ([b"zz\r\n"], "bad chunk size"),
-        ([b"-5\r\nhello\r\n"], "bad chunk size"),
-        ([b"5\r\nhelloXX"], "does not end with CRLF"),
+        ([b"zz\r\n"], "Invalid character in chunk size"),
+        ([b"-5\r\nhello\r\n"], "Invalid character in chunk size"),
+        ([b"5\r\nhelloXX"], "Expected LF after chunk data"),
         ([b"5\r\nhel", None], "closed the connection mid-reply"),
-        ([b"A" * 2000], "over 1024 bytes without an end"),
+        ([b"A" * 2000], "Chunk size overflow"),
     ],
 )
 async def test_a_broken_body_is_an_error_of_the_read(tail: list[bytes | None], words: str) -> None:
@@ -392,27 +403,64 @@ async def test_https_goes_through_aiohttp_and_checks_the_certificate(tmp_path: P
     assert b"accept-encoding: identity\r\n" in head and b"x-a: 1\r\n" in head
 
 
-async def test_send_now_writes_on_a_kept_connection_and_a_sink_gets_the_body() -> None:
-    """send_now writes at once when a kept-alive connection is idle (None before there is
-    one); its reply's body goes to a sink from the connection's callback, pieces that came
-    before the sink first, and until_end returns at the end."""
-    events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
-    async with scripted(fixed(b"first"), chunked(*events)) as s:
+async def test_a_reused_connection_closed_before_the_reply_is_sent_again() -> None:
+    """The engine closes an idle kept-alive connection just as the next request goes out on
+    it (uvicorn's 5 s keep-alive): nothing of the reply came, so the request goes once more on
+    a new connection instead of failing with a 502."""
+    async with scripted(fixed(b"a"), [None], fixed(b"b")) as s:
         client = UpstreamClient()
-        headers = {"Content-Type": "application/json"}
-        assert client.send_now("POST", s.url, "/v1/x", body=b"{}", headers=headers) is None
         reply = await get(client, s.url)
-        assert await reply.read() == b"first"
+        assert await reply.read() == b"a"
         reply.close()
-        sent = client.send_now("POST", s.url, "/v1/y", body=b"{}", headers=headers)
-        assert sent is not None
-        assert s.connections == 1  # written on the kept connection, before any await
-        streamed = await client.reply(sent)
-        got: list[bytes] = []
-        await asyncio.sleep(0.05)  # let the first events arrive before there is a sink
-        streamed.stream_to(got.append)
-        await streamed.until_end()
-        streamed.close()
+        reply = await get(client, s.url, body=b'{"n": 2}')
+        assert await reply.read() == b"b"
+        reply.close()
         await client.close()
-    assert b"".join(got) == b"".join(events)
-    assert s.requests[1].startswith(b"POST /v1/y HTTP/1.1\r\n")
+    assert s.connections == 2 and client.resent_total == 1
+    assert [r.endswith(b'{"n": 2}') for r in s.requests] == [False, True, True]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        pytest.param([b"HTTP/1.1 200 OK\r\nContent-", None], id="part-of-a-head-came"),
+        pytest.param([*chunked()[:1], None], id="the-head-came"),
+    ],
+)
+async def test_a_reply_that_began_is_never_sent_again(second: list[bytes | None]) -> None:
+    async with scripted(fixed(b"a"), second, fixed(b"b")) as s:
+        client = UpstreamClient()
+        reply = await get(client, s.url)
+        assert await reply.read() == b"a"
+        reply.close()
+        with pytest.raises(aiohttp.ClientError):
+            reply = await get(client, s.url)
+            await reply.read()
+        reply.close()
+        await client.close()
+    assert s.connections == 1 and client.resent_total == 0 and len(s.requests) == 2
+
+
+async def test_a_new_connection_closed_before_the_reply_is_not_sent_again() -> None:
+    async with scripted([None], fixed(b"b")) as s:
+        client = UpstreamClient()
+        with pytest.raises(EngineUnreachable, match="before its reply"):
+            await get(client, s.url)
+        await client.close()
+    assert s.connections == 1 and client.resent_total == 0
+
+
+async def test_a_connection_idle_longer_than_idle_s_is_not_reused() -> None:
+    async with scripted(fixed(b"a"), fixed(b"b"), fixed(b"c")) as s:
+        client = UpstreamClient(idle_s=0.5)
+        for want in (b"a", b"b"):  # back to back: the same connection
+            reply = await get(client, s.url)
+            assert await reply.read() == want
+            reply.close()
+        assert s.connections == 1
+        await asyncio.sleep(0.6)  # longer than idle_s (a sleep never ends early)
+        reply = await get(client, s.url)
+        assert await reply.read() == b"c"
+        reply.close()
+        await client.close()
+    assert s.connections == 2 and client.resent_total == 0

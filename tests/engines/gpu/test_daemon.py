@@ -16,7 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engines.config import EnergySettings, GPUSettings, Settings, load_settings
+from engines.config.sections import EnergySettings, GPUSettings, Settings, load_settings
+from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from engines.events import (
     EngineState,
@@ -29,7 +30,6 @@ from engines.events import (
 from engines.gpu.nvml import NVMLBackend
 from engines.gpu.service import GPUFeature
 from engines.gpu.sim import SimulatedBackend, sim_uuid
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import start_fake
 from tests.fakes.fake_pynvml import UUID as NVML_UUID
@@ -60,7 +60,7 @@ async def until(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
 
 
 @pytest.fixture
-async def sim_daemon(daemon_factory, fake_env) -> RunningDaemon:  # type: ignore[no-untyped-def]
+async def sim_daemon(daemon_factory, fake_env, fake_cuda_env) -> RunningDaemon:  # type: ignore[no-untyped-def]
     d: RunningDaemon = await daemon_factory(sim_settings())
     await until(lambda: feature(d).sampler.latest and feature(d).helper_status().available)
     return d
@@ -157,12 +157,12 @@ async def test_guard_thresholds_get_and_put(sim_daemon: RunningDaemon) -> None:
 
 async def test_guard_lowers_power_then_pauses_then_stops_the_engine(
     daemon_factory,  # type: ignore[no-untyped-def]
-    fake_env,  # type: ignore[no-untyped-def]
+    fake_cuda_env,  # type: ignore[no-untyped-def]
 ) -> None:
     d: RunningDaemon = await daemon_factory(sim_settings(guard_step_s=0.5))
     f = feature(d)
     await until(lambda: f.sampler.latest and f.helper_status().available)
-    await start_fake(d, "hot", gpus=[0])
+    await start_fake(d, "hot", gpus=[0], device="cuda")
     sim = f.backend
     assert isinstance(sim, SimulatedBackend)
     actions: list[GPUGuardAction] = []
@@ -206,11 +206,11 @@ async def test_guard_lowers_power_then_pauses_then_stops_the_engine(
 
 
 @pytest.mark.slow
-async def test_energy_per_token_of_a_running_engine(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
+async def test_energy_per_token_of_a_running_engine(daemon_factory, fake_cuda_env) -> None:  # type: ignore[no-untyped-def]
     d: RunningDaemon = await daemon_factory(sim_settings())
     f = feature(d)
     await until(lambda: f.sampler.latest)
-    await start_fake(d, "gen", gpus=[0, 1])
+    await start_fake(d, "gen", gpus=[0, 1], device="cuda")
     stop = asyncio.Event()
 
     async def load() -> None:
@@ -325,7 +325,7 @@ async def test_simulated_load_follows_gateway_traffic(sim_daemon: RunningDaemon)
     demo looks alive); a load set by hand is left alone."""
     f = feature(sim_daemon)
     assert isinstance(f.backend, SimulatedBackend)
-    await start_fake(sim_daemon, args="--token-delay 0.05", gpus=[0])
+    await start_fake(sim_daemon, args="--token-delay 0.05", gpus=[0], device="cuda")
     f.backend.set_load(GPU1, 0.5)  # by hand: traffic never overrides it
 
     async def gpu(uuid: str) -> Any:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from engines.errors import ConfigError, GPUPermissionDenied
+from engines.core.store import Store
+from engines.errors import ConfigError, GPUPermissionDenied, GPUUnavailable
 from engines.events import (
     EngineEnergy,
     Event,
@@ -37,7 +39,6 @@ from engines.gpu.history import TelemetryHistory, build_history
 from engines.gpu.replay import ReplayBackend, read_trace, record
 from engines.gpu.sampler import Sampler
 from engines.gpu.sim import ManualClock, SimulatedBackend, sim_uuid
-from engines.store import Store
 
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 
@@ -292,6 +293,66 @@ def test_sampler_reports_unavailable_lost_and_recovers() -> None:
     sampler.sample_once()
     lost = [e for e in events if isinstance(e, GPUStateChanged) and e.state == GPUState.LOST]
     assert len(lost) == 1 and lost[0].uuid == GPU1 and "reboot" in lost[0].message
+
+
+def test_a_sample_asked_for_comes_now_with_the_process_list() -> None:
+    """Placement after an engine's stop asks for a sample read after the stop: it comes at
+    once (not at the next of these minute-long turns) and reads the process list afresh."""
+    sim = SimulatedBackend(1)
+    sampler = Sampler(sim, interval_s=60, process_interval_s=3600, publish=lambda e: None)
+    sampler.start()
+    try:
+        _wait(lambda: sampler.samples == 1)
+        sim.set_processes(GPU0, [GPUProcess(pid=4242, used_memory_bytes=1 << 30)])
+        stopped_s = time.monotonic()
+        assert sampler.sample_after(stopped_s, timeout_s=30)
+        assert sampler.sampled_at_s > stopped_s and sampler.samples == 2
+        assert [p.pid for p in sampler.latest[0].processes or ()] == [4242]
+        assert sampler.sample_after(stopped_s, timeout_s=0)  # fresh already: no new sample
+        assert sampler.samples == 2
+    finally:
+        sampler.stop()  # ends the minute's wait at once
+    assert not sampler.sample_after(time.monotonic(), timeout_s=0.05)  # none comes now
+
+
+class SampleFailsBackend(SimulatedBackend):
+    """FAKE driver that lists its GPUs but answers no sample while ``failing`` (a driver half
+    loaded): each retry opened it, logged "back", then the outage again."""
+
+    failing = True
+
+    def sample(self, *, slow: bool = False) -> tuple[GPUSnapshot, ...]:
+        if self.failing:
+            raise GPUUnavailable("no NVIDIA GPU found: the FAKE driver answers no sample")
+        return super().sample(slow=slow)
+
+
+@pytest.mark.parametrize("backend", ["switched off", "opens but cannot sample"])
+def test_an_outage_is_logged_once_and_its_end_once(
+    backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25, point 9: a computer without NVIDIA retries forever; the log says so once, each
+    retry only at debug, and says when telemetry comes back."""
+    monkeypatch.setattr("engines.gpu.sampler.BACKOFF_MIN_S", 0.01)
+    monkeypatch.setattr("engines.gpu.sampler.BACKOFF_MAX_S", 0.02)
+    sim = SampleFailsBackend(2)
+    sim.failing = backend == "opens but cannot sample"
+    sim.unavailable = not sim.failing
+    events: list[Event] = []
+    caplog.set_level(logging.DEBUG, logger="engines.gpu.sampler")
+    sampler = Sampler(sim, interval_s=0.05, process_interval_s=5, publish=events.append)
+    sampler.start()
+    try:
+        _wait(lambda: sum("still unavailable" in r.message for r in caplog.records) >= 5)
+        sim.unavailable = sim.failing = False
+        _wait(lambda: sampler.state == GPUState.OK)
+    finally:
+        sampler.stop()
+    by_level = [(r.levelno, r.message.split(":")[0]) for r in caplog.records]
+    assert by_level.count((logging.WARNING, "GPU telemetry unavailable")) == 1
+    assert by_level.count((logging.INFO, "GPU telemetry is back")) == 1
+    states = [e.state for e in events if isinstance(e, GPUStateChanged)]
+    assert states == [GPUState.UNAVAILABLE, GPUState.OK]
 
 
 def _wait(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]

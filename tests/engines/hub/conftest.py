@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from engines.config import HubSettings, Paths
+from engines.config.sections import HubSettings, Paths
+from engines.core.procs import free_loopback_port
 from engines.events import DownloadState, DownloadStatus
-from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.fakes.hub_server import FakeHub, FakeRepo, tiny_llama_repo
 

@@ -9,14 +9,17 @@ import contextlib
 import errno
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engines.config.sections import Paths
 from engines.errors import ControlAPIError
 from engines.events import DownloadState
 from tests.conftest import RunningDaemon
+from tests.data_disk import DataDisk, tmpfs_data_folder
 from tests.engines.hub.conftest import big_repo, cache_repo, wait_download, wait_for
 from tests.fakes.hub_server import FakeHub
 
@@ -87,3 +90,27 @@ async def test_a_disk_that_fills_during_the_download_fails_it_cleanly(
     blobs = cache_repo(hf_home, repo_id) / "blobs"
     assert not list(blobs.glob("*.incomplete")), "partial files are removed"
     assert all(m.verified != "verified" for m in await hub_daemon.client.local_models())
+
+
+@pytest.fixture
+def full_data_folder(paths: Paths) -> Iterator[DataDisk]:
+    """traylm's data folder (the SQLite store) on its own tmpfs, set up before the daemon."""
+    with tmpfs_data_folder(paths) as disk:
+        yield disk
+
+
+async def test_a_pull_goes_on_while_the_store_cannot_save_its_state(
+    full_data_folder: DataDisk,
+    hub_daemon_factory: Callable[..., Any],
+    fake_hub: FakeHub,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The data folder (not the model cache) is full: the download's state is not saved, but
+    the download goes on to READY in memory and in its events, with no traceback."""
+    d: RunningDaemon = await hub_daemon_factory()
+    full_data_folder.fill()
+    status = await d.client.pull("traylm-test/tiny-llama")
+    final = await wait_download(d, status.id, (DownloadState.READY, DownloadState.FAILED))
+    assert final.state == DownloadState.READY, final.message
+    assert not [r.getMessage() for r in caplog.records if r.exc_info]
+    full_data_folder.free()

@@ -201,7 +201,7 @@ async def test_trust_remote_code_needs_consent_for_that_model(
 
 
 def test_token_sources_and_the_trust_rule(tmp_path: Path) -> None:
-    from engines.config import HubSettings
+    from engines.config.sections import HubSettings
     from engines.hub.access import OFFICIAL_ENDPOINT, resolve_access
 
     (tmp_path / "token").write_text("hf_saved\n")

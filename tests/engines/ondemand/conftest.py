@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from engines.config import GPUSettings, Settings
+from engines.config.sections import GPUSettings, Paths, Settings
+from engines.core.procs import free_loopback_port
 from engines.events.codec import Event
-from engines.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 from tests.engines.hub.conftest import fake_hub, hf_home  # noqa: F401  (fixtures)
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 
 def settings(
@@ -30,8 +32,9 @@ def settings(
 
 
 def fake_profile(d: RunningDaemon, name: str, *, args: str = "", **fields: Any) -> None:
-    """A profile run by the FAKE engine (``args``: its options, see openai_engine.py)."""
-    fields.setdefault("device", "cpu")
+    """A profile run by the FAKE engine (``args``: its options, see openai_engine.py): on the
+    (simulated) GPUs when the daemon has them, else on the CPU; ``device`` says otherwise."""
+    fields.setdefault("device", "cuda" if d.daemon.ondemand.placer.infos else "cpu")
     d.write_profile(
         name,
         model="org/" + name,
@@ -83,6 +86,13 @@ class Events:
 
     def close(self) -> None:
         self._cm.__exit__(None, None, None)
+
+
+@pytest.fixture
+def fake_env(paths: Paths) -> Path:
+    """The FAKE vLLM env for the CPU and one for CUDA (the simulated GPUs' engines)."""
+    make_fake_vllm_env(paths.envs_dir, device="cuda")
+    return make_fake_vllm_env(paths.envs_dir)
 
 
 @pytest.fixture

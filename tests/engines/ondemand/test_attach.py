@@ -16,8 +16,8 @@ import openai
 import pytest
 from aiohttp import web
 
+from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon
 from tests.engines.ondemand.conftest import ask, sdk
 
@@ -156,3 +156,48 @@ async def test_down_not_openai_and_public_urls_are_refused(od: RunningDaemon) ->
         await od.client.attach("x", "http://127.0.0.1:9/api/v2")
     assert await od.client.attached_servers() == []
     assert not (od.paths.config_dir / "attached.toml").exists()
+
+
+async def test_a_kept_connection_closed_as_a_request_goes_out_is_retried(
+    od: RunningDaemon,
+) -> None:
+    """A server that closes a kept-alive connection the moment the next request arrives on it
+    (what uvicorn's 5 s keep-alive does to a request that goes out at that moment) and answers
+    on new connections: every request through the gateway is answered, each after one resend
+    on a new connection; the server saw each request twice, never answered twice."""
+    served: set[tuple[str, int]] = set()  # the gateway's connections that had an answer
+    seen: list[int] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append(body["max_tokens"])
+        transport = request.transport
+        assert transport is not None
+        peer = transport.get_extra_info("peername")
+        if peer in served:
+            transport.close()  # no byte of a reply: as if it had closed while idle
+            raise web.HTTPServiceUnavailable()  # written to nobody
+        served.add(peer)
+        return web.json_response(
+            {"id": "x", "object": "chat.completion", "model": "m", "created": 0,
+             "choices": [{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": str(body["max_tokens"])}}]}
+        )  # fmt: skip
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    async with app_server(app) as url:
+        await od.client.attach("closing", url)
+        client = sdk(od)
+        answers = []
+        for n in (1, 2, 3):
+            reply = await client.chat.completions.create(model="closing", messages=[], max_tokens=n)
+            answers.append(reply.choices[0].message.content)
+        await client.close()
+    assert answers == ["1", "2", "3"]
+    assert seen == [1, 2, 2, 3, 3]  # the first on a new connection; then each sent again
+    assert od.daemon.ctx.upstreams.resent_total == 2

@@ -5,6 +5,7 @@ id and short name (FAKE Hub download, FAKE engine), and the catalog's pluggable 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import aiohttp
 import openai
 import pytest
 
+from engines.config.profiles import ProfileStore
+from engines.config.tomlfile import write_toml_atomic
 from engines.events import DownloadState
 from engines.ondemand.catalog import Catalog, Entry, ProfileSource, build_index
-from engines.profiles import ProfileStore
-from engines.tomlfile import write_toml_atomic
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.hub.conftest import hub_settings, wait_download
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
@@ -127,13 +128,15 @@ async def test_a_verified_library_model_is_servable_by_repo_id_and_short_name(
     models = {m.name: m for m in await d.client.servable_models()}
     entry = models[REPO]
     assert entry.kind == "library" and entry.status == "unloaded"
-    assert entry.gpus_planned and entry.gpus == (0,)  # where it would go now
+    # device "auto" on a computer whose GPUs are simulated: the engine runs on the CPU
+    assert not entry.gpus_planned and entry.gpus == () and not entry.blocked
     assert "tiny-llama" in entry.names
     client = sdk(d, timeout=60)
     assert await ask(client, REPO) == "w0 w1"
     assert await ask(client, "tiny-llama") == "w0 w1"
     [row] = await d.client.loaded_models()
-    assert row.name == REPO and row.gpus == (0,) and row.origin == "jit"
+    assert row.name == REPO and row.gpus == () and row.origin == "jit"
+    assert row.vram_bytes == 0 and row.ram_bytes > 0  # booked in host RAM
     listed = {m.id: m for m in (await client.models.list()).data}
     assert listed[REPO].status == "loaded"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError):
@@ -166,19 +169,20 @@ async def test_a_registered_model_folder_loads_by_name_on_its_first_request(
     daemon_factory: DaemonFactory, fake_env: object, tmp_path: Path
 ) -> None:
     """`traylm models add PATH` makes a folder servable like a downloaded model: listed unloaded
-    with where it would go, loaded on the first request (FAKE engine), placed by the planner; a
-    profile of the same name keeps it; a deleted folder is not offered."""
+    loaded on the first request (FAKE engine) on the CPU (device "auto", and
+    the two GPUs here are simulated: no GPU memory booked); a profile of the same name keeps it;
+    a deleted folder is not offered."""
     d = await daemon_factory(settings(gpus=2))
     model = make_tiny_hf_model(tmp_path / "tiny-chat")
     await asyncio.to_thread(d.daemon.hub.folders.add, model, name="tiny")
     models = {m.name: m for m in await d.client.servable_models()}
     entry = models["tiny"]
     assert (entry.kind, entry.engine_id, entry.model) == ("folder", "tiny", str(model))
-    assert entry.status == "unloaded" and entry.gpus_planned and entry.gpus == (0,)
+    assert entry.status == "unloaded" and not entry.blocked and entry.gpus == ()
     client = sdk(d, timeout=60)
     assert await ask(client, "tiny") == "w0 w1"
     [row] = await d.client.loaded_models()
-    assert (row.name, row.origin, row.gpus) == ("tiny", "jit", (0,))
+    assert (row.name, row.origin, row.gpus, row.vram_bytes) == ("tiny", "jit", (), 0)
     assert d.daemon.engine("tiny").profile.model == str(model)
     await d.client.unload_model("tiny")
 
@@ -194,3 +198,49 @@ async def test_a_registered_model_folder_loads_by_name_on_its_first_request(
     with pytest.raises(openai.NotFoundError):
         await ask(client, "tiny")
     await client.close()
+
+
+async def test_what_cannot_be_served_is_logged_once_and_when_it_changes(
+    od: RunningDaemon, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The catalog is read every 30 s (and for each /v1/models): a folder that a profile's
+    name hides, or a broken profile, is said once, again when its reason changes, and once when
+    it can be served again; never on every read."""
+    caplog.set_level(logging.INFO, logger="engines.ondemand.catalog")
+    d = od
+    model = make_tiny_hf_model(tmp_path / "dup-folder")
+    await asyncio.to_thread(d.daemon.hub.folders.add, model, name="dup")
+    fake_profile(d, "dup")
+    d.write_profile("broken", model="org/broken", tensor_parallel_size=0)
+
+    async def reads(n: int) -> None:
+        """``n`` reads of the catalog: half through GET /v1/models, half directly."""
+        async with aiohttp.ClientSession() as http:
+            for i in range(n):
+                if i % 2:
+                    await d.daemon.ondemand.catalog.refresh_fresh()
+                    continue
+                async with http.get(d.url + "/v1/models") as r:
+                    assert r.status == 200
+
+    def said(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    await reads(6)
+    [hidden] = said("model folder dup not servable")
+    assert "a profile has its name" in hidden and "rename the profile" in hidden
+    [broken] = said("profile not servable")
+    assert "broken" in broken and "tensor_parallel_size" in broken
+
+    shutil.rmtree(model)  # the reason changes: said once more
+    await reads(4)
+    assert len(said("model folder dup not servable")) == 2
+    assert "does not exist" in said("model folder dup not servable")[-1]
+
+    (d.paths.profiles_dir / "dup.toml").unlink()
+    make_tiny_hf_model(model)  # back, and no profile hides it now
+    await reads(4)
+    assert said("model folder dup can be served now") == ["model folder dup can be served now"]
+    assert len(said("model folder dup not servable")) == 2
+    assert len(said("profile not servable")) == 1
+    assert "dup" in {m.name for m in await d.client.servable_models() if m.kind == "folder"}

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from engines.adapters.vllm_start import PHASES
-from engines.procs import free_loopback_port
-from engines.tomlfile import write_toml_atomic
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
+from engines.runtime.adapters.vllm_start import PHASES
 from tests.engines.test_cli import serve, stop_daemon, traylm
+from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 
 @pytest.fixture
 def sim_served(env: dict[str, str]) -> Iterator[int]:
     port = free_loopback_port()
+    make_fake_vllm_env(Path(env["TRAYLM_ENVS_DIR"]), device="cuda")
     proc = serve(env, "--port", str(port), "--simulate-gpus", "2")
     yield port
     stop_daemon(proc)
@@ -30,12 +32,12 @@ def write(env: dict[str, str], name: str, **fields: object) -> None:
 
 
 def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:
-    write(env, "m", served_name="m", gpus="auto")
+    write(env, "m", served_name="m", gpus="auto", device="cuda")
     out = traylm(env, "load", "m", "--gpus", "1", "--ttl", "10m", "--timeout", "30")
     assert out.returncode == 0, out.stderr
     assert "m: starting on GPU 1" in out.stdout and "m: ready" in out.stdout
     ps = traylm(env, "ps").stdout
-    assert "NAME" in ps and "VRAM" in ps
+    assert "NAME" in ps and "MEMORY" in ps
     [line] = [row for row in ps.splitlines() if row.startswith("m ")]
     assert "ready" in line and " 1 " in line and "21.59 GiB" in line and "in 10m" in line
     assert "(load)" in line

@@ -11,9 +11,9 @@ import aiohttp
 import openai
 import pytest
 
-from engines.adapters.vllm_start import PHASES
+from engines.core.procs import free_loopback_port
 from engines.events import EngineState, EngineStateChanged, ModelLoading, ModelStateChanged
-from engines.procs import free_loopback_port
+from engines.runtime.adapters.vllm_start import PHASES
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
 

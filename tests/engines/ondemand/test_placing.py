@@ -4,13 +4,13 @@ placed profile carries the GPUs and the tensor-parallel size it will run with.""
 
 from __future__ import annotations
 
-from engines.config import Settings
+from engines.config.profiles import profile_from_mapping
+from engines.config.sections import Settings
 from engines.gpu.sim import SimulatedBackend
 from engines.ondemand.catalog import IMPLICIT, Entry
 from engines.ondemand.lifecycle import Lifecycle
 from engines.ondemand.placing import Placer
-from engines.profiles import profile_from_mapping
-from engines.supervisor import Supervisor
+from engines.runtime.supervisor import Supervisor
 from tests.engines.hub.test_fit import LLAMA_8B, details
 
 
@@ -19,6 +19,10 @@ class FixedSettings:
 
     def subscribe(self, listener: object) -> None:
         pass
+
+
+async def no_wait(after_s: float) -> None:
+    """The GPU samples here are fixed: none is newer than another."""
 
 
 def placer() -> Placer:
@@ -37,7 +41,7 @@ def placer() -> Placer:
         engines=supervisor,
         lifecycle=lifecycle,
         latest=lambda: (),
-        simulated=lambda: True,
+        sample_after=no_wait,
         activity=idle,
     )
     p.infos = SimulatedBackend(2).open()
@@ -46,7 +50,7 @@ def placer() -> Placer:
 
 def library_entry(name: str, model_details) -> Entry:
     profile = profile_from_mapping(
-        name, {"model": "/models/" + name, "gpus": "auto", "max_model_len": 8192}
+        name, {"model": "/models/" + name, "device": "cuda", "gpus": "auto", "max_model_len": 8192}
     )
     return Entry(
         f"org/{name}",

@@ -4,8 +4,8 @@ never touches busy or pinned models, sleep before stop, and a refusal that says 
 
 from __future__ import annotations
 
-from engines.adapters.memory import GIB, MemoryNeed, sglang_need, vllm_need
-from engines.ondemand.planner import Card, Request, Resident, plan
+from engines.ondemand.planner import HOST_RAM_MARGIN_BYTES, Card, Request, Resident, plan, plan_host
+from engines.runtime.adapters.memory import GIB, MemoryNeed, cpu_need, sglang_need, vllm_need
 
 CARD = 24 * GIB
 HOST = 64 * GIB
@@ -174,3 +174,29 @@ def test_between_cards_the_least_recently_used_model_goes() -> None:
     residents = [resident("newer", (0,), used=9.0), resident("older", (1,), used=2.0)]
     found = plan(Request("m", 1, vllm()), cards(0, 0), residents, host_free_bytes=HOST)
     assert found.gpus == (1,) and [e.engine_id for e in found.evictions] == ["older"]
+
+
+def cpu_resident(name: str, *, used: float, busy: bool = False, pinned: bool = False) -> Resident:
+    return Resident(name, (), 3 * GIB, busy, pinned, used)
+
+
+def test_a_cpu_model_books_host_ram_and_stops_the_lru_idle_cpu_model_for_room() -> None:
+    need = cpu_need(weights_bytes=GIB, kv_cache_bytes=GIB)  # + 1 GiB runtime = 3 GiB
+    assert need.hold_bytes == 3 * GIB and "host RAM" in need.rule
+    found = plan_host("c", need, [], host_free_bytes=HOST_RAM_MARGIN_BYTES + 3 * GIB)
+    assert found.fits and found.on_cpu and found.host_bytes == 3 * GIB and not found.gpus
+    residents = [cpu_resident("old", used=1.0), cpu_resident("new", used=2.0)]
+    found = plan_host("c", need, residents, host_free_bytes=HOST_RAM_MARGIN_BYTES + GIB)
+    assert found.fits and [(e.engine_id, e.action) for e in found.evictions] == [("old", "stop")]
+
+
+def test_a_cpu_model_without_room_is_refused_with_what_holds_the_ram() -> None:
+    need = cpu_need(weights_bytes=None, kv_cache_bytes=2 * GIB)
+    busy = [cpu_resident("b", used=1.0, busy=True)]
+    found = plan_host("c", need, busy, host_free_bytes=HOST_RAM_MARGIN_BYTES + GIB)
+    assert not found.fits and found.retry_later  # b finishing its requests makes room
+    assert "c needs 3.0 GiB of host RAM" in found.reason and "b 3.0 GiB (busy)" in found.reason
+    pinned = [cpu_resident("p", used=1.0, pinned=True)]
+    found = plan_host("c", need, pinned, host_free_bytes=HOST_RAM_MARGIN_BYTES + GIB)
+    assert not found.fits and not found.retry_later
+    assert "p 3.0 GiB (pinned)" in found.reason and "cpu_kv_cache_gib" in found.reason

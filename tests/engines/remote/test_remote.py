@@ -18,12 +18,13 @@ import keyring.errors
 import pytest
 from aiohttp import web
 
-from engines.config import RemoteSettings, Settings
+from engines.config.sections import RemoteSettings, Settings
+from engines.core.procs import free_loopback_port
 from engines.errors import ConfigError
 from engines.events import EngineState, RemoteRouted
-from engines.procs import free_loopback_port
 from engines.remote.service import base_url_problem, read_keyring, store_keyring, upstream_base
 from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.test_engine_liveness import wait_until
 
 KEY_ENV = "TRAYLM_TEST_REMOTE_KEY"
 
@@ -139,10 +140,12 @@ async def test_not_served_alias_goes_remote_marked_with_the_key_and_logged(
     assert status["routed_requests"] == 2
 
 
-async def test_starting_engine_and_full_queue_fall_back(
-    daemon_factory: Any, fake_env: Any, remote_server: RemoteServer
-) -> None:
-    d = await daemon_factory(
+async def one_slot_chat(
+    daemon_factory: Any, remote_server: RemoteServer, fake_args: str
+) -> RunningDaemon:
+    """A daemon whose FAKE engine "chat" (started, not waited for) takes one request at a time
+    and queues none: the next goes to the remote fallback, listed for "chat"."""
+    d: RunningDaemon = await daemon_factory(
         remote_settings(remote_server, "chat", max_concurrent=1, max_queue=0, queue_timeout_s=5)
     )
     d.write_profile(
@@ -150,9 +153,18 @@ async def test_starting_engine_and_full_queue_fall_back(
         model="org/chat",
         served_name="chat",
         device="cpu",
-        env={"FAKE_ENGINE_ARGS": "--startup-delay 2 --first-token-delay 1"},
+        env={"FAKE_ENGINE_ARGS": fake_args},
     )
     await d.client.start("chat")
+    return d
+
+
+async def test_starting_engine_and_full_queue_fall_back(
+    daemon_factory: Any, fake_env: Any, remote_server: RemoteServer
+) -> None:
+    d = await one_slot_chat(
+        daemon_factory, remote_server, "--startup-delay 2 --first-token-delay 1"
+    )
     code, headers, _ = await post(d, "chat", max_tokens=1)  # still starting
     assert code == 200 and headers["X-Traylm-Route"] == "remote"
     await d.client.wait_for_engine("chat", (EngineState.READY,), 30)
@@ -162,6 +174,23 @@ async def test_starting_engine_and_full_queue_fall_back(
     assert routes == ["local", "remote"]  # one slot, no queue: the second goes remote
     rows = await usage_rows(d, 3)
     assert sorted((r["remote"], r["status"]) for r in rows) == [(0, 200), (1, 200), (1, 200)]
+
+
+async def test_a_stream_sent_remote_by_a_full_queue_is_recorded_with_its_reply(
+    daemon_factory: Any, fake_env: Any, remote_server: RemoteServer
+) -> None:
+    """The flight recorder keeps the remote fallback's streamed reply like an engine's."""
+    d = await one_slot_chat(daemon_factory, remote_server, "--first-token-delay 2")
+    await d.client.wait_for_engine("chat", (EngineState.READY,), 30)
+    local = asyncio.create_task(post(d, "chat", max_tokens=1))  # holds the one slot
+    await wait_until(lambda: d.daemon.ctx.activity("chat")[0] == 1, "the slot taken")
+    code, headers, _ = await post(d, "chat", stream=True)
+    assert code == 200 and headers["X-Traylm-Route"] == "remote"
+    await local
+    await d.daemon.requests.flush()
+    rid = next(v for k, v in headers.items() if k.lower() == "x-request-id")
+    row = await d.client.request_detail(rid)
+    assert row["engine_id"] == "remote" and row["reply"]["text"] == "remote reply"
 
 
 async def test_plain_http_to_another_host_is_never_used(
@@ -238,3 +267,19 @@ def test_url_rules() -> None:
     assert base_url_problem("http://[::1]:9000/v1") == ""
     assert "https" in base_url_problem("http://10.0.0.2/v1")
     assert "not an http(s) URL" in base_url_problem("ftp://x")
+
+
+async def test_tools_for_a_remote_alias_not_loaded_go_remote_not_refused(
+    daemon_factory: Any, fake_env: Any, remote_server: RemoteServer, tmp_path: Any
+) -> None:
+    """A local profile without a tool-call parser that is also a remote alias: while it is
+    not loaded, a request with tools goes to the remote API (which may serve tools), it is not
+    refused for the local engine's missing parser."""
+    d = await daemon_factory(remote_settings(remote_server, "llama-both"))
+    folder = tmp_path / "Llama-3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    d.write_profile("llama-both", model=str(folder), served_name="llama-both", device="cpu")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    code, headers, text = await post(d, "llama-both", tools=tools)
+    assert code == 200 and headers["X-Traylm-Route"] == "remote", text

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engines.config import resources_dir
+from engines.config.sections import resources_dir
 from engines.errors import ConfigError, EngineError
 from engines.trt.build import ETAModel
 from engines.trt.cache import CacheKey, EngineCache, differences

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from engines.cli import main as cli_main
-from engines.config import GPUSettings
-from engines.envs import RECIPES, EngineRecipe, EnvManager, _python_for, load_flags
+from engines.config.sections import GPUSettings
+from engines.core.procs import free_loopback_port
+from engines.envs.manager import RECIPES, EngineRecipe, EnvManager, _python_for, load_flags
 from engines.errors import EngineEnvError
 from engines.events import EngineState
 from engines.events.gpu import GPUInfo
 from engines.gpu.inventory import GPUInventory
 from engines.gpu.sim import SimulatedBackend
-from engines.procs import free_loopback_port
 from engines.trt.cache import CacheKey, EngineCache
 from engines.trt.env import env_extras, gpu_architecture_check, import_facts
 from tests.conftest import fast_settings

@@ -20,10 +20,10 @@ import aiohttp
 import psutil
 import pytest
 
-from engines.config import GPUSettings, Settings
+from engines.config.sections import GPUSettings, Settings
+from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from engines.events import EngineState, EngineStatus, Event, TRTBuildProgress
-from engines.procs import free_loopback_port
 from tests.conftest import RunningDaemon, fast_settings
 from tests.fakes.fake_trt_env import make_fake_trtllm_env, make_tiny_hf_model
 from tests.fakes.fake_vllm_env import make_fake_vllm_env

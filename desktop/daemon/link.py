@@ -1,0 +1,410 @@
+"""The app's connection to the daemon, kept alive on the bridge's asyncio loop (no Qt here).
+
+``DaemonLink.run`` connects (starting the daemon detached on first use when none runs), loads
+a snapshot (status, engines, profiles, settings), then relays the daemon's event stream (the
+gateway's throughput among its events) until the connection breaks; then it says so and
+reconnects on its own as soon as a daemon answers again. A daemon of another version is
+reported, not refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import psutil
+
+from desktop.chat.stream import GatewayHTTP
+from desktop.daemon.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wait_until_serving
+from desktop.daemon.messages import (
+    CallResult,
+    ConnectionChanged,
+    EnginesLoaded,
+    EnvEntry,
+    EnvsLoaded,
+    GPUsLoaded,
+    LibraryLoaded,
+    LinkState,
+    ProfileEntry,
+    ProfilesLoaded,
+    ServableLoaded,
+    SettingsLoaded,
+    StatusLoaded,
+    freeze,
+)
+from engines import __version__
+from engines.client import DaemonClient
+from engines.config.sections import Paths, Settings
+from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
+from engines.events import (
+    BoxesChanged,
+    DaemonStopping,
+    EngineStateChanged,
+    EnvInstallProgress,
+    Event,
+    LibraryChanged,
+    Notice,
+    RemoteRouted,
+    from_plain,
+)
+
+log = logging.getLogger(__name__)
+
+Post = Callable[[object], None]
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 2.0
+RESYNC_AFTER_S = 0.5
+DISK_NOTICES = frozenset({"disk_full", "disk_space"})
+"""Sources of the daemon's notices that its disk is full, or has room again: the status (the
+tray's disk line) is re-read."""
+STATUS_AFTER_ROUTED_S = 2.0  # re-read /api/status (the remote fallback's count) at most this often
+CLIENT_TIMEOUT_S = 30.0  # how long a call to the daemon may take (some have their own: the doctor)
+
+
+class DaemonLink:
+    def __init__(self, paths: Paths, post: Post, *, spawn_daemon: bool = True) -> None:
+        self.paths = paths
+        self._post = post
+        self._spawn_first = spawn_daemon
+        self.client: DaemonClient | None = None
+        self.gateway = GatewayHTTP(post)
+        self.spawned: SpawnedDaemon | None = None
+        self.closing = False
+        self._spawn_requested = False
+        self._spawn_error = ""  # why the last start failed; shown until a daemon answers
+        self._stopping_token = ""  # the daemon that announced it is stopping
+        self._wake_retry: asyncio.Event | None = None
+        self._status_task: asyncio.Task[None] | None = None
+        self._known: set[str] = set()  # engine ids whose full status the app has
+        self._refreshes: set[asyncio.Task[None]] = set()
+        self._servable_task: asyncio.Task[None] | None = None
+        self._servable_again = False
+
+    # ----------------------------------------------------------------- supervision
+
+    async def run(self) -> None:
+        self._wake_retry = asyncio.Event()
+        self._post(ConnectionChanged(LinkState.CONNECTING, "connecting to the traylm daemon…"))
+        delay_s = RETRY_FIRST_S
+        while not self.closing:
+            try:
+                client = await self._connect()
+            except DaemonUnavailable as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        self._unreachable_text(exc),
+                        spawned=self.spawned is not None,
+                    )
+                )
+                await self._pause(delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+                continue
+            delay_s = RETRY_FIRST_S
+            try:
+                await self._serve(client)
+            except DaemonUnavailable as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        f"lost the daemon ({exc.message}); waiting for it to come back",
+                    )
+                )
+            except TraylmError as exc:
+                self._post(
+                    ConnectionChanged(
+                        LinkState.UNREACHABLE,
+                        f"the daemon answered with an error ({exc.message}); retrying",
+                    )
+                )
+                await self._pause(RETRY_MAX_S)
+            except Exception as exc:  # boundary: the link must outlive any bug below it
+                log.exception("daemon link failed")
+                self._post(
+                    ConnectionChanged(LinkState.UNREACHABLE, f"internal error: {exc}; retrying")
+                )
+                await self._pause(RETRY_MAX_S)
+            finally:
+                self.client = None
+                await client.close()
+
+    def _unreachable_text(self, exc: DaemonUnavailable) -> str:
+        if isinstance(exc, SpawnFailed):
+            self._spawn_error = exc.message
+        if self._spawn_error:
+            return f"Could not start the traylm daemon: {self._spawn_error}"
+        if not self.paths.daemon_json.exists():
+            return (
+                "The traylm daemon is not running. Start it here (or with `traylm serve`); "
+                "this app connects as soon as it answers."
+            )
+        return f"{exc.message}. Retrying on its own."
+
+    async def _pause(self, delay_s: float) -> None:
+        assert self._wake_retry is not None
+        self._wake_retry.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake_retry.wait(), delay_s)
+
+    async def _connect(self) -> DaemonClient:
+        spawn = self._spawn_requested or (self._spawn_first and self.spawned is None)
+        self._spawn_first = False
+        try:
+            client = await DaemonClient.connect(self.paths, timeout_s=CLIENT_TIMEOUT_S)
+        except DaemonUnavailable:
+            if not spawn:
+                raise
+        else:
+            if client.info.token != self._stopping_token:
+                return client
+            await client.close()  # the one that said it is stopping: wait for it to go
+            raise DaemonUnavailable("the daemon is stopping")
+        self._spawn_requested = False
+        self._post(
+            ConnectionChanged(
+                LinkState.STARTING_DAEMON, "starting the traylm daemon (traylm serve)…"
+            )
+        )
+        self.spawned = await asyncio.to_thread(spawn_daemon, self.paths)
+        return await wait_until_serving(self.paths, self.spawned)
+
+    async def _serve(self, client: DaemonClient) -> None:
+        self._spawn_error = ""
+        status = await client.status()
+        self.client = client
+        url = str(status.get("url", client.info.url))
+        self.gateway.base_url = url
+        self.gateway.control_token = client.info.token
+        version = str(status.get("version", client.info.version))
+        spawned = self.spawned is not None and self.spawned.pid == client.info.pid
+        if version == __version__:
+            state, message = LinkState.CONNECTED, f"connected to the daemon at {url}"
+        else:
+            state = LinkState.VERSION_MISMATCH
+            message = (
+                f"the running daemon is traylm {version} but this app is {__version__}; "
+                "restart the daemon (menu: Restart daemon) so that both match"
+            )
+        self._post(
+            ConnectionChanged(state, message, url, version, client.info.pid, spawned=spawned)
+        )
+        self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
+        await self.load_all(client)
+        resync = asyncio.create_task(self._resync(client), name="resync")
+        try:
+            await self._pump_events(client)
+        finally:
+            resync.cancel()
+            await asyncio.gather(resync, return_exceptions=True)
+
+    async def _pump_events(self, client: DaemonClient) -> None:
+        async for event in client.events():
+            self._post(event)
+            self._refresh_after(client, event)
+            if isinstance(event, BoxesChanged):  # what the paired boxes serve here
+                self._refresh_status_soon(client, after_s=0.0)
+            elif isinstance(event, RemoteRouted) or (
+                isinstance(event, Notice) and event.source in DISK_NOTICES
+            ):
+                self._refresh_status_soon(client)
+            if isinstance(event, DaemonStopping):
+                # let go at once (the daemon would otherwise wait for this stream to close),
+                # and do not reconnect to it while it finishes stopping
+                self._stopping_token = client.info.token
+                raise DaemonUnavailable(f"the daemon is stopping ({event.reason or 'asked to'})")
+        raise DaemonUnavailable("the daemon closed the event stream")
+
+    async def _resync(self, client: DaemonClient) -> None:
+        """Re-read the engines once the event stream surely runs, so that no change made
+        between the snapshot and the subscription is lost."""
+        await asyncio.sleep(RESYNC_AFTER_S)
+        with contextlib.suppress(TraylmError):
+            await self.load_engines(client)
+
+    def _refresh_status_soon(
+        self, client: DaemonClient, after_s: float = STATUS_AFTER_ROUTED_S
+    ) -> None:
+        """Re-read the status shortly, once: requests went to the remote fallback (its count),
+        the disk filled or has room, the paired boxes' models changed."""
+        if self._status_task is not None and not self._status_task.done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(after_s)
+            with contextlib.suppress(TraylmError):
+                self._post(StatusLoaded(freeze(await client.status())))  # type: ignore[arg-type]
+
+        self._status_task = asyncio.create_task(later(), name="status after remote")
+
+    def _refresh_after(self, client: DaemonClient, event: Event) -> None:
+        """Snapshots an event changes but does not carry: an engine the app has not seen (its
+        version and device), the engine envs after an install, the library after a change."""
+        load: Callable[[DaemonClient], Awaitable[None]] | None = None
+        if isinstance(event, EngineStateChanged) and event.engine_id not in self._known:
+            self._known.add(event.engine_id)
+            load = self.load_engines
+        elif isinstance(event, EnvInstallProgress) and event.phase in (
+            "done",
+            "failed",
+            "cancelled",
+        ):
+            load = self.load_envs
+        elif isinstance(event, LibraryChanged):
+            load = self.load_library
+        if load is not None:
+            task = asyncio.create_task(self._quietly(load, client), name="refresh")
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
+
+    async def _quietly(
+        self, load: Callable[[DaemonClient], Awaitable[None]], client: DaemonClient
+    ) -> None:
+        with contextlib.suppress(TraylmError):
+            await load(client)
+
+    # ----------------------------------------------------------------- snapshot
+
+    async def load_all(self, client: DaemonClient) -> None:
+        await self.load_engines(client)
+        await self.load_profiles(client)
+        await self.load_settings(client)
+        await self.load_gpus(client)
+        await self.load_envs(client)
+        await self.load_library(client)
+
+    async def load_envs(self, client: DaemonClient) -> None:
+        entries = tuple(
+            EnvEntry(
+                name=str(e["name"]),
+                engine=str(e["engine"]),
+                version=str(e["version"]),
+                device=str(e["device"]),
+                complete=bool(e["complete"]),
+            )
+            for e in await client.envs()
+        )
+        self._post(EnvsLoaded(entries))
+        self._servable_soon(client)
+
+    async def load_library(self, client: DaemonClient) -> None:
+        try:
+            cached = tuple(await client.local_models())
+            folders = tuple(await client.local_folders())
+        except ControlAPIError:  # a daemon without the hub feature: an empty library
+            cached, folders = (), ()
+        self._post(LibraryLoaded(cached, folders))
+        self._servable_soon(client)
+
+    async def load_gpus(self, client: DaemonClient) -> None:
+        try:
+            overview = await client.gpus()
+        except ControlAPIError as exc:  # a daemon without GPU telemetry: the pages say so
+            self._post(GPUsLoaded(None, exc.message))
+            return
+        self._post(GPUsLoaded(overview))
+
+    async def load_engines(self, client: DaemonClient) -> None:
+        engines = tuple(await client.engines())
+        self._known = {e.engine_id for e in engines}
+        self._post(EnginesLoaded(engines))
+
+    async def load_profiles(self, client: DaemonClient) -> None:
+        data = await client.profiles()
+        entries = tuple(
+            ProfileEntry(str(p["name"]), bool(p["preset"]), freeze(p["profile"]))  # type: ignore[arg-type]
+            for p in data["profiles"]
+        )
+        self._post(ProfilesLoaded(entries, tuple(str(b) for b in data.get("broken", ()))))
+        self._servable_soon(client)
+
+    def _servable_soon(self, client: DaemonClient) -> None:
+        """Re-read the servable models (why each cannot start here: the daemon's answer) after
+        the profiles, engine envs or library changed; one read at a time, in the background
+        (the daemon may check the Hub's reachability for it), once more when asked meanwhile."""
+        self._servable_again = True
+        if self._servable_task is not None and not self._servable_task.done():
+            return
+
+        async def read() -> None:
+            while self._servable_again:
+                self._servable_again = False
+                with contextlib.suppress(TraylmError):
+                    self._post(ServableLoaded(tuple(await client.servable_models())))
+
+        self._servable_task = asyncio.create_task(read(), name="servable models")
+
+    async def load_settings(self, client: DaemonClient) -> None:
+        data = await client.settings()
+        settings = from_plain(Settings, data["settings"])
+        self._post(SettingsLoaded(settings, freeze(data["docs"])))  # type: ignore[arg-type]
+        status = await client.status()
+        self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------- daemon start/restart
+
+    def request_daemon_start(self) -> None:
+        """Start a daemon on the next attempt (the user asked; the first start is automatic)."""
+        self._spawn_requested = True
+        if self._wake_retry is not None:
+            self._wake_retry.set()
+
+    async def restart_daemon(self, timeout_s: float = 60.0) -> None:
+        """Shut the daemon down (its engines stop), wait until it is gone, start a new one."""
+        client = self.client
+        if client is not None:
+            pid = client.info.pid
+            with contextlib.suppress(DaemonUnavailable):
+                await client.shutdown()
+            deadline = time.monotonic() + timeout_s
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            if psutil.pid_exists(pid):
+                raise DaemonUnavailable(f"the daemon (pid {pid}) did not stop in {timeout_s:.0f} s")
+        self.request_daemon_start()
+
+    # ----------------------------------------------------------------- calls from the GUI
+
+    async def run_call(self, call_id: int, fn: Callable[[DaemonClient], Awaitable[object]]) -> None:
+        client = self.client
+        if client is None:
+            self._post(
+                CallResult(
+                    call_id,
+                    error="not connected to the traylm daemon; it reconnects on its own",
+                    error_code="daemon_unavailable",
+                )
+            )
+            return
+        await self._guarded(call_id, lambda: fn(client))
+
+    async def run_gateway(
+        self, call_id: int, fn: Callable[[GatewayHTTP], Awaitable[object]]
+    ) -> None:
+        await self._guarded(call_id, lambda: fn(self.gateway))
+
+    async def run_link(self, call_id: int, fn: Callable[[DaemonLink], Awaitable[object]]) -> None:
+        await self._guarded(call_id, lambda: fn(self))
+
+    async def _guarded(self, call_id: int, make: Callable[[], Awaitable[object]]) -> None:
+        try:
+            value = await make()
+        except asyncio.CancelledError:
+            self._post(CallResult(call_id, cancelled=True))
+            raise
+        except TraylmError as exc:
+            self._post(CallResult(call_id, error=exc.message, error_code=exc.code))
+        except Exception as exc:  # boundary: a bug must reach the GUI as an error, not vanish
+            log.exception("call %d failed", call_id)
+            self._post(CallResult(call_id, error=f"internal error: {exc}", error_code="internal"))
+        else:
+            self._post(CallResult(call_id, value=freeze(value)))
+
+    async def close(self) -> None:
+        self.closing = True
+        await self.gateway.close()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None

@@ -1,0 +1,1 @@
+"""The desktop session: start at login, Unix signals, one app per user."""

@@ -1,0 +1,1 @@
+"""The tray icon, its state and menu, notifications and the quit dialog."""

@@ -1,0 +1,105 @@
+"""GPUs: telemetry, history, fans, power limits, the thermal guard (engines/gpu/routes.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from engines.client.base import JSON, ClientBase, api_path
+from engines.events.codec import from_plain, to_plain
+from engines.events.gpu import (
+    FanCurve,
+    FanCurveResult,
+    GPUFanStatus,
+    GPUHistory,
+    GPUOverview,
+    GPUPresets,
+    GuardStatus,
+    PowerLimitStatus,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+class GPUCalls(ClientBase):
+    async def gpus(self) -> GPUOverview:
+        return from_plain(GPUOverview, await self._call("GET", "/api/gpus"))
+
+    async def gpu_history(self, seconds: float = 600, points: int = 600) -> list[GPUHistory]:
+        params = {"seconds": str(seconds), "points": str(points)}
+        data = await self._call("GET", "/api/gpus/history", params=params)
+        return [from_plain(GPUHistory, h) for h in data]
+
+    async def gpu_presets(self) -> GPUPresets:
+        return from_plain(GPUPresets, await self._call("GET", "/api/gpus/presets"))
+
+    async def fans(self, gpu: str) -> GPUFanStatus:
+        return from_plain(GPUFanStatus, await self._call("GET", api_path("/api/gpus/{}/fans", gpu)))
+
+    async def set_fan_curve(
+        self,
+        gpu: str,
+        *,
+        preset: str | None = None,
+        curve: FanCurve | JSON | None = None,
+        fans: Iterable[int] | None = None,
+        persist: bool = True,
+        dry_run: bool = False,
+    ) -> FanCurveResult:
+        """Apply a preset or a curve to a GPU's fans (all of them unless ``fans``).
+        ``persist=False`` keeps it only while this daemon runs; ``dry_run`` only validates."""
+        body: JSON = {"persist": persist}
+        if preset is not None:
+            body["preset"] = preset
+        if curve is not None:
+            body["curve"] = to_plain(curve)
+        if fans is not None:
+            body["fans"] = list(fans)
+        params = {"dry_run": "1"} if dry_run else None
+        data = await self._call(
+            "PUT", api_path("/api/gpus/{}/fans", gpu), json_body=body, params=params
+        )
+        return from_plain(FanCurveResult, data)
+
+    async def restore_fans(self, gpu: str = "all") -> list[str]:
+        data = await self._call("POST", api_path("/api/gpus/{}/fans/auto", gpu))
+        return [str(u) for u in data["gpus"]]
+
+    async def power_limit(self, gpu: str) -> PowerLimitStatus:
+        return from_plain(
+            PowerLimitStatus, await self._call("GET", api_path("/api/gpus/{}/power", gpu))
+        )
+
+    async def set_power_limit(
+        self,
+        gpu: str,
+        *,
+        watts: float | None = None,
+        preset: str | None = None,
+        persist: bool = True,
+        dry_run: bool = False,
+    ) -> PowerLimitStatus:
+        body: JSON = {"persist": persist}
+        if watts is not None:
+            body["watts"] = watts
+        if preset is not None:
+            body["preset"] = preset
+        params = {"dry_run": "1"} if dry_run else None
+        data = await self._call(
+            "PUT", api_path("/api/gpus/{}/power", gpu), json_body=body, params=params
+        )
+        return from_plain(PowerLimitStatus, data)
+
+    async def reset_power_limit(self, gpu: str = "all") -> list[str]:
+        data = await self._call("POST", api_path("/api/gpus/{}/power/reset", gpu))
+        return [str(u) for u in data["gpus"]]
+
+    async def guard(self) -> GuardStatus:
+        return from_plain(GuardStatus, await self._call("GET", "/api/gpus/guard"))
+
+    async def set_guard(self, changes: JSON, *, dry_run: bool = False) -> GuardStatus:
+        """``changes``: guard_enabled and any gpu.guard_* threshold (without the section)."""
+        params = {"dry_run": "1"} if dry_run else None
+        data = await self._call("PUT", "/api/gpus/guard", json_body=changes, params=params)
+        return from_plain(GuardStatus, data)

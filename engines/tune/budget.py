@@ -1,0 +1,51 @@
+"""How many candidates a time budget holds.
+
+Before anything starts, the budget must hold the least run that can decide anything: the
+default and one candidate, each measured ``repeat`` times, each measurement a cold start (the
+model's last start here, else a typical one). Once the default has been measured once, the cost
+of a measurement is known (its cold start + the workload's time + the stop) and the candidates
+that do not fit what is left are dropped, the last ones first.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engines.errors import TuneError
+
+TYPICAL_COLD_START_S = {"cpu": 60.0, "cuda": 90.0}
+"""A start of vLLM when this model has not started here yet (notes/cpu-engine.md: 48 s for the
+tiny model on 2 cores; a 7-8B model on one GPU takes about as long again)."""
+
+
+def check_minimum(budget_s: float, repeat: int, cold_start_s: float) -> None:
+    """TuneError when the budget cannot hold ``repeat`` starts of the default and a candidate."""
+    least = 2 * repeat * cold_start_s
+    if budget_s < least:
+        raise TuneError(
+            f"a budget of {_duration(budget_s)} cannot hold {repeat} measurements each of your "
+            f"profile and one candidate: each starts the engine, which takes about "
+            f"{cold_start_s:.0f} s here; give --budget {_duration(least * 2)} or more"
+        )
+
+
+def candidates_that_fit(
+    *, left_s: float, per_run_s: float, repeat: int, candidates: int, default_runs_left: int
+) -> int:
+    """How many candidates (besides the default) fit in ``left_s``; TuneError when none does."""
+    runs = math.floor(left_s / per_run_s) - default_runs_left
+    fit = min(candidates, max(0, runs // repeat))
+    if fit < 1 and candidates:
+        raise TuneError(
+            f"one measurement takes {per_run_s:.0f} s here (start, workload, stop), so the "
+            f"{_duration(left_s)} left cannot hold {repeat} measurements of a candidate; give a "
+            f"larger --budget (about {_duration(per_run_s * repeat * 4)} for three candidates) "
+            "or a shorter workload (--requests)"
+        )
+    return fit
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{math.ceil(seconds / 60)}m"
+    return f"{math.ceil(seconds)}s"

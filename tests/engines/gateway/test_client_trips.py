@@ -1,0 +1,162 @@
+"""What real clients trip on, through the real daemon and the real SDKs (FAKE vLLM engine):
+a refused key or Host must stop a client at once (``x-should-retry: false``: Claude Code
+otherwise retried a wrong key for minutes), and errors on Anthropic's routes carry Anthropic's
+error types, also when the engine answered with vLLM's own ("BadRequestError")."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+
+from engines.core.procs import free_loopback_port
+from engines.gateway.security import hash_key
+from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.test_daemon_gateway import start_fake
+
+HI = [{"role": "user", "content": "hi"}]
+ANTHROPIC_TYPES = {
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "rate_limit_error",
+    "api_error",
+    "overloaded_error",
+    "billing_error",
+    "timeout_error",
+}
+
+
+@pytest.fixture
+async def keyed(daemon_factory, fake_env) -> AsyncIterator[RunningDaemon]:  # type: ignore[no-untyped-def]
+    d: RunningDaemon = await daemon_factory(
+        fast_settings(free_loopback_port(), api_key_sha256=(hash_key("sekret"),))
+    )
+    await start_fake(d)
+    yield d
+
+
+def seen(d: RunningDaemon, route: str, status: str) -> float:
+    """Requests the daemon's gateway answered on ``route`` with ``status``."""
+    values = d.daemon.ctx.metrics.requests.values
+    return sum(
+        n for key, n in values.items() if ("route", route) in key and ("status", status) in key
+    )
+
+
+async def test_a_wrong_key_stops_the_anthropic_sdk_at_once(keyed: RunningDaemon) -> None:
+    """The SDK with its default retries: one request, AuthenticationError, told not to retry."""
+    client = anthropic.AsyncAnthropic(base_url=keyed.url, api_key="wrong")  # default retries
+    try:
+        with pytest.raises(anthropic.AuthenticationError) as err:
+            await client.messages.create(model="fake", max_tokens=1, messages=HI)
+    finally:
+        await client.close()
+    assert err.value.response.headers.get("x-should-retry") == "false"
+    assert err.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert seen(keyed, "/v1/messages", "401") == 1
+
+
+async def test_a_wrong_key_stops_the_openai_sdk_at_once(keyed: RunningDaemon) -> None:
+    client = openai.AsyncOpenAI(base_url=keyed.url + "/v1", api_key="wrong")  # default retries
+    try:
+        with pytest.raises(openai.AuthenticationError) as err:
+            await client.chat.completions.create(model="fake", messages=HI, max_tokens=1)
+    finally:
+        await client.close()
+    assert err.value.response.headers.get("x-should-retry") == "false"
+    assert seen(keyed, "/v1/chat/completions", "401") == 1
+
+
+async def test_every_401_and_403_says_do_not_retry(keyed: RunningDaemon) -> None:
+    url = keyed.url
+    refusals = [
+        ("/v1/models", {"Authorization": "Bearer wrong"}, 401),  # a wrong key
+        ("/v1/models", {}, 401),  # no key
+        ("/v1/messages", {"x-api-key": "wrong"}, 401),
+        ("/api/status", {}, 401),  # the control API without its token
+        ("/v1/models", {"Authorization": "Bearer sekret", "Host": "evil.example"}, 403),
+        ("/v1/models", {"Authorization": "Bearer sekret", "Origin": "https://evil.example"}, 403),
+    ]
+    async with aiohttp.ClientSession() as http:
+        for path, headers, status in refusals:
+            async with http.get(url + path, headers=headers) as r:
+                assert r.status == status, (path, headers)
+                assert r.headers.get("x-should-retry") == "false", (path, headers)
+        # what may pass later (a model that is loading) is not marked
+        async with http.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"}) as r:
+            assert r.status == 200 and "x-should-retry" not in r.headers
+
+
+async def test_the_engines_errors_on_messages_carry_anthropics_types(
+    daemon: RunningDaemon,
+) -> None:
+    """vLLM answers /v1/messages errors either in OpenAI's shape (its request validation) or
+    in Anthropic's shape with its own exception name as the type; the client gets Anthropic's."""
+    await start_fake(daemon)
+    client = anthropic.AsyncAnthropic(base_url=daemon.url, api_key="unused", max_retries=0)
+    try:
+        with pytest.raises(anthropic.BadRequestError) as openai_shaped:
+            await client.messages.create(
+                model="fake", max_tokens=1, messages=HI, extra_body={"temperature": 1.5}
+            )
+        with pytest.raises(anthropic.BadRequestError) as vllm_typed:
+            await client.messages.create(model="fake", max_tokens=10_000, messages=HI)
+        with pytest.raises(anthropic.NotFoundError) as unknown:
+            await client.messages.create(model="nope", max_tokens=1, messages=HI)
+    finally:
+        await client.close()
+    for err in (openai_shaped.value, vllm_typed.value):
+        assert isinstance(err.body, dict) and err.body["type"] == "error", err.body
+        assert err.body["error"]["type"] == "invalid_request_error", err.body
+    assert "temperature" in str(openai_shaped.value)
+    assert "max_tokens is more than" in str(vllm_typed.value)
+    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+async def test_messages_errors_are_anthropic_typed_for_every_status(
+    daemon: RunningDaemon,
+) -> None:
+    """Direct checks: each error the gateway or the engine gives on /v1/messages has a type
+    from Anthropic's list."""
+    await start_fake(daemon)
+    bodies = [
+        {"model": "fake", "max_tokens": 1, "messages": HI, "temperature": 3},
+        {"model": "fake", "max_tokens": 500_000, "messages": HI},
+        {"model": "fake", "max_tokens": 1, "messages": HI, "n": 2},
+        {"model": "nope", "max_tokens": 1, "messages": HI},
+        {"model": "fake", "messages": HI},
+    ]
+    async with aiohttp.ClientSession() as http:
+        for body in bodies:
+            async with http.post(daemon.url + "/v1/messages", json=body) as r:
+                got = await r.json()
+                assert r.status >= 400 and got["type"] == "error", (body, got)
+                assert got["error"]["type"] in ANTHROPIC_TYPES, (body, got)
+
+
+async def test_a_failed_load_ends_a_messages_stream_with_the_same_type_as_unstreamed(
+    daemon: RunningDaemon,
+) -> None:
+    """A stream that began while the model loaded (SSE comments) and whose load failed ends
+    with Anthropic's error event typed as the same failure is when not streamed."""
+    broken = "--print 'ValueError: No available memory for the cache blocks.' --exit-after-print 1"
+    await start_fake(daemon, "broken", args=broken, wait=False)
+    client = anthropic.AsyncAnthropic(base_url=daemon.url, api_key="unused", max_retries=0)
+    try:
+        with pytest.raises(anthropic.APIStatusError) as plain:
+            await client.messages.create(model="broken", max_tokens=3, messages=HI)
+        with pytest.raises(anthropic.APIStatusError) as streamed:
+            async with client.messages.stream(model="broken", max_tokens=3, messages=HI) as stream:
+                async for _ in stream.text_stream:
+                    pass
+    finally:
+        await client.close()
+    kind = plain.value.body["error"]["type"]  # type: ignore[index]
+    assert plain.value.status_code == 503 and kind == "overloaded_error"
+    assert streamed.value.body["error"]["type"] == kind  # type: ignore[index]
