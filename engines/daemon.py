@@ -118,6 +118,7 @@ class Daemon:
         self.traffic = EngineTraffic()
         self.supervisor = Supervisor()
         self.warm = WarmPool(self.live.current.engines.warm_starts)
+        self.live.subscribe(lambda now: self.warm.set_limit(now.engines.warm_starts))
         self.registry = MetricsRegistry()
         self.profiles = ProfileStore(paths.profiles_dir)
         self.store = Store(paths.db_path, on_disk_full=self._disk_full)

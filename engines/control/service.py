@@ -145,8 +145,6 @@ class EngineControl:
         evict the user's warm process)."""
         profile, runtime, model = await self._checked(profile)
         settings = self._settings.current.engines
-        if self._warm is not None:
-            self._warm.limit = settings.warm_starts  # the setting applies live
         if self._place is not None and not placed:
             profile = await self._place(profile)
         hook = self._launch_hooks.get(profile.engine)

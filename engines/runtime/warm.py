@@ -53,6 +53,17 @@ class WarmPool:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._warm: dict[str, _Warm] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def set_limit(self, limit: int) -> None:
+        """The setting changed (on the event loop): the next ``prepare`` keeps to it, and the
+        processes beyond it are stopped now, the oldest first (0: none kept, their RAM freed)."""
+        self.limit = max(0, limit)
+        by_age = sorted(self._warm, key=lambda k: self._warm[k].started_s)
+        for engine_id in by_age[: max(0, len(by_age) - self.limit)]:
+            task = asyncio.create_task(_kill(self._warm.pop(engine_id).proc), name="warm-stop")
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     def __contains__(self, engine_id: str) -> bool:
         return engine_id in self._warm
@@ -115,6 +126,8 @@ class WarmPool:
     async def close(self) -> None:
         for engine_id in list(self._warm):
             await self.discard(engine_id)
+        if self._stopping:
+            await asyncio.gather(*self._stopping)
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

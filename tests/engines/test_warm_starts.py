@@ -86,6 +86,25 @@ async def test_a_changed_setup_does_not_use_the_warm_process(daemon: RunningDaem
     await wait_until(lambda: not alive(warm_pid))
 
 
+async def test_the_setting_applies_at_once_and_to_a_restart(daemon: RunningDaemon) -> None:
+    daemon.write_profile("fake", model="org/fake", served_name="fake", device="cpu")
+    await daemon.client.start("fake")
+    await ready(daemon)
+    pool = daemon.daemon.warm
+    (warm_pid,) = pool.pids()
+    # turned off: the process kept for the next start goes now (its RAM back), none is made
+    await daemon.client.update_settings({"engines.warm_starts": 0})
+    await wait_until(lambda: not alive(warm_pid))
+    assert pool.pids() == []
+    await daemon.client.restart("fake")
+    await ready(daemon)
+    assert pool.pids() == []
+    # turned on again: a restart (not only a start) makes one for the next start
+    await daemon.client.update_settings({"engines.warm_starts": 1})
+    await daemon.client.restart("fake")
+    await wait_until(lambda: len(pool.pids()) == 1)
+
+
 async def test_warm_processes_stop_with_the_daemon(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
     d = await daemon_factory()
     d.write_profile("fake", model="org/fake", served_name="fake", device="cpu")
