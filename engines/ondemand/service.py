@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from engines.events.models import (
     LoadedModel,
     ModelStatus,
     Placement,
+    ReplicaInfo,
     ServableModel,
     SetupProposal,
 )
@@ -77,6 +78,10 @@ class Boxes(Protocol):
 
     def listed(self, known: set[str]) -> list[ServableModel]:
         """/v1/models: the models the boxes serve whose names are not in ``known``."""
+        ...
+
+    def copies(self, names: Collection[str]) -> tuple[ReplicaInfo, ...]:
+        """/v1/models: the boxes' copies of a model this box lists too (by any of ``names``)."""
         ...
 
 
@@ -414,7 +419,25 @@ class ModelsOnDemand:
         if self._boxes is None:
             return here
         known = {n for m in here for n in (m.name, *m.aliases, *m.names)}
-        return here + self._boxes.listed(known)
+        return [self._with_copies(m) for m in here] + self._boxes.listed(known)
+
+    def _with_copies(self, model: ServableModel) -> ServableModel:
+        """A model paired boxes serve too: their copies listed among its replicas (after this
+        box's own engine or engines, when loaded here)."""
+        assert self._boxes is not None
+        copies = self._boxes.copies((model.name, *model.aliases, *model.names))
+        if not copies:
+            return model
+        own = model.replicas or (
+            (
+                ReplicaInfo(
+                    model.engine_id, model.state, model.gpus, self.activity(model.engine_id)[0]
+                ),
+            )
+            if model.status == ModelStatus.LOADED
+            else ()
+        )
+        return dataclasses.replace(model, replicas=own + copies)
 
     async def _blocked(self, model: ServableModel, entry: Entry | None) -> TraylmError | None:
         """The reason a start of it would be refused with now (EngineControl.check_start: no

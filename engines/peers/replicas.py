@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,18 @@ class BoxReplicas:
                     if m.name not in known:
                         by_name.setdefault(m.name, []).append((name, m))
         return [_listed(name, found) for name, found in by_name.items()]
+
+    def copies(self, names: Collection[str]) -> tuple[ReplicaInfo, ...]:
+        """/v1/models: the boxes' copies of a model this box lists too (any of its ``names``),
+        each as a replica (``NAME@BOX``) beside this box's own engines."""
+        wanted = set(names)
+        return tuple(
+            ReplicaInfo(f"{m.name}@{name}", "ready", m.gpus, m.in_flight)
+            for name, box in self._boxes.items()
+            if box.serves is not None and not box.problem
+            for m in box.serves.models
+            if wanted & {m.name, *m.names}
+        )
 
     def status(self) -> dict[str, object]:
         """/api/status ``boxes``: each paired box's models and GPUs (``BoxGPU``: index, name,

@@ -7,6 +7,7 @@ and the killed one comes back. Then vLLM's own data parallel: a profile with
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -131,8 +132,12 @@ def kill_one_while_requests_wait(daemon: DaemonProcess, client: openai.OpenAI) -
     with ThreadPoolExecutor(8) as pool:
         running = [pool.submit(one, i) for i in range(8)]
         deadline = time.monotonic() + 120
+        seen: list[tuple[str, int, int]] = []  # what the polls saw: (state, running, waiting)
         while not killed.is_set() and time.monotonic() < deadline:
             rows = api(daemon, "/api/loaded")
+            seen += [(r["state"], r["in_flight"], r["waiting"]) for r in rows]
+            if len(failures) == 8 or all(f.done() for f in running):
+                break
             victim = next((r for r in rows if r["waiting"] >= 2), None)
             if victim is not None:
                 status = api(daemon, "/api/status")
@@ -144,7 +149,10 @@ def kill_one_while_requests_wait(daemon: DaemonProcess, client: openai.OpenAI) -
             time.sleep(0.02)
         for f in running:
             f.result()
-    assert killed.is_set(), "no replica ever had two requests waiting"
+    assert killed.is_set(), (
+        f"no replica ever had two requests waiting; failures: {failures}; "
+        f"polls saw (state, running, waiting): {sorted(collections.Counter(seen).items())}"
+    )
     return len(failures)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from engines.core.procs import free_loopback_port
 from engines.errors import PeerNotFound
 from engines.events.codec import Event
 from engines.events.core import EngineState
-from engines.events.models import LoadedModel, ServableModel
+from engines.events.models import LoadedModel, ReplicaInfo, ServableModel
 from engines.events.peers import BoxesChanged
 from engines.gateway.balance import Affinity
 from engines.gateway.proxy import Upstream
@@ -159,6 +159,10 @@ async def test_a_box_that_answers_has_its_models_as_replicas(box: Any) -> None:
     [listed] = replicas.listed(set())
     assert isinstance(listed, ServableModel)
     assert (listed.name, listed.kind, listed.engine_id) == ("chat", "box", "chat@box-b")
+    # a model this box lists itself: the box's copy is among its replicas, by any name
+    [copy] = replicas.copies(("chat-alias", "x"))
+    assert (copy.engine_id, copy.state, copy.gpus) == ("chat@box-b", "ready", (0,))
+    assert replicas.copies(("other",)) == ()
     assert ended == []
 
 
@@ -230,6 +234,11 @@ class StubBoxes:
 
     def listed(self, known: set[str]) -> list[ServableModel]:
         return []
+
+    def copies(self, names: Collection[str]) -> tuple[ReplicaInfo, ...]:
+        return tuple(
+            ReplicaInfo(u.name, "ready") for u in self.ups if u.name.partition("@")[0] in names
+        )
 
 
 def _engine(engine_id: str) -> Any:
@@ -327,6 +336,19 @@ async def test_a_box_that_refuses_or_cannot_be_reached_moves_the_request_here(
         assert refused, "the box was never tried"
     finally:
         await server.close()
+
+
+async def test_v1_models_lists_a_box_s_copy_beside_this_box_s_engine(
+    daemon: RunningDaemon,
+) -> None:
+    await start_fake(daemon)
+    daemon.daemon.ondemand._boxes = StubBoxes(Upstream("fake@box-b", "https://x", {}, box="box-b"))
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + "/v1/models") as r:
+        data = (await r.json())["data"]
+    [fake] = [m for m in data if m["id"] == "fake"]
+    replicas = [(r["engine_id"], r["state"]) for r in fake["traylm"]["replicas"]]
+    assert replicas == [("fake", "ready"), ("fake@box-b", "ready")]
+    assert not [m for m in data if m["id"].endswith("@box-b")]  # listed once, by its name
 
 
 async def _until(condition: Any) -> None:
