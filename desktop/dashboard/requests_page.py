@@ -108,7 +108,12 @@ class RequestsPage(Page):
             self.status_filter.addItem(label, value)
         self.client_filter = QComboBox()
         self.client_filter.setObjectName("requestsClient")
-        for label, value in (("any client", ""), ("this computer", "local"), ("LAN", "lan")):
+        for label, value in (
+            ("any client", ""),
+            ("this computer", "local"),
+            ("LAN", "lan"),
+            ("a paired box", "box"),
+        ):
             self.client_filter.addItem(label, value)
         self.text_filter = QLineEdit(placeholderText="text in the request or reply")
         self.text_filter.setObjectName("requestsText")

@@ -362,7 +362,8 @@ class RequestsSettings:
     )
     capture_lan: str = setting(
         "metadata",
-        "What the flight recorder keeps of requests from other computers (LAN sharing).",
+        "What the flight recorder keeps of requests from other computers (LAN sharing, and "
+        "the requests this box serves for a paired box).",
         choices=("full", "metadata", "off"),
     )
     body_max_bytes: int = setting(

@@ -9,6 +9,10 @@ from typing import ClassVar
 
 from engines.events.codec import Event
 
+CLIENTS = ("local", "lan", "box")
+"""Who sent a recorded request: this computer, another one on the LAN, or a paired box (one the
+box served for it; engines/gateway/exchange.py)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelRate:

@@ -65,12 +65,10 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
                 if origin:
                     resp = _cors(resp, origin)
         except asyncio.CancelledError:
-            # The client went away. A stream whose last byte was already sent still counts
-            # as a success; anything else is 499 (client closed request, as nginx names it).
-            status = "200" if request.get(REPLY_COMPLETE) else "499"
-            ctx.metrics.requests.inc(route=_route_label(request), status=status)
+            status = _gone_status(request)
+            ctx.metrics.requests.inc(route=_route_label(request), status=str(status))
             if exchange is not None:
-                _recorded(ctx, exchange, int(status), None)
+                _recorded(ctx, exchange, status, None)
             raise
         except web.HTTPException as exc:
             resp = _http_exception(request, exc, ctx)
@@ -79,18 +77,52 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
             resp = api_error(request.path, 500, INTERNAL_ERROR, type_="server_error")
         if request.get(CLIENT_GONE):  # a write to the client failed: it went away
             ctx.metrics.requests.inc(route=_route_label(request), status="499")
-            if exchange is not None:
-                _recorded(ctx, exchange, 499, None)
-            return resp
-        if resp.status >= 400:
-            ctx.metrics.errors.inc(status=str(resp.status))
-        ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))
+        else:
+            if resp.status >= 400:
+                ctx.metrics.errors.inc(status=str(resp.status))
+            ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))
         if exchange is not None:
-            body = resp.body if isinstance(resp, web.Response) else None
-            _recorded(ctx, exchange, resp.status, body if isinstance(body, bytes) else None)
+            _record_answer(ctx, exchange, request, resp)
         return resp
 
     return middleware
+
+
+async def served_for_box(
+    ctx: GatewayContext, request: web.Request, handler: Handler, *, box: str
+) -> web.StreamResponse:
+    """A paired box's request, on this box's peer listener (engines/peers/serving.py): recorded
+    as the middleware records this box's own clients' (client "box", ``peer`` the box's name,
+    under ``requests.capture_lan``), so that the box that served it has it in its recorder too."""
+    rid = request[REQUEST_ID] = new_request_id()
+    exchange = None
+    if ctx.exchanges is not None:
+        exchange = begin(request, rid, ctx.settings.requests, ctx.guard, local=False, box=box)
+    try:
+        resp = await handler(request)
+    except asyncio.CancelledError:
+        if exchange is not None:
+            _recorded(ctx, exchange, _gone_status(request), None)
+        raise
+    if exchange is not None:
+        _record_answer(ctx, exchange, request, resp)
+    return resp
+
+
+def _gone_status(request: web.Request) -> int:
+    """The client went away: a stream whose last byte was already sent still counts as a
+    success; anything else is 499 (client closed request, as nginx names it)."""
+    return 200 if request.get(REPLY_COMPLETE) else 499
+
+
+def _record_answer(
+    ctx: GatewayContext, exchange: Exchange, request: web.Request, resp: web.StreamResponse
+) -> None:
+    if request.get(CLIENT_GONE):  # a write to the client failed: it went away
+        _recorded(ctx, exchange, 499, None)
+        return
+    body = resp.body if isinstance(resp, web.Response) else None
+    _recorded(ctx, exchange, resp.status, body if isinstance(body, bytes) else None)
 
 
 def _recorded(ctx: GatewayContext, exchange: Exchange, status: int, body: bytes | None) -> None:

@@ -52,7 +52,8 @@ class Exchange:
     method: str
     path: str
     client: str
-    """"local" (this computer) or "lan" (another one; ``peer`` is its address)."""
+    """"local" (this computer), "lan" (another one; ``peer`` is its address) or "box" (a paired
+    box's request this box served for it; ``peer`` is the box's name)."""
     peer: str
     key: str
     """The first 8 hex digits of the API key's SHA-256 (as `traylm keys list` shows it)."""
@@ -169,9 +170,16 @@ def recorded(request: web.Request) -> bool:
 
 
 def begin(
-    request: web.Request, rid: str, settings: RequestsSettings, guard: Guard, *, local: bool
+    request: web.Request,
+    rid: str,
+    settings: RequestsSettings,
+    guard: Guard,
+    *,
+    local: bool,
+    box: str = "",
 ) -> Exchange | None:
-    """The exchange of a request the ``requests.capture`` settings record, or None."""
+    """The exchange of a request the ``requests.capture`` settings record, or None. ``box``: a
+    paired box's request (its name), recorded as another computer's."""
     capture = settings.capture if local else settings.capture_lan
     if capture == CAPTURE_OFF or not recorded(request):
         return None
@@ -187,8 +195,8 @@ def begin(
         started=time.perf_counter(),
         method=request.method,
         path=request.path[:512],
-        client="local" if local else "lan",
-        peer="" if local else str(request.remote or ""),
+        client="box" if box else "local" if local else "lan",
+        peer=box or ("" if local else str(request.remote or "")),
         key=key,
         capture=capture,
         body_limit=settings.body_max_bytes,

@@ -9,7 +9,8 @@ POST /v1/chat/completions, ...  (gateway.routes.BOX_ROUTES) the gateway's own pa
                                 and relay serve it, streamed. Only models ready here (a load
                                 for a paired box only with peers.load_for_peers), never
                                 another paired box, never the remote fallback; its keep_alive
-                                is dropped (it would unload this box's model).
+                                is dropped (it would unload this box's model). Recorded
+                                by this box's recorder too (client "box", the box's name).
 
 The paths are the gateway's own (the engines' route lists, the API's error shapes and the relay
 read the path); they are served only on the peer listener, behind its paired-only middleware.
@@ -27,6 +28,7 @@ from aiohttp import web
 from engines.core.http import ok
 from engines.events.gpu import GPUInfo
 from engines.events.peers import BoxGPU, BoxModel, BoxServes
+from engines.gateway.app import served_for_box
 from engines.gateway.forward import dispatch
 from engines.gateway.routes import BOX_ROUTES, checked_json
 from engines.gateway.service import GatewayContext
@@ -85,7 +87,9 @@ async def serve(ctx: GatewayContext, request: web.Request) -> web.StreamResponse
         )
     out = dataclasses.replace(out, boxes=False, for_box=caller, keep_alive_s=None)
     try:
-        return await dispatch(ctx, request, out)
+        return await served_for_box(
+            ctx, request, functools.partial(dispatch, ctx, out=out), box=caller
+        )
     except Exception:  # boundary (as the gateway's middleware): no traceback to the other box
         log.exception("serving %s for box %s failed", request.path, caller)
         return api_error(request.path, 500, f"box {box!r} failed to serve it; see its log")

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 from engines.client import DaemonClient
 from engines.errors import ConfigError, ControlAPIError
+from engines.events.gateway import CLIENTS
 
 TAIL_POLL_S = 1.0
 
@@ -54,7 +55,8 @@ def add_parsers(sub: Any) -> None:
 def _filters(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model", default="")
     s.add_argument("--status", default="", help="an HTTP code, ok or error")
-    s.add_argument("--client", default="", choices=("", "local", "lan"))
+    s.add_argument("--client", default="", choices=("", *CLIENTS),
+                   help="local: this computer; lan: another one; box: a paired box")  # fmt: skip
     s.add_argument("--text", default="", help="text in the request body or the reply")
 
 

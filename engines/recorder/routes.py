@@ -18,6 +18,7 @@ from aiohttp import web
 
 from engines.core.http import ok, traylm_errors
 from engines.errors import ConfigError
+from engines.events.gateway import CLIENTS
 from engines.recorder.service import RequestRecorder
 
 REQUESTS: web.AppKey[RequestRecorder] = web.AppKey("requests", RequestRecorder)
@@ -61,8 +62,8 @@ async def list_requests(request: web.Request) -> web.Response:
     if status and status not in ("ok", "error") and not status.isdigit():
         raise ConfigError(f"status must be an HTTP code, ok or error, not {status[:40]!r}")
     client = q.get("client", "")
-    if client not in ("", "local", "lan"):
-        raise ConfigError(f"client must be local or lan, not {client[:40]!r}")
+    if client and client not in CLIENTS:
+        raise ConfigError(f"client must be local, lan or box, not {client[:40]!r}")
     rows = await request.app[REQUESTS].summaries(
         limit=min(_int(request, "limit", 100) or 100, MAX_LIST),
         before_id=_int(request, "before", None),

@@ -94,6 +94,21 @@ def _end(proc: subprocess.Popen[str]) -> dict[str, object]:
     return last
 
 
+def _recorded(box: Box, *args: str) -> list[dict[str, object]]:
+    """The box's flight recorder's rows (written in batches: waited for)."""
+    rows: list[dict[str, object]] = []
+
+    def found() -> bool:
+        nonlocal rows
+        out = box.traylm("requests", "ls", "--json", *args)
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout)
+        return bool(rows)
+
+    _wait(found, "the recorder has the request")
+    return rows
+
+
 def _probe(box: Box, url: str) -> dict[str, object]:
     """GET ``url`` from ``box``'s namespace presenting no certificate (probe.py)."""
     out = box.python("-m", "tests.engines.peers.probe", url, "none")
@@ -165,6 +180,11 @@ def test_a_model_on_box_b_answers_through_box_a_streamed(
     assert done == {"chunks": 8, "error": ""}, done
     assert _engine_requests(b) == 1
     assert a.json("status")["boxes"]["box-b"]["models"] == [MODEL]  # type: ignore[index]
+    # each recorder has it: A's as its client's request served by B's copy, B's as box A's
+    [asked] = _recorded(a)
+    assert (asked["client"], asked["engine_id"], asked["status"]) == ("local", ON_B, 200), asked
+    [served] = _recorded(b, "--client", "box")
+    assert (served["peer"], served["engine_id"], served["status"]) == ("box-a", MODEL, 200), served
 
     # box C is not paired: the serving routes refuse it, as every peer route does
     for path in ("/peer/models", "/v1/chat/completions"):
