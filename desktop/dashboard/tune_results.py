@@ -48,11 +48,7 @@ VERDICT_COLORS = {"better": "#2f9e44", "worse": "#d62828", "failed": "#d62828", 
 
 def cell_text(row: TuneRow, column: Column) -> str:
     """ "1234.5" over "±3%" (the noise band over the runs), "–" when not measured here."""
-    value = row.figures.get(column.key)
-    if value is None:
-        return "–"
-    band = row.band.get(column.key)
-    return f"{value:.{column.digits}f}" + (f"\n±{band * 100:.0f}%" if band is not None else "")
+    return row.figure_text(column.key, column.digits, sep="\n", missing="–")
 
 
 def headers(simulated: bool) -> tuple[str, ...]:

@@ -68,6 +68,15 @@ class TuneRow:
     cost_per_100m: float | None = None  # electricity, in the settings' currency
     error: str = ""
 
+    def figure_text(self, key: str, digits: int, *, sep: str = " ", missing: str = "-") -> str:
+        """ "1234.5 ±3%" (the mean over the runs, ``sep``, its noise band), ``missing`` when the
+        figure was not measured: as `traylm tune` and the dashboard's Tune page show it."""
+        value = self.figures.get(key)
+        if value is None:
+            return missing
+        band = self.band.get(key)
+        return f"{value:.{digits}f}" + (f"{sep}±{band * 100:.0f}%" if band is not None else "")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TuneJob:

@@ -17,11 +17,7 @@ def shown_figures(job: TuneJob) -> list[Figure]:
 
 def value_text(row: TuneRow, f: Figure) -> str:
     """ "1234.5 ±3%" (the noise band), "-" when not measured."""
-    value = row.figures.get(f.key)
-    if value is None:
-        return "-"
-    band = row.band.get(f.key)
-    return f"{value:.{f.digits}f}" + (f" ±{band * 100:.0f}%" if band is not None else "")
+    return row.figure_text(f.key, f.digits)
 
 
 def cost_text(row: TuneRow, currency: str) -> str:
