@@ -417,9 +417,14 @@ class PidRegistry:
         write_bytes_atomic(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
 
 
+KILLED_GONE_S = 5.0
+"""How long ``reap_orphans`` waits for SIGKILLed processes to be gone (or zombies)."""
+
+
 def reap_orphans(registry: PidRegistry, *, grace_s: float = 5.0) -> list[str]:
-    """Kill engine process groups left behind by a daemon that died. Returns one line per
-    engine reaped. Only processes whose pid *and* start time match the record are touched."""
+    """Kill engine process groups left behind by a daemon that died, and wait (bounded) until
+    they are gone. Returns one line per engine reaped. Only processes whose pid *and* start
+    time match the record are touched."""
     reaped: list[str] = []
     for rec in registry.read().values():
         members = [p for p in (rec.leader, *rec.tracked) if p.alive()]
@@ -435,6 +440,11 @@ def reap_orphans(registry: PidRegistry, *, grace_s: float = 5.0) -> list[str]:
         if leader_alive:
             signal_group(rec.pgid, signal.SIGKILL)
         kill_tracked(members, signal.SIGKILL)
+        # a SIGKILL takes effect when the process next runs: on a loaded machine that is not at
+        # once, and what follows (a new engine on the same port, GPU memory) needs them gone
+        deadline = time.monotonic() + KILLED_GONE_S
+        while time.monotonic() < deadline and any(p.alive() for p in members):
+            time.sleep(0.02)
         reaped.append(
             f"{rec.engine_id}: killed {len(members)} orphaned process(es) of group {rec.pgid}"
         )
