@@ -83,6 +83,9 @@ class Residency:
     booking: Booking
     keep_alive_s: float | None = None
     unload_when_idle: bool = False
+    ready_at_s: float | None = None
+    """When traylm first saw the engine ready (monotonic): its idle time counts from then, not
+    from the booking, so a slow start does not use up the TTL before the first request."""
 
     def idle_limit_s(self) -> float | None:
         """Seconds of idleness after which it unloads; None: never."""
@@ -246,6 +249,8 @@ class Lifecycle:
                 self._phase(f, "starting", one.stage)  # at each start phase: "loading weights"
                 await one.wait_change(PROGRESS_CHECK_S)
         ready = [e for e in engines if e.state == EngineState.READY]
+        for one in ready:
+            self._seen_ready(one.engine_id, time.monotonic())
         for failed in (e for e in engines if e.state != EngineState.READY and ready):
             log.warning("%s: %s did not start: %s", f.entry.name, failed.engine_id, failed.detail)
         if ready:
@@ -401,8 +406,15 @@ class Lifecycle:
             in_flight, waiting, idle_since = self._activity(one.engine_id)
             if in_flight or waiting:
                 return None
-            since = max(since, idle_since or 0.0, one.booking.loaded_at_s)
+            if one.ready_at_s is None:
+                return 0.0  # not seen ready yet
+            since = max(since, idle_since or 0.0, one.booking.loaded_at_s, one.ready_at_s)
         return now_s - since
+
+    def _seen_ready(self, engine_id: str, now_s: float) -> None:
+        res = self.residency.get(engine_id)
+        if res is not None and res.ready_at_s is None:
+            res.ready_at_s = now_s
 
     def _idle_tick(self, now_s: float) -> None:
         for engine_id, res in list(self.residency.items()):
@@ -415,6 +427,7 @@ class Lifecycle:
                 continue
             if engine.state not in (EngineState.READY, EngineState.SLEEPING):
                 continue
+            self._seen_ready(engine_id, now_s)
             if engine_id in self.draining or engine_id in self.flights:
                 continue
             limit = res.idle_limit_s()

@@ -4,6 +4,8 @@ and an unload asked during a stream waits for it instead of cutting it."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 import pytest
 
@@ -137,3 +139,18 @@ async def test_bad_ttl_and_gpus_are_refused_with_the_fix(od: RunningDaemon) -> N
         await od.client.load_model("nope")
     assert err.value.http_status == 404 and "served models:" in err.value.message
     assert await od.client.loaded_models() == []
+
+
+async def test_idle_time_counts_from_ready_not_from_the_booking(od: RunningDaemon) -> None:
+    """A start slower than the TTL must not use the TTL up before the first request: its idle
+    time starts when the engine is ready (it was counted from the booking)."""
+    delay_s = 2.0
+    fake_profile(od, "slow", idle_ttl_s=60, args=f"--startup-delay {delay_s}")
+    asked_s = time.monotonic()
+    await od.client.load_model("slow", ttl=60)
+    await od.client.wait_for_model("slow", 60)
+    [row] = await od.client.loaded_models()
+    read_s = time.monotonic()
+    assert row.idle_for_s is not None
+    # ready no sooner than delay_s after the ask, so idle for at most the rest
+    assert row.idle_for_s <= read_s - asked_s - delay_s, row
