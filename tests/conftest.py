@@ -21,6 +21,7 @@ from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.fakes.hub_endpoint import ReachableEndpoint
+from tests.timings import pytest_runtest_logreport  # noqa: F401 - a pytest hook: each test's time
 
 LEAK_GRACE_S = 10.0  # a process a test started may take this long to go after its teardown
 
