@@ -83,6 +83,7 @@ class DesktopApp(QObject):
         self.quit_dialog: QuitDialog | None = None
         self.fallback = False
         self._finished = False
+        self._shut = False
 
     def start(self) -> None:
         self.theme.apply()
@@ -229,13 +230,20 @@ class DesktopApp(QObject):
         self.finished.emit()  # main() quits the Qt event loop on it
 
     def shutdown(self) -> None:
+        """Close every window and dialog the app opened and delete them with the tray's menu
+        (once: a second call does nothing), then stop following the theme and the daemon."""
+        if self._shut:
+            return
+        self._shut = True
         for window in (self.chat_window, self.dashboard):
             if window is not None:
                 window.prepare_close()
-                window.close()
-        if self.setup is not None:
-            self.setup.close()
-        self.tray.hide()
+        for widget in (self.chat_window, self.dashboard, self.setup, self.quit_dialog):
+            if widget is not None:
+                widget.close()
+                widget.deleteLater()
+        self.chat_window = self.dashboard = self.setup = self.quit_dialog = None
+        self.tray.dispose()
         self.theme.stop()
         self.bridge.stop()
 

@@ -379,3 +379,10 @@ class TrayController(QObject):
 
     def hide(self) -> None:
         self.icon.hide()
+
+    def dispose(self) -> None:
+        """Hide the icon and delete the menu (a top-level widget of its own) with the
+        controller: the app is going."""
+        self.icon.hide()
+        self.menu.deleteLater()
+        self.deleteLater()
