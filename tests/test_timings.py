@@ -26,7 +26,9 @@ def test_a_run_records_each_test_once_with_its_phases_summed(tmp_path: Path) -> 
         "from tests.timings import pytest_runtest_logreport  # noqa: F401\n"
     )
     out = tmp_path / "timings.jsonl"
-    env = {**os.environ, ENV: str(out), "PYTHONPATH": str(ROOT)}
+    outer = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST")
+    env = {k: v for k, v in os.environ.items() if k not in outer}  # not an xdist worker
+    env.update({ENV: str(out), "PYTHONPATH": str(ROOT)})
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         env=env,
