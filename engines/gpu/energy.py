@@ -1,8 +1,9 @@
 """Energy per generated token, cost per million tokens, and the PSU headroom check.
 
 J/token = Σ over the engine's GPUs of Δ NVML total energy (mJ) / 1000, divided by the engine's
-Δ ``vllm:generation_tokens_total``, over a window of at least 5 s. The 1-second-average power
-reading is never integrated. Counter resets (driver reload, engine restart) start a new window.
+Δ generated-token counter (each engine's own name: ``GENERATION_COUNTER``), over a window of at
+least 5 s. The 1-second-average power reading is never integrated. Counter resets (driver
+reload, engine restart) start a new window.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engines.events.gpu import EngineEnergy, GPUSnapshot, PSUStatus
+from engines.runtime.liveness import GENERATION_COUNTER
 
 MIN_WINDOW_S = 5.0
 JOULES_PER_KWH = 3.6e6
-_TOKENS_RE = re.compile(
-    r"^vllm:generation_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)(?:\s+\d+)?\s*$", re.M
-)
+_VALUE_RE = r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)(?:\s+\d+)?\s*$"
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,15 @@ def cost_per_million_tokens(joules_per_token: float, price_per_kwh: float) -> fl
     return joules_per_token * 1e6 / JOULES_PER_KWH * price_per_kwh
 
 
-def parse_generation_tokens(metrics_text: str) -> float | None:
-    """Sum of ``vllm:generation_tokens_total`` over its label sets; None when absent."""
-    values = [float(m.group(1)) for m in _TOKENS_RE.finditer(metrics_text)]
+def parse_generation_tokens(metrics_text: str, engine: str = "vllm") -> float | None:
+    """Sum of the engine's generated-token counter (``GENERATION_COUNTER``: vLLM's
+    ``vllm:generation_tokens_total``, SGLang's and TensorRT-LLM's own) over its label sets;
+    None when absent or the engine has none."""
+    name = GENERATION_COUNTER.get(engine)
+    if name is None:
+        return None
+    pattern = re.compile(r"^" + re.escape(name) + _VALUE_RE, re.M)
+    values = [float(m.group(1)) for m in pattern.finditer(metrics_text)]
     return sum(values) if values else None
 
 

@@ -4,8 +4,10 @@ Every NVML call goes through ``NVMLBackend.call``, which turns NVML errors into 
 NotSupported → the field is None; NoPermission → None on reads, ``GPUPermissionDenied`` on writes
 (they need traylm-gpud); GpuIsLost → ``GPULost`` and the GPU is no longer queried;
 LibraryNotFound / DriverNotLoaded / LibRmVersionMismatch / Uninitialized → ``GPUUnavailable``;
-FunctionNotFound → the caller's fallback (an older call). NVML is initialised on first use and
-device handles are cached by UUID (NVML's index order may change between boots).
+FunctionNotFound → the caller's fallback (an older call); a binding that raises TypeError or
+AttributeError (its arguments differ in this nvidia-ml-py) → like NotSupported. NVML is
+initialised on first use and device handles are cached by UUID (NVML's index order may change
+between boots).
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ class NVMLBackend:
             return fn(*args)
         except pynvml.NVMLError as exc:
             return self._map_error(exc, fn_name, uuid, write)
+        except (TypeError, AttributeError) as exc:
+            # A binding whose arguments differ from ours (nvidia-ml-py 12.535-12.560 want the
+            # output arguments of some getters) is a call this setup does not support.
+            where = f" on GPU {uuid}" if uuid else ""
+            if write:
+                raise GPUNotSupported(
+                    f"{fn_name}{where} cannot be called with this nvidia-ml-py ({exc}); "
+                    "upgrade it: pip install -U 'nvidia-ml-py>=12.570'"
+                ) from None
+            log.debug("NVML binding %s%s is unusable: %s", fn_name, where, exc)
+            return None
 
     def _map_error(self, exc: pynvml.NVMLError, fn_name: str, uuid: str, write: bool) -> Any:
         code = getattr(exc, "value", None)

@@ -351,7 +351,7 @@ class GPUFeature:
         if isinstance(self.backend, SimulatedBackend):
             self._drive_simulator()
         for engine_id, (engine, gpus) in live.items():
-            tokens = await _scrape_tokens(http, f"{engine.base_url}/metrics")
+            tokens = await _scrape_tokens(http, engine.metrics_url, engine.profile.engine)
             at_s = time.time()
             energy = energy_now_mj(self.sampler.latest, gpus, at_s)
             if tokens is None or energy is None:
@@ -438,11 +438,15 @@ def simulated_hold_bytes(engine: ManagedEngine) -> int:
     return min(need.hold_bytes, total - SIM_BASELINE_BYTES)
 
 
-async def _scrape_tokens(http: aiohttp.ClientSession, url: str) -> float | None:
+async def _scrape_tokens(http: aiohttp.ClientSession, url: str | None, engine: str) -> float | None:
+    """The engine's generated tokens from its Prometheus route; an engine without one (None)
+    is never polled: TensorRT-LLM's /metrics is JSON and drains its iteration stats."""
+    if url is None:
+        return None
     try:
         async with http.get(url) as resp:
             if resp.status != 200:
                 return None
-            return parse_generation_tokens(await resp.text())
+            return parse_generation_tokens(await resp.text(), engine)
     except (aiohttp.ClientError, TimeoutError):
         return None

@@ -22,13 +22,29 @@ from dataclasses import dataclass, field
 
 CPU_SIGN_OF_LIFE_S = 0.005
 """CPU seconds a leader must use between two looks to count as alive."""
-PROGRESS_COUNTERS = (
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:iteration_tokens_total_count",
-    "sglang:prompt_tokens_total",
-    "sglang:generation_tokens_total",
-)
+TOKEN_COUNTERS: dict[str, tuple[str, ...]] = {
+    # vllm/v1/metrics/loggers.py: Counters "vllm:prompt_tokens", "vllm:generation_tokens" and
+    # the histogram "vllm:iteration_tokens_total" (prometheus_client appends _total/_count)
+    "vllm": (
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:iteration_tokens_total_count",
+    ),
+    # sglang/srt/metrics/collector.py (TokenizerMetricsCollector), with --enable-metrics
+    "sglang": ("sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
+    # tensorrt_llm/metrics/collector.py (MetricsCollector, prefix "trtllm_"), served on
+    # /prometheus/metrics; its /metrics is a JSON route that drains the iteration stats
+    "trtllm": ("trtllm_prompt_tokens_total", "trtllm_generation_tokens_total"),
+}
+"""Each engine's own Prometheus token counters, by engine name."""
+GENERATION_COUNTER = {
+    "vllm": "vllm:generation_tokens_total",
+    "sglang": "sglang:generation_tokens_total",
+    "trtllm": "trtllm_generation_tokens_total",
+}
+"""Each engine's counter of generated tokens (energy per token divides by it)."""
+PROGRESS_COUNTERS = tuple(name for names in TOKEN_COUNTERS.values() for name in names)
+"""Every engine's token counters (for a reader that does not know the engine)."""
 
 
 class Health(enum.Enum):
@@ -38,14 +54,16 @@ class Health(enum.Enum):
     UNKNOWN = "unknown"  # the daemon could not ask (out of descriptors)
 
 
-def progress_counter(metrics_text: str) -> float | None:
+def progress_counter(metrics_text: str, engine: str = "") -> float | None:
     """The sum of the engine's token counters in Prometheus text, or None when it has none
-    (an engine whose /metrics says nothing about tokens)."""
+    (an engine whose metrics say nothing about tokens). ``engine``: read only that engine's
+    names (every engine's when unknown)."""
+    names = TOKEN_COUNTERS.get(engine, PROGRESS_COUNTERS)
     total, found = 0.0, False
     for line in metrics_text.splitlines():
-        if line.startswith(PROGRESS_COUNTERS):
+        if line.startswith(names):
             name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in PROGRESS_COUNTERS:
+            if name in names:
                 try:
                     total += float(line.rsplit(" ", 1)[1])
                 except (ValueError, IndexError):

@@ -12,7 +12,6 @@ import aiohttp
 from engines.errors import EngineError
 from engines.runtime.liveness import Health, progress_counter
 
-METRICS_PATH = "/metrics"
 SLEEP_TIMEOUT_S = 120.0  # a sleep or wake moves the weights between GPU and host RAM
 LOCAL_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """Errors that say the daemon is short of resources, not that the engine is unwell."""
@@ -46,13 +45,18 @@ def _probe_failed(path: str, exc: OSError, trouble: Trouble) -> Health:
     return Health.SILENT
 
 
-async def token_counters(http: aiohttp.ClientSession, base_url: str | None) -> float | None:
-    """The engine's token counters (its Prometheus /metrics), or None."""
+async def token_counters(
+    http: aiohttp.ClientSession, metrics_url: str | None, engine: str = ""
+) -> float | None:
+    """The engine's token counters from its Prometheus route (``ManagedEngine.metrics_url``:
+    None for an engine without one, which is never polled), or None."""
+    if metrics_url is None:
+        return None
     try:
-        async with http.get(f"{base_url}{METRICS_PATH}") as resp:
+        async with http.get(metrics_url) as resp:
             if resp.status != 200:
                 return None
-            return progress_counter(await resp.text(errors="replace"))
+            return progress_counter(await resp.text(errors="replace"), engine)
     except (aiohttp.ClientError, TimeoutError, OSError):
         return None
 

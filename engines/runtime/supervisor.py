@@ -181,6 +181,17 @@ class ManagedEngine:
         return f"http://127.0.0.1:{self.port}" if self.port else None
 
     @property
+    def metrics_url(self) -> str | None:
+        """The engine's Prometheus route (vLLM and SGLang: /metrics; TensorRT-LLM:
+        /prometheus/metrics), or None when it has none that may be polled."""
+        spec = self._spec
+        if self.base_url is None or spec is None or not spec.metrics_path:
+            return None
+        if spec.metrics_format != "prometheus":
+            return None
+        return f"{self.base_url}{spec.metrics_path}"
+
+    @property
     def stage(self) -> str:
         """What it does now, in words: while starting its start phase ("loading weights") or
         why it is starting (EngineStatus.stage), else the state's detail."""
@@ -536,7 +547,9 @@ class ManagedEngine:
                 if health == Health.SILENT or liveness.wants_counters(
                     now, in_flight=look.in_flight, last_reply_byte_s=look.last_reply_byte_s
                 ):
-                    look.counters = await token_counters(http, self.base_url)
+                    look.counters = await token_counters(
+                        http, self.metrics_url, self.profile.engine
+                    )
                 look.leader_cpu_s, look.stopped = await self._vitals(proc.pid)
                 verdict = liveness.look(look)
                 if verdict is not None:

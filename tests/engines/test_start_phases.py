@@ -179,3 +179,48 @@ def test_start_wait_prints_phase_lines_and_the_breakdown(
     summary = next(line for line in lines if "started in" in line)
     phases = [part.split()[0] for part in summary.split(": ", 1)[1].split(", ")]
     assert phases == CPU_PHASES[:-1]
+
+
+CUDA_LOGS = sorted((Path(__file__).parent / "data").glob("vllm-*-cuda-v2-start.log"))
+
+
+def _log_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if not line.startswith("#")]
+
+
+def test_the_cuda_fixtures_cover_every_shipped_vllm() -> None:
+    from engines.envs.manager import RECIPES
+
+    versions = {p.name.split("-")[1] for p in CUDA_LOGS}
+    assert {"0.32.0", "0.33.0", "0.34.0"} <= versions
+    assert RECIPES[("vllm", "cuda")].default_version in versions
+
+
+@pytest.mark.parametrize("path", CUDA_LOGS, ids=lambda p: p.name.split("-")[1])
+def test_the_v2_runners_cuda_start_reads_as_its_phases(path: Path) -> None:
+    """vLLM's V2 model runner on CUDA: "Loading model from scratch..." begins the weights, and
+    the CUDA-graph capture of the memory profile (before "Available KV cache memory") stays in
+    compiling; the KV cache, the warm-up and the real capture each show after it."""
+    tracker = PhaseTracker("gpu", PHASES, clock=lambda: 0.0)
+    tracker.begin()
+    began = {}
+    for line in _log_lines(path):
+        event = tracker.feed(line)
+        if event is not None:
+            began[event.phase] = event.line
+    assert list(began) == [
+        "config",
+        "engine",
+        "weights",
+        "compile",
+        "kv_cache",
+        "warmup",
+        "graphs",
+        "server",
+    ]
+    assert "Loading model from scratch..." in began["weights"]
+    assert "Dynamo bytecode transform time" in began["compile"]
+    assert "Available KV cache memory" in began["kv_cache"]
+    assert "JIT kernel warmup starting." in began["warmup"]
+    assert "67/67" not in began["graphs"] and "34/67" in began["graphs"]
+    assert "init engine (profile, create kv cache, warmup model) took" in began["server"]

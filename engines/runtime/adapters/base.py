@@ -253,7 +253,8 @@ def weights_per_gpu(profile: Profile, weights_bytes: int | None) -> int | None:
 
 def tp_env(profile: Profile) -> dict[str, str]:
     """Environment for the profile's GPUs: visible devices and, without P2P on GeForce,
-    NCCL's peer-to-peer off (tensor parallel hangs otherwise)."""
+    NCCL's peer-to-peer off for any engine on more than one GPU (tensor, pipeline or data
+    parallel: NCCL hangs otherwise)."""
     env: dict[str, str] = {}
     if profile.device != "cpu":
         if profile.gpus_auto:
@@ -263,6 +264,6 @@ def tp_env(profile: Profile) -> dict[str, str]:
             )
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        if profile.world_size > 1 and not profile.p2p:
+        if max(profile.world_size, profile.gpu_count) > 1 and not profile.p2p:
             env["NCCL_P2P_DISABLE"] = "1"
     return env

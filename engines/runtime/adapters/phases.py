@@ -21,6 +21,9 @@ class PhaseRule:
     """The phase in words, for a progress line ("loading weights")."""
     pattern: re.Pattern[str] | None
     """A line matching this begins the phase; None for the phase a launch begins in."""
+    after: str = ""
+    """A phase the start must have reached before this one's line counts: an engine prints
+    some lines early too (vLLM's memory profile captures CUDA graphs before the KV cache)."""
 
 
 READY = PhaseRule("ready", "ready", None)
@@ -31,9 +34,13 @@ def next_phase(rules: Sequence[PhaseRule], line: str, current: int) -> int | Non
     """Index of the phase ``line`` begins, when that phase comes after ``current``.
 
     Phases only move forward: an engine repeats some lines in later phases (compile lines
-    while warming up other batch sizes), which must not send a progress bar back."""
+    while warming up other batch sizes), which must not send a progress bar back. A rule with
+    ``after`` counts only once the start has reached that phase."""
+    reached = {rule.phase for rule in rules[: current + 1]}
     for index in range(len(rules) - 1, current, -1):
-        pattern = rules[index].pattern
-        if pattern is not None and pattern.search(line):
+        rule = rules[index]
+        if rule.after and rule.after not in reached:
+            continue
+        if rule.pattern is not None and rule.pattern.search(line):
             return index
     return None

@@ -271,7 +271,7 @@ class VLLMAdapter:
                 argv += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
             if profile.pipeline_parallel_size > 1:
                 argv += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
-            if profile.world_size > 1 and not profile.p2p:
+            if max(profile.world_size, profile.gpu_count) > 1 and not profile.p2p:  # DP too
                 argv.append("--disable-custom-all-reduce")
             if can_sleep(profile, runtime):
                 argv.append(SLEEP_FLAG)

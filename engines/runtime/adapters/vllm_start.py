@@ -195,7 +195,11 @@ PHASES: tuple[PhaseRule, ...] = (
         "starting the engine processes",
         _p(r"Resolved architecture: |Initializing a V1 LLM engine"),
     ),
-    PhaseRule("weights", "loading weights", _p(r"Starting to load model ")),
+    # V1 (the CPU build) logs "Starting to load model"; the V2 runner that vLLM runs on CUDA
+    # logs only "Loading model from scratch..." (vllm/v1/worker/gpu/model_runner.py)
+    PhaseRule(
+        "weights", "loading weights", _p(r"Starting to load model |Loading model from scratch")
+    ),
     PhaseRule(
         "compile",
         "compiling the model",
@@ -210,8 +214,17 @@ PHASES: tuple[PhaseRule, ...] = (
         "allocating the KV cache",
         _p(r"Available KV cache memory|GiB for KV cache|KV cache size: [\d,]+ tokens"),
     ),
-    PhaseRule("warmup", "warming up", _p(r"Compile and warming up model for size")),
-    PhaseRule("graphs", "capturing CUDA graphs", _p(r"Capturing CUDA graphs")),
+    # compile_or_warm_up_model, after the KV cache: extra compile sizes, then kernel_warmup
+    # (KernelConfig.enable_jit_warmup is on by default)
+    PhaseRule(
+        "warmup",
+        "warming up",
+        _p(r"Compile and warming up model for size|JIT kernel warmup starting"),
+        after="kv_cache",
+    ),
+    # the memory profile (before "Available KV cache memory") captures CUDA graphs too, to
+    # estimate their memory: only a capture after the KV cache is the graphs phase
+    PhaseRule("graphs", "capturing CUDA graphs", _p(r"Capturing CUDA graphs"), after="kv_cache"),
     PhaseRule(
         "server",
         "starting the API server",
@@ -219,5 +232,7 @@ PHASES: tuple[PhaseRule, ...] = (
     ),
     READY,
 )
-"""vLLM 0.32/0.33 log lines. The CPU build goes import → config → engine → weights → compile →
-kv_cache → server → ready (no graphs); the CUDA lines come from the same version's source."""
+"""vLLM 0.32-0.34 log lines. The CPU build (V1 runner) goes import → config → engine → weights →
+compile → kv_cache → server → ready; CUDA (V2 runner) goes … → weights → compile (with the
+memory profile's graph capture) → kv_cache → warmup → graphs → server → ready. The lines come
+from each version's source (tests/engines/data/vllm-*-cuda-v2-start.log cite file and line)."""

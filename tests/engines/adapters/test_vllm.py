@@ -74,6 +74,19 @@ def test_tp2_with_p2p_keeps_custom_all_reduce() -> None:
     assert "NCCL_P2P_DISABLE" not in env
 
 
+def test_data_parallel_on_geforce_gets_the_tensor_parallel_p2p_handling() -> None:
+    """Data parallel ranks talk over NCCL too (DP sync, MoE all-to-all): on GeForce without
+    P2P they get the same settings as tensor parallel."""
+    argv, env = launch(profile(gpus=[0, 1], data_parallel_size=2))
+    assert flag_value(argv, "--data-parallel-size") == "2"
+    assert "--tensor-parallel-size" not in argv
+    assert "--disable-custom-all-reduce" in argv
+    assert env["NCCL_P2P_DISABLE"] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    argv, env = launch(profile(gpus=[0, 1], data_parallel_size=2, p2p=True))
+    assert "--disable-custom-all-reduce" not in argv and "NCCL_P2P_DISABLE" not in env
+
+
 def test_single_gpu_on_second_card() -> None:
     argv, env = launch(profile(gpus=[1]))
     assert env["CUDA_VISIBLE_DEVICES"] == "1"

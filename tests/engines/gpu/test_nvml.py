@@ -296,3 +296,47 @@ def test_the_real_gpu_scripts_comparison_rules() -> None:
     reads = {field: read(info, snap) for field, (read, _, _) in check.FIELDS.items()}
     assert reads["power.draw"] == 312.5 and reads["memory.total"] == 24 * 1024
     assert reads["persistence_mode"] == "Enabled" and reads["fan.speed"] == 55
+
+
+def as_nvml_12550(lib: Any) -> Any:
+    """The fake module with nvidia-ml-py 12.550's signatures for the bindings that changed."""
+    from unittest import mock
+
+    from tests.fakes import pynvml_12550
+
+    for name, spec in pynvml_12550.CHANGED.items():
+        setattr(lib, name, mock.create_autospec(spec))
+    for name in pynvml_12550.ABSENT:
+        delattr(lib, name)
+    return lib
+
+
+def test_bindings_of_nvidia_ml_py_12550_do_not_take_nvml_down(lib: Any) -> None:
+    backend = NVMLBackend(as_nvml_12550(lib))
+    (info,) = backend.open()  # the TypeError of the 3-argument binding is caught
+    assert info.name == "NVIDIA GeForce RTX 4090"
+    assert info.fan_count == 2 and info.fan_min_pct is None and info.fan_max_pct is None
+    (s,) = backend.sample(slow=True)
+    assert s.state == GPUState.OK
+    assert s.power_draw_mw == 312_500
+    assert [f.speed_pct for f in s.fans] == [55, 57]
+    assert [f.manual for f in s.fans] == [None, None]  # policy unreadable, not a crash
+
+
+def test_binding_type_or_attribute_error_on_a_write_is_not_supported(lib: Any) -> None:
+    lib.nvmlDeviceSetFanSpeed_v2.side_effect = TypeError("takes 4 positional arguments")
+    with pytest.raises(GPUNotSupported, match="nvidia-ml-py"):
+        NVMLBackend(lib).call("nvmlDeviceSetFanSpeed_v2", HANDLE, 0, 50, uuid=UUID, write=True)
+    lib.nvmlDeviceGetPowerUsage.side_effect = AttributeError("c_nvmlDevice_t has no field")
+    assert NVMLBackend(lib).call("nvmlDeviceGetPowerUsage", HANDLE, uuid=UUID) is None
+
+
+def test_pyproject_requires_a_binding_with_the_defaults() -> None:
+    import re
+    import tomllib
+    from pathlib import Path
+
+    meta = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    (req,) = [d for d in meta["project"]["dependencies"] if d.startswith("nvidia-ml-py")]
+    floor = re.search(r">=\s*(\d+)\.(\d+)", req)
+    assert floor is not None and (int(floor[1]), int(floor[2])) >= (12, 570)
