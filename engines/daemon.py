@@ -211,6 +211,7 @@ class Daemon:
             control_token=self.token,
             logs_dir=paths.logs_dir,
             publish=publish,
+            internal_key=lambda: self.ctx.internal_key,
         )
         self.multinode = MultiNode(
             peers=self.peers,

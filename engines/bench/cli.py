@@ -26,6 +26,7 @@ from engines.bench.compare import cell, compare, format_table
 from engines.bench.metrics import DEFINITIONS
 from engines.client import DaemonClient
 from engines.client.model_wait import load_and_wait
+from engines.core.waiting import within
 from engines.errors import ConfigError, TraylmError
 from engines.events.bench import (
     BenchConfig,
@@ -182,7 +183,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             except asyncio.CancelledError:  # Ctrl-C: stop the run, keep what finished
                 print("\nstopping the benchmark...", file=sys.stderr, flush=True)
                 try:  # the daemon stops its worker within its grace (then kills it)
-                    await asyncio.wait_for(c.bench_cancel(run.id), CANCEL_ANSWER_S)
+                    await within(CANCEL_ANSWER_S, c.bench_cancel(run.id))
                 except (TraylmError, TimeoutError):
                     print("the daemon did not confirm in time; `traylm bench cancel` stops "
                           "the run if it still goes on", file=sys.stderr)  # fmt: skip
@@ -226,7 +227,7 @@ async def _wait(
     last, next_s = "", 0.0
     while True:
         try:
-            event = await asyncio.wait_for(queue.get(), FINISH_POLL_S)
+            event = await within(FINISH_POLL_S, queue.get())
         except TimeoutError:
             current, _ = await c.bench_current()
             if current is None or current.id != run_id:

@@ -84,13 +84,17 @@ class BenchFeature:
         control_token: str,
         logs_dir: Path,
         publish: Callable[[Event], None],
+        internal_key: Callable[[], str] = str,
     ) -> None:
-        """No I/O. ``control_token``: handed to the worker, which reads GPU telemetry back
+        """No I/O. ``internal_key``: the gateway's credential for the daemon's own
+        measurements (``run_to_end``), which never need the user's API key.
+        ``control_token``: handed to the worker, which reads GPU telemetry back
         from the daemon's control API during the run."""
         self.runs = RunStore(store)
         self._routing = routing
         self._settings = settings
         self._token = control_token
+        self._internal_key = internal_key
         self._logs_dir = logs_dir
         self._publish = publish
         self._job: _Job | None = None
@@ -162,7 +166,7 @@ class BenchFeature:
         """Start a run and return it once it ended (stored). Cancelling the caller cancels
         the run (its worker stopped, what finished kept) before the CancelledError goes on:
         the tuner measures its candidates through this."""
-        run = await self.start_run(config)
+        run = await self.start_run(config, api_key=self._internal_key())
         job = self._job
         assert job is not None and job.watcher is not None and job.run.id == run.id
         try:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from engines.client.base import DOCTOR_TIMEOUT_S, JSON, ClientBase, api_path, named_path
+from engines.core.waiting import within
 from engines.errors import ControlAPIError
 from engines.events.codec import from_plain
 from engines.events.core import EngineState, EngineStatus
@@ -121,7 +122,7 @@ class ControlCalls(ClientBase):
                         on_status(status)
                 await asyncio.sleep(0.5)
 
-        return await asyncio.wait_for(poll(), timeout_s)
+        return await within(timeout_s, poll())
 
     async def gateway_metrics(self) -> str:
         """The gateway's Prometheus text (through the control token, so API keys do not

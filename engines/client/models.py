@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from engines.client.base import JSON, ClientBase, named_path
+from engines.core.waiting import within
 from engines.errors import ControlAPIError
 from engines.events.codec import from_plain
 from engines.events.models import (
@@ -89,7 +90,7 @@ class ModelCalls(ClientBase):
                         raise ControlAPIError(m.detail, code="model_load_failed", http_status=503)
                 await asyncio.sleep(0.3)
 
-        return await asyncio.wait_for(poll(), timeout_s)
+        return await within(timeout_s, poll())
 
     async def placement(self, name: str, gpus: Iterable[int] | None = None) -> Placement:
         """Where the planner would load ``name`` now, or exactly why it cannot."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from engines.client import DaemonClient
+from engines.core.waiting import within
 from engines.envs.pip_progress import PipStatus
 from engines.errors import TraylmError
 from engines.events.codec import Event
@@ -49,11 +50,11 @@ async def follow_start(
     pump_task = asyncio.create_task(pump(), name="start events")
     try:
         with contextlib.suppress(TimeoutError):  # no stream: the status poll still follows
-            await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
+            await within(SUBSCRIBE_WAIT_S, subscribed.wait())
         status = await start()
         say(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
         printer = PhasePrinter(say)
-        return await asyncio.wait_for(_until_done(c, status.engine_id, queue, printer), timeout_s)
+        return await within(timeout_s, _until_done(c, status.engine_id, queue, printer))
     finally:
         pump_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -65,7 +66,7 @@ async def _until_done(
 ) -> EngineStatus:
     while True:
         try:
-            event = await asyncio.wait_for(queue.get(), POLL_S)
+            event = await within(POLL_S, queue.get())
         except TimeoutError:  # a long phase: its time, every REPEAT_S
             current = next((e for e in await c.engines() if e.engine_id == engine_id), None)
             if current is None:

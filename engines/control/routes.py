@@ -25,6 +25,7 @@ from engines.config.profiles import (
 from engines.config.sections import SECTIONS
 from engines.control.service import ControlAPI, adhoc_profile
 from engines.core.http import error_response, event_stream, json_body, ok, traylm_errors
+from engines.core.waiting import within
 from engines.envs.manager import env_summary
 from engines.errors import ConfigError, EngineEnvError, TraylmError
 from engines.events.codec import to_plain
@@ -275,7 +276,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         await resp.write(b": traylm events\n\n")
         while True:
             try:
-                event = await asyncio.wait_for(sub.get(), SSE_KEEPALIVE_S)
+                event = await within(SSE_KEEPALIVE_S, sub.get())
             except TimeoutError:
                 await resp.write(b": keep-alive\n\n")
                 continue

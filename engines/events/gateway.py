@@ -9,9 +9,10 @@ from typing import ClassVar
 
 from engines.events.codec import Event
 
-CLIENTS = ("local", "lan", "box")
-"""Who sent a recorded request: this computer, another one on the LAN, or a paired box (one the
-box served for it; engines/gateway/exchange.py)."""
+CLIENTS = ("local", "lan", "box", "tuner")
+"""Who sent a recorded request: this computer, another one on the LAN, a paired box (one the
+box served for it; engines/gateway/exchange.py), or the daemon's own measurements (the tuner's
+and the guarded upgrade's, with its internal credential)."""
 
 
 @dataclasses.dataclass(frozen=True)

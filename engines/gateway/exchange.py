@@ -184,7 +184,10 @@ def begin(
     if capture == CAPTURE_OFF or not recorded(request):
         return None
     key = ""
-    if guard.keys_required:
+    internal = guard.internal(
+        request.headers.get("Authorization"), request.headers.get("x-api-key")
+    )
+    if guard.keys_required and not internal:
         auth = request.headers.get("Authorization", "")
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         given = given or request.headers.get("x-api-key", "").strip()
@@ -195,7 +198,7 @@ def begin(
         started=time.perf_counter(),
         method=request.method,
         path=request.path[:512],
-        client="box" if box else "local" if local else "lan",
+        client="tuner" if internal else "box" if box else "local" if local else "lan",
         peer=box or ("" if local else str(request.remote or "")),
         key=key,
         capture=capture,

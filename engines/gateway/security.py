@@ -13,7 +13,7 @@ import ipaddress
 import re
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 _BAD_PATH = re.compile(r"(^|/)\.\.?(/|$)|//|%2e|%2f|%5c|\\|%00", re.IGNORECASE)
@@ -42,6 +42,9 @@ class Guard:
     port: int
     lan: bool
     keys_lan_only: bool = False  # gateway.keys_for = "lan": this computer needs no key
+    internal_key: str = field(
+        default="", repr=False
+    )  # the daemon's own measurements' credential (memory only)
 
     @classmethod
     def build(
@@ -53,6 +56,7 @@ class Guard:
         port: int,
         lan: bool,
         keys_for: str = "all",
+        internal_key: str = "",
     ) -> Guard:
         return cls(
             LOOPBACK_HOSTS | {h.lower() for h in hosts},
@@ -61,6 +65,7 @@ class Guard:
             port,
             lan,
             keys_for == "lan",
+            internal_key,
         )
 
     def path_problem(self, raw_path: str) -> str | None:
@@ -106,14 +111,24 @@ class Guard:
         request comes from this computer (which needs no key with keys for the LAN only)."""
         if not self.key_digests or (self.keys_lan_only and loopback):
             return True
-        return self.key_used(authorization, x_api_key) is not None
+        return self.key_used(authorization, x_api_key) is not None or self.internal(
+            authorization, x_api_key
+        )
+
+    def internal(self, authorization: str | None, x_api_key: str | None = None) -> bool:
+        """The request carries the daemon's own credential: its tuner's and upgrade's
+        measurements, which never need (nor see) the user's keys. Random for each daemon run,
+        held in memory only."""
+        if not self.internal_key:
+            return False
+        given = _given(authorization, x_api_key)
+        return bool(given) and secrets.compare_digest(
+            header_bytes(given), self.internal_key.encode()
+        )
 
     def key_used(self, authorization: str | None, x_api_key: str | None = None) -> str | None:
         """The digest of the configured key the request carries, or None (none, or wrong)."""
-        if authorization and authorization.lower().startswith("bearer "):
-            given = authorization[7:].strip()
-        else:
-            given = (x_api_key or "").strip()
+        given = _given(authorization, x_api_key)
         if not given:
             return None
         digest = hash_key(given)
@@ -135,6 +150,12 @@ class Guard:
             if used is not None or not (self.keys_lan_only and local):
                 return "key:" + (used or "none")
         return "this computer" if local else f"peer:{remote}"
+
+
+def _given(authorization: str | None, x_api_key: str | None) -> str:
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return (x_api_key or "").strip()
 
 
 def _split_host(host: str) -> tuple[str, int | None]:

@@ -166,6 +166,9 @@ class GatewayContext:
         # the Host check keeps the port the gateway listens on: a new gateway.port applies at
         # the next start (checking it now locked every client out of the running daemon)
         self._listening_port = self.settings.gateway.port
+        # the daemon's own measurements (tune, upgrade) pass the key check with this: random
+        # for each run, never written anywhere; the recorder marks their requests the tuner's
+        self.internal_key = "tlm-internal-" + secrets.token_urlsafe(32)
         self.guard = self._guard(self.settings)
         settings.subscribe(self.apply_settings)
         registry.gauge(
@@ -188,6 +191,7 @@ class GatewayContext:
             port=self._listening_port,
             lan=g.lan_sharing,
             keys_for=g.keys_for,
+            internal_key=self.internal_key,
         )
 
     def apply_settings(self, settings: Settings) -> None:

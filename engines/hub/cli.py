@@ -17,6 +17,7 @@ from typing import Any
 
 from engines.client import DaemonClient
 from engines.core.sizes import human_bytes
+from engines.core.waiting import within
 from engines.events.codec import to_plain
 from engines.events.hub import (
     DownloadProgress,
@@ -245,7 +246,7 @@ async def _follow(c: DaemonClient, status: DownloadStatus) -> DownloadStatus:
                 status = await c.download_action(status.id, "pause")
                 break
             try:
-                event = await asyncio.wait_for(queue.get(), 1.0)
+                event = await within(1.0, queue.get())
             except TimeoutError:
                 status = await c.download(status.id)
                 bar.draw_status(status)

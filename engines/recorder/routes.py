@@ -63,7 +63,7 @@ async def list_requests(request: web.Request) -> web.Response:
         raise ConfigError(f"status must be an HTTP code, ok or error, not {status[:40]!r}")
     client = q.get("client", "")
     if client and client not in CLIENTS:
-        raise ConfigError(f"client must be local, lan or box, not {client[:40]!r}")
+        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, not {client[:40]!r}")
     rows = await request.app[REQUESTS].summaries(
         limit=min(_int(request, "limit", 100) or 100, MAX_LIST),
         before_id=_int(request, "before", None),

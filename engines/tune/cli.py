@@ -22,6 +22,7 @@ from typing import Any
 
 from engines.client import DaemonClient
 from engines.config.fields import parse_duration
+from engines.core.waiting import within
 from engines.errors import ConfigError, TraylmError
 from engines.events.codec import to_plain
 from engines.events.tune import TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
@@ -119,7 +120,7 @@ async def cmd_tune(args: argparse.Namespace) -> int:
             except asyncio.CancelledError:  # Ctrl-C: the daemon restores what ran before
                 print("\nstopping the tune and restoring what ran before...", file=sys.stderr)
                 with contextlib.suppress(TraylmError, TimeoutError):
-                    await asyncio.wait_for(c.tune_cancel(), CANCEL_ANSWER_S)
+                    await within(CANCEL_ANSWER_S, c.tune_cancel())
                 raise
         finally:
             follower.cancel()
@@ -146,7 +147,7 @@ async def _wait(
     """Print each step until the tune ends (events, with a poll in case the end was missed)."""
     while True:
         try:
-            event = await asyncio.wait_for(queue.get(), FINISH_POLL_S)
+            event = await within(FINISH_POLL_S, queue.get())
         except TimeoutError:
             job = await c.tune_current()
             if job is None or job.id != job_id or job.state != TuneState.RUNNING:

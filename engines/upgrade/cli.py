@@ -25,6 +25,7 @@ from typing import Any
 
 from engines.client import DaemonClient
 from engines.config.fields import parse_duration
+from engines.core.waiting import within
 from engines.errors import ConfigError, TraylmError
 from engines.events.codec import Event, to_plain
 from engines.events.core import EnvInstallProgress
@@ -106,7 +107,7 @@ async def cmd_upgrade(args: argparse.Namespace) -> int:
         except asyncio.CancelledError:  # Ctrl-C: the daemon restores what ran before
             print("\nstopping the upgrade; what ran before starts again...", file=sys.stderr)
             with contextlib.suppress(TraylmError, TimeoutError):
-                await asyncio.wait_for(c.upgrade_cancel(), CANCEL_ANSWER_S)
+                await within(CANCEL_ANSWER_S, c.upgrade_cancel())
             raise
         finally:
             follower.cancel()
@@ -126,7 +127,7 @@ async def _until_done(c: DaemonClient, job_id: int, queue: asyncio.Queue[Event])
     missed); the finished job."""
     while True:
         try:
-            event = await asyncio.wait_for(queue.get(), POLL_S)
+            event = await within(POLL_S, queue.get())
         except TimeoutError:
             event = None
         if event is None or (isinstance(event, UpgradeFinished) and event.job_id == job_id):

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from engines.events import EngineState, TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
+from engines.gateway.security import hash_key
 from engines.gpu.sim import sim_uuid
 from engines.tune.cli import CANCEL_ANSWER_S
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.gpu.test_daemon import feature, sim_settings
 from tests.engines.test_daemon_gateway import start_fake
 from tests.engines.test_warm_starts import wait_until
@@ -302,4 +304,38 @@ async def test_the_users_recorded_traffic_is_the_workload(d: RunningDaemon, tmp_
     run = await d.client.bench_run(job.measures[0].bench_run_id or 0)
     assert run.config.workload == "file" and run.config.as_fast_as_possible
     assert run.levels[0].completed == 6 and run.levels[0].duration_s < 30  # not at its pace
+    await nothing_of_the_tune_left(d, {"chat"})
+
+
+async def test_traylm_tune_works_with_api_keys_on_and_the_credential_is_never_kept(
+    daemon_factory: Any, fake_env: Path
+) -> None:
+    """With a key (keys for every client), the tuner measures with the daemon's own credential
+    (random, in memory): its requests pass the gateway, are recorded as the tuner's, and the
+    credential is in neither requests.db, its WAL nor any log."""
+    d: RunningDaemon = await daemon_factory(
+        fast_settings(free_loopback_port(), api_key_sha256=(hash_key("sekret"),))
+    )
+    await start_fake(d, "chat", args=f"--token-delay {TOKEN_S}")
+    code, out = await traylm(
+        "tune", "chat", "--only", "max-num-seqs-1", "--requests", "6", "--concurrency", "2",
+        timeout_s=300,
+    )  # fmt: skip
+    assert code == 0, out
+    assert "needs an API key" not in out
+    job = await d.client.tune_current()
+    assert job is not None and job.state == TuneState.DONE, job.detail
+    for _ in range(300):  # the recorder writes in batches
+        rows = await d.client.requests_list(client="tuner")
+        if len(rows) >= 12:  # 2 candidates x 2 runs x 6 requests, less any warm-up
+            break
+        await asyncio.sleep(0.1)
+    assert rows and all(r["client"] == "tuner" and not r["key"] for r in rows)
+    secret = d.daemon.ctx.internal_key.encode()
+    assert secret and b"sekret" not in secret
+    kept = [p for p in d.paths.data_dir.glob("requests.db*")] + [
+        p for p in d.paths.logs_dir.rglob("*") if p.is_file()
+    ]
+    assert any(p.name == "requests.db" for p in kept)
+    assert [p for p in kept if secret in p.read_bytes()] == []
     await nothing_of_the_tune_left(d, {"chat"})
