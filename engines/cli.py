@@ -174,7 +174,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="traylm",
         description="Local LLM inference manager. Without a command, opens the tray app.",
         epilog="Without a command the tray app starts; its options: --show chat|dashboard (open "
-        "a window), --page PAGE (gpus, engines, models, fans, bench, settings), --no-tray (a "
+        "a window), --page PAGE (gpus, engines, models, fans, bench, tune, requests, settings), "
+        "--no-tray (a "
         "window instead of the tray icon), --no-daemon-start (wait for a daemon), -v.",
     )
     p.add_argument("--version", action="version", version=f"traylm {__version__}")
@@ -211,25 +212,29 @@ def _engines_parser(sub: Any) -> Any:
     e = sub.add_parser("engines", help="engine environments (one venv per engine and version)")
     esub = e.add_subparsers(title="engines commands", metavar="ACTION", required=True)
     s = esub.add_parser("install", help="install an engine into its own venv")
-    s.add_argument("engine", choices=("vllm", "trtllm", "sglang"))
+    s.add_argument("engine", choices=("vllm", "trtllm", "sglang"), help="which engine")
     s.add_argument("--cpu", action="store_true", help="the CPU build (default without a GPU)")
-    s.add_argument("--version", dest="engine_version")
+    s.add_argument(
+        "--version", dest="engine_version", help="a release to install (default: the newest)"
+    )
     s.set_defaults(func=cmd_engines_install)
     s = esub.add_parser("list", help="installed engine environments")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_engines_list)
     s = esub.add_parser("doctor", help="check that engine environments work")
     s.add_argument("name", nargs="?", help="environment name (default: all)")
     s.set_defaults(func=cmd_engines_doctor)
     s = esub.add_parser("remove", help="delete an engine environment")
-    s.add_argument("engine")
-    s.add_argument("--cpu", action="store_true")
-    s.add_argument("--version", dest="engine_version")
+    s.add_argument("engine", help="vllm, trtllm or sglang")
+    s.add_argument("--cpu", action="store_true", help="the CPU build's environment")
+    s.add_argument(
+        "--version", dest="engine_version", help="one version only (default: every version)"
+    )
     s.set_defaults(func=cmd_engines_remove)
     s = esub.add_parser("flags", help="flags the installed engine version accepts")
-    s.add_argument("engine")
-    s.add_argument("--cpu", action="store_true")
-    s.add_argument("--version", dest="engine_version")
+    s.add_argument("engine", help="vllm, trtllm or sglang")
+    s.add_argument("--cpu", action="store_true", help="the CPU build's environment")
+    s.add_argument("--version", dest="engine_version", help="one version (default: the one in use)")
     s.add_argument(
         "--tool", default="", help="TensorRT-LLM build tools: build, quantize, convert-llama"
     )

@@ -262,7 +262,7 @@ MARKS = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "info": "[info]"}
 
 def add_parser(sub: Any) -> None:
     s = sub.add_parser("doctor", help="check that this computer can serve models, with fixes")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_doctor)
 
 

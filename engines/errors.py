@@ -34,6 +34,8 @@ class ConfigError(TraylmError):
 
 
 class ProfileNotFound(ConfigError):
+    """No profile by that name (`traylm profiles` lists them)."""
+
     code = "profile_not_found"
     http_status = 404
 
@@ -83,6 +85,8 @@ class ModelUnavailable(TraylmError):
 
 
 class EngineNotFound(EngineError):
+    """No engine by that id is running or known (`traylm status` lists them)."""
+
     code = "engine_not_found"
     http_status = 404
 
@@ -102,6 +106,8 @@ class DaemonUnavailable(TraylmError):
 
 
 class DaemonVersionMismatch(TraylmError):
+    """The daemon that answers is another traylm version than this command; restart it."""
+
     code = "daemon_version_mismatch"
     http_status = 409
 
@@ -124,6 +130,8 @@ class DiskFull(TraylmError):
 
 
 class GPUError(TraylmError):
+    """Root of the GPU feature's errors (telemetry, fans, power limits)."""
+
     code = "gpu_error"
 
 
@@ -149,11 +157,15 @@ class GPUPermissionDenied(GPUError):
 
 
 class GPUNotSupported(GPUError):
+    """The GPU or its driver does not offer this control (a fan or power call NVML refuses)."""
+
     code = "gpu_not_supported"
     http_status = 409
 
 
 class GPUNotFound(GPUError):
+    """No GPU by that index or UUID (`traylm gpus` lists them)."""
+
     code = "gpu_not_found"
     http_status = 404
 
@@ -173,6 +185,8 @@ class HelperRefused(GPUError):
 
 
 class HubError(TraylmError):
+    """Root of the model hub's errors (search, fit, downloads, library)."""
+
     code = "hub_error"
 
 
@@ -215,11 +229,15 @@ class NoSafetensors(HubError):
 
 
 class DiskSpaceError(HubError):
+    """Not enough free disk for a download; the message says how much it needs."""
+
     code = "disk_full"
     http_status = 507
 
 
 class DownloadNotFound(HubError):
+    """No download by that id (`traylm models downloads` lists them)."""
+
     code = "download_not_found"
     http_status = 404
 
@@ -261,11 +279,15 @@ class PairingRefused(PeerError):
 
 
 class PeerNotFound(PeerError):
+    """No paired box by that name (`traylm peers` lists them)."""
+
     code = "peer_not_found"
     http_status = 404
 
 
 class PeerUnreachable(PeerError):
+    """A paired box does not answer; the message names it and why."""
+
     code = "peer_unreachable"
     http_status = 502
 

@@ -90,33 +90,38 @@ def add_parsers(sub: Any) -> None:
         default=0.0,
         help="Poisson arrivals per second (default 0: all at once, limited by --concurrency)",
     )
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed for prompts and arrivals (same seed: same run)",
+    )
     s.add_argument("--name", default="", help="a label for this run")
     s.add_argument("--html", type=Path, help="also write the HTML report here")
     s.add_argument("--json", action="store_true", help="print the stored run as JSON")
     s.set_defaults(func=cmd_run)
 
     s = bsub.add_parser("ls", help="stored benchmark runs")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
     s = bsub.add_parser("show", help="one run's figures")
-    s.add_argument("run_id", type=int)
+    s.add_argument("run_id", type=int, help="a run id (`traylm bench ls`)")
     s.add_argument("--html", type=Path, help="write the HTML report here")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_show)
 
     s = bsub.add_parser("compare", help="runs side by side, with ratios to the first")
-    s.add_argument("run_ids", type=int, nargs="+", metavar="ID")
+    s.add_argument("run_ids", type=int, nargs="+", metavar="ID", help="run ids, the first the base")
     s.add_argument("--html", type=Path, help="write the HTML comparison here")
     s.set_defaults(func=cmd_compare)
 
     s = bsub.add_parser("cancel", help="stop the running benchmark (keeps what finished)")
-    s.add_argument("run_id", type=int, nargs="?")
+    s.add_argument("run_id", type=int, nargs="?", help="default: the running one")
     s.set_defaults(func=cmd_cancel)
 
     s = bsub.add_parser("rm", help="delete a stored run")
-    s.add_argument("run_id", type=int)
+    s.add_argument("run_id", type=int, help="a run id (`traylm bench ls`)")
     s.set_defaults(func=cmd_rm)
 
 

@@ -34,17 +34,37 @@ def add_parsers(sub: Any) -> None:
     """The commands that talk to the daemon about engines, profiles, settings and keys:
     status, start, stop, restart, logs, shutdown, profiles, config, keys."""
     s = sub.add_parser("status", help="daemon and engine status")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("start", help="start an engine from a profile, or --model for a quick one")
-    s.add_argument("profile", nargs="?")
+    s.add_argument(
+        "profile",
+        nargs="?",
+        metavar="PROFILE|FOLDER",
+        help="a profile (`traylm profiles` lists them) or a model folder registered with "
+        "`traylm models add`",
+    )
     s.add_argument("--model", help="repo id or local folder (instead of a profile)")
-    s.add_argument("--engine", default="vllm")
-    s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    s.add_argument(
+        "--engine", default="vllm", help="engine for --model: vllm, sglang or trtllm (default vllm)"
+    )
+    s.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="where --model runs: auto (an NVIDIA GPU if there is one), cuda or cpu",
+    )
     s.add_argument("--name", help="engine id for --model (default: from the model name)")
-    s.add_argument("--served-name")
-    s.add_argument("--max-model-len", type=int)
+    s.add_argument(
+        "--served-name", help="model name clients send for --model (default: its last path part)"
+    )
+    s.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="TOKENS",
+        help="context length in tokens for --model (default: the model's)",
+    )
     s.add_argument("--wait", action="store_true", help="wait until ready (or failed)")
     s.add_argument("--timeout", type=float, default=900.0, help="seconds to --wait")
     s.set_defaults(func=cmd_start)
@@ -58,9 +78,9 @@ def add_parsers(sub: Any) -> None:
         s.set_defaults(func=func)
 
     s = sub.add_parser("logs", help="an engine's log")
-    s.add_argument("engine_id", nargs="?")
-    s.add_argument("-n", "--lines", type=int, default=100)
-    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("engine_id", nargs="?", help="default: the only running engine")
+    s.add_argument("-n", "--lines", type=int, default=100, help="how many last lines (100)")
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     s.set_defaults(func=cmd_logs)
 
     s = sub.add_parser("shutdown", help="stop the daemon and its engines")
@@ -81,10 +101,10 @@ def _config_parser(sub: Any) -> None:
     c = sub.add_parser("config", help="read or change settings (config.toml)")
     csub = c.add_subparsers(title="config commands", metavar="ACTION", required=True)
     s = csub.add_parser("get", help="show settings")
-    s.add_argument("key", nargs="?")
+    s.add_argument("key", nargs="?", help="a section or SECTION.KEY (default: every setting)")
     s.set_defaults(func=cmd_config_get)
     s = csub.add_parser("set", help="change a setting, e.g. gateway.port 8001")
-    s.add_argument("key")
+    s.add_argument("key", help="SECTION.KEY, e.g. gateway.port")
     s.add_argument("value", help='a TOML value: 8001, true, \'text\', ["a", "b"]')
     s.set_defaults(func=cmd_config_set)
 
@@ -97,7 +117,7 @@ def _keys_parser(sub: Any) -> None:
     s = ksub.add_parser("list", help="list key fingerprints")
     s.set_defaults(func=cmd_keys_list)
     s = ksub.add_parser("remove", help="remove a key by its fingerprint (or its first 8 chars)")
-    s.add_argument("fingerprint")
+    s.add_argument("fingerprint", help="as `traylm keys list` shows it (or its first 8 chars)")
     s.set_defaults(func=cmd_keys_remove)
 
 

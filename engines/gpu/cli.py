@@ -38,7 +38,7 @@ from engines.events.gpu import (
 
 def add_parsers(sub: Any) -> None:
     g = sub.add_parser("gpus", help="GPU telemetry (table, live view, trace recording)")
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--json", action="store_true", help="print JSON")
     g.add_argument("--simulate", type=int, metavar="N", help="without a daemon: N simulated GPUs")
     g.set_defaults(func=cmd_gpus)
     gsub = g.add_subparsers(title="gpus commands", metavar="ACTION")
@@ -46,8 +46,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--simulate", type=int, metavar="N", help="without a daemon: N simulated GPUs")
     s.set_defaults(func=cmd_gpus_watch)
     s = gsub.add_parser("record", help="record a JSONL trace (for replay and bug reports)")
-    s.add_argument("file", type=Path)
-    s.add_argument("--seconds", type=float, default=60.0)
+    s.add_argument("file", type=Path, help="the JSONL file to write")
+    s.add_argument("--seconds", type=float, default=60.0, help="how long to record (60)")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     s.add_argument("--simulate", type=int, metavar="N", help="record N simulated GPUs instead")
     s.set_defaults(func=cmd_gpus_record)
@@ -66,7 +66,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--dry-run", action="store_true", help="validate and preview only")
     s.set_defaults(func=cmd_fans_set)
     s = fsub.add_parser("auto", help="hand fans back to the firmware")
-    s.add_argument("--gpu", default="all")
+    s.add_argument("--gpu", default="all", help="GPU index or UUID (default: all)")
     s.set_defaults(func=cmd_fans_auto)
 
     p = sub.add_parser("power", help="GPU power limits (through traylm-gpud)")
@@ -76,21 +76,23 @@ def add_parsers(sub: Any) -> None:
     s = psub.add_parser(
         "set", help="set a limit: watts (300) or a preset (efficient, balanced, stock)"
     )
-    s.add_argument("value")
+    s.add_argument("value", help="watts (300) or a preset: efficient, balanced, stock")
     s.add_argument("--gpu", action="append", help="GPU index or UUID (repeat; default: all)")
     s.add_argument("--temporary", action="store_true", help="until the daemon stops (no save)")
-    s.add_argument("--dry-run", action="store_true")
+    s.add_argument("--dry-run", action="store_true", help="validate and preview only")
     s.set_defaults(func=cmd_power_set)
     s = psub.add_parser("reset", help="back to the default limit")
-    s.add_argument("--gpu", default="all")
+    s.add_argument("--gpu", default="all", help="GPU index or UUID (default: all)")
     s.set_defaults(func=cmd_power_reset)
 
     t = sub.add_parser("guard", help="thermal guard thresholds and recent actions")
     t.set_defaults(func=cmd_guard)
     tsub = t.add_subparsers(title="guard commands", metavar="ACTION")
     s = tsub.add_parser("set", help="e.g. guard_stop_margin_c=3 guard_enabled=true")
-    s.add_argument("changes", nargs="+", metavar="KEY=VALUE")
-    s.add_argument("--dry-run", action="store_true")
+    s.add_argument(
+        "changes", nargs="+", metavar="KEY=VALUE", help="guard settings of [gpu] to change"
+    )
+    s.add_argument("--dry-run", action="store_true", help="validate and preview only")
     s.set_defaults(func=cmd_guard_set)
 
 

@@ -37,38 +37,50 @@ def add_parsers(sub: Any) -> None:
     msub = m.add_subparsers(title="models commands", metavar="ACTION", required=True)
 
     s = msub.add_parser("search", help="search text-generation models on the Hub")
-    s.add_argument("query", nargs="?", default="")
-    s.add_argument("--sort", choices=("downloads", "likes", "recent"), default="downloads")
+    s.add_argument("query", nargs="?", default="", help="words in the model's name (default: any)")
+    s.add_argument(
+        "--sort",
+        choices=("downloads", "likes", "recent"),
+        default="downloads",
+        help="order of the results (default downloads)",
+    )
     s.add_argument("--quant", help="awq, gptq, fp8, compressed-tensors, bitsandbytes, nvfp4")
-    s.add_argument("--limit", type=int, default=20)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--limit", type=int, default=20, help="most results shown (20)")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_search)
 
     s = msub.add_parser("info", help="a model's shape, size and files (no weights downloaded)")
-    s.add_argument("repo_id")
-    s.add_argument("--revision")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("repo_id", help="org/name on the Hugging Face Hub")
+    s.add_argument("--revision", help="branch, tag or commit (default: main)")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_info)
 
     s = msub.add_parser("fit", help="will it fit? weights, KV cache and a verdict per engine")
-    s.add_argument("repo_id")
-    s.add_argument("--revision")
-    s.add_argument("--engine", choices=("vllm", "trtllm"))
+    s.add_argument("repo_id", help="org/name on the Hugging Face Hub")
+    s.add_argument("--revision", help="branch, tag or commit (default: main)")
+    s.add_argument(
+        "--engine", choices=("vllm", "trtllm"), help="one engine's verdict (default: each)"
+    )
     s.add_argument("--gpus", type=int, help="GPUs to use (default: 1 and 2)")
     s.add_argument("--context", type=int, help="context length (default: the model's)")
     s.add_argument("--concurrency", type=int, default=1, help="sequences at full length")
-    s.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
-    s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="KV cache element type: auto (the model's) or fp8 (half the memory)",
+    )
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_fit)
 
     s = msub.add_parser("pull", help="download a model (verified against the Hub's hashes)")
-    s.add_argument("repo_id")
+    s.add_argument("repo_id", help="org/name on the Hugging Face Hub")
     s.add_argument("--revision", help="branch, tag or commit (default: main)")
     s.add_argument("--detach", action="store_true", help="queue it and return")
     s.set_defaults(func=cmd_pull)
 
     s = msub.add_parser("ls", help="models in the local Hugging Face cache")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
     s = msub.add_parser("rm", help="delete a model from the cache, or forget a model folder")
@@ -77,24 +89,24 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_rm)
 
     s = msub.add_parser("verify", help="hash a cached model against the Hub's hashes")
-    s.add_argument("repo_id")
-    s.add_argument("--revision")
+    s.add_argument("repo_id", help="org/name of a downloaded model")
+    s.add_argument("--revision", help="one revision only (default: each cached one)")
     s.set_defaults(func=cmd_verify)
 
     s = msub.add_parser("downloads", help="the download queue and history")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_downloads)
 
     for action in ("pause", "resume", "cancel"):
         s = msub.add_parser(action, help=f"{action} a download")
-        s.add_argument("download_id")
+        s.add_argument("download_id", help="as `traylm models downloads` lists it")
         s.set_defaults(func=cmd_download_action, action=action)
 
     folders_cli.add_parsers(msub)
 
     s = msub.add_parser("trust", help="allow a model's own Python code (trust_remote_code)")
-    s.add_argument("repo_id")
-    s.add_argument("--revoke", action="store_true")
+    s.add_argument("repo_id", help="org/name on the Hugging Face Hub")
+    s.add_argument("--revoke", action="store_true", help="take the trust back")
     s.set_defaults(func=cmd_trust)
 
 

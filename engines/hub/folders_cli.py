@@ -42,7 +42,12 @@ def add_parsers(msub: Any) -> None:
         "downloaded model)",
     )
     s.add_argument("name", help="a model folder, profile or downloaded model (`traylm models ls`)")
-    s.add_argument("changes", nargs="+", metavar="KEY=VALUE")
+    s.add_argument(
+        "changes",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="tool_parser=P and/or reasoning_parser=R (an empty value turns it off)",
+    )
     s.set_defaults(func=cmd_set)
 
 

@@ -17,8 +17,8 @@ def add_parsers(sub: Any) -> None:
         help="check every box of a profile with `boxes`: engine version, model bytes, "
         "interface, rendezvous port, link speed, clocks",
     )
-    c.add_argument("profile")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("profile", help="a profile whose `boxes` lists paired boxes")
+    c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(func=cmd_check)
 
 

@@ -26,10 +26,12 @@ def add_parsers(sub: Any) -> None:
     """Top-level commands."""
     s = sub.add_parser("ps", help="loaded models: GPUs, VRAM, requests, idle time, unload timer")
     s.add_argument("--all", action="store_true", help="every servable model, loaded or not")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ps)
     s = sub.add_parser("load", help="load a model now (a profile, library model or repo id)")
-    s.add_argument("name")
+    s.add_argument(
+        "name", help="a profile, library model (org/name), model folder or attached server"
+    )
     s.add_argument("--gpus", help="GPU indices: 0, 1 or 0,1 (default: the planner picks)")
     s.add_argument("--ttl", help="unload after this long idle: 300, 10m, 1h (0: never)")
     s.add_argument("--pin", action="store_true", help="never unload or evict it")
@@ -43,17 +45,17 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds to wait")
     s.set_defaults(func=cmd_load)
     s = sub.add_parser("unload", help="unload a model (after its running requests end)")
-    s.add_argument("name")
+    s.add_argument("name", help="a loaded model (`traylm ps`)")
     s.set_defaults(func=cmd_unload)
     s = sub.add_parser(
         "attach", help="route NAME to an OpenAI-compatible server traylm did not start"
     )
-    s.add_argument("name")
+    s.add_argument("name", help="the model name clients send for it")
     s.add_argument("url", help="its base URL, e.g. http://127.0.0.1:9000/v1 (loopback or LAN)")
     s.add_argument("--key-env", default="", help="environment variable holding its API key")
     s.set_defaults(func=cmd_attach)
     s = sub.add_parser("detach", help="stop routing to an attached server (it keeps running)")
-    s.add_argument("name")
+    s.add_argument("name", help="the name it was attached as")
     s.set_defaults(func=cmd_detach)
 
 

@@ -31,10 +31,10 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print the code as JSON and return at once")
     s.set_defaults(func=cmd_pair)
     s = sub.add_parser("peers", help="paired boxes: name, address, fingerprint, last seen")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_peers)
     s = sub.add_parser("unpair", help="remove a paired box (here, and there when it answers)")
-    s.add_argument("name")
+    s.add_argument("name", help="the box's name (`traylm peers`)")
     s.set_defaults(func=cmd_unpair)
 
 

@@ -1,5 +1,5 @@
 """The pairing exchange's pure parts: the one-time code, and the proofs each side gives that
-it knows the code, bound to both certificates (engines/README.md, "Pairing").
+it knows the code, bound to both certificates (docs/architecture/flows/pairing.md).
 
 The code is 10 characters from an alphabet without look-alikes (no 0/O, 1/I/L): about 49 bits.
 A proof is HMAC-SHA256 keyed by the code over a role label, the server's and the client's

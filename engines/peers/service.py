@@ -1,7 +1,7 @@
 """PeersFeature: this box's identity, the boxes paired with it, pairing, and the listener for
 paired boxes (mutual TLS, bound only while a box is paired or a pairing is on).
 
-The exchange (engines/README.md, "Pairing"): the box that shows the code (server) listens; the
+The exchange (docs/architecture/flows/pairing.md): the box that shows the code (server) listens; the
 box that joins reads the server's certificate on a first TLS contact, then sends its own
 certificate, a nonce and a proof of the code bound to both fingerprints over TLS that trusts
 only the certificate it read; the server checks the proof, pins the client and answers with

@@ -24,12 +24,12 @@ def add_parsers(sub: Any) -> None:
     rsub = r.add_subparsers(title="requests commands", metavar="ACTION", required=True)
     s = rsub.add_parser("ls", help="recorded requests, newest first")
     _filters(s)
-    s.add_argument("--limit", type=int, default=50)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--limit", type=int, default=50, help="most requests listed (50)")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
     s = rsub.add_parser("show", help="one request: who, what, the body, the reply, timings")
     s.add_argument("id", help="a request id (x-request-id, or from `traylm requests ls`)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument(
         "--prompt", action="store_true", help="also the prompt as the engine templated it"
     )
@@ -41,10 +41,10 @@ def add_parsers(sub: Any) -> None:
     s = rsub.add_parser(
         "export", help="replayable requests as OpenAI Batch input JSONL (to FILE or stdout)"
     )
-    s.add_argument("file", nargs="?", default="-")
+    s.add_argument("file", nargs="?", default="-", help="where to write (default -: stdout)")
     s.set_defaults(func=cmd_export)
     s = rsub.add_parser("replay", help="send a recorded request again through the gateway")
-    s.add_argument("id")
+    s.add_argument("id", help="a request id (x-request-id, or from `traylm requests ls`)")
     s.add_argument("--model", default="", help="to this model instead of the recorded one")
     s.add_argument(
         "--api-key", default=os.environ.get("TRAYLM_API_KEY", ""), help="(or TRAYLM_API_KEY)"
@@ -53,7 +53,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _filters(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--model", default="")
+    s.add_argument("--model", default="", help="only requests for this model")
     s.add_argument("--status", default="", help="an HTTP code, ok or error")
     s.add_argument("--client", default="", choices=("", *CLIENTS),
                    help="local: this computer; lan: another one; box: a paired box")  # fmt: skip

@@ -5,7 +5,7 @@ GET /api/requests                  recorded requests, newest first: ?limit, befo
                                    first), model, status (a code, ok or error), client (local,
                                    lan), text (in the request body or the reply)
 GET /api/requests/export           every replayable request as OpenAI Batch input JSONL
-                                   (x-traylm-skipped trailer line: see engines/README.md)
+                                   (a {"traylm_skipped": N} last line: docs/concepts/recorder.md)
 GET /api/requests/{id}             one request: metadata, request body, reply
 GET /api/requests/{id}/prompt      the prompt as its engine templated it (asks the engine)
 """

@@ -20,7 +20,7 @@ def add_parsers(sub: Any) -> None:
     r = sub.add_parser("remote", help="the optional remote OpenAI-compatible fallback")
     rsub = r.add_subparsers(title="remote commands", metavar="ACTION", required=True)
     s = rsub.add_parser("status", help="whether the fallback is on, for which models, the key")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_remote_status)
     s = rsub.add_parser(
         "set-key", help="store the remote API key in the OS keyring (prompted, or from stdin)"

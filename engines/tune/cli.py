@@ -35,7 +35,7 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser(
         "tune",
         help="measure candidate settings for a model on this machine and recommend one",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),  # plain text in a terminal
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("model", nargs="?", help="a profile name, or the model name it serves")

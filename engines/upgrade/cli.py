@@ -44,7 +44,7 @@ def add_engine_parsers(esub: Any) -> None:
     s = esub.add_parser(
         "upgrade",
         help="install a newer engine version and switch to it only if it is not slower",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),  # plain text in a terminal
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("engine", nargs="?", help="vllm, sglang or trtllm")

@@ -107,3 +107,13 @@ def test_second_traylm_show_chat_opens_the_running_apps_chat(qtbot, paths: Paths
         if first.poll() is None:
             first.kill()
             first.wait(10)
+
+
+def test_top_help_names_every_dashboard_page() -> None:
+    """`traylm --page PAGE` takes any page of the dashboard; the help lists them all."""
+    from desktop.dashboard.pages import PAGES
+    from engines.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for page in PAGES:
+        assert page.key in text.split("--page PAGE (", 1)[1].split(")", 1)[0], page.key
