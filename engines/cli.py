@@ -11,6 +11,8 @@ import argparse
 import importlib
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -43,19 +45,42 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"traylm {__version__}")  # as argparse says it, without every command's parser
         sys.exit(0)
     private_umask()  # what traylm writes (database, logs, settings) is its user's alone
+    code: int | str | None
+    try:
+        code = _run(words)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        code = exc.code
+    except BrokenPipeError:  # `traylm status | head -1`: the reader went, as a pipe's reader may
+        code = _closed_pipe()
+    try:
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+    except BrokenPipeError:
+        code = _closed_pipe()
+    sys.exit(code)
+
+
+def _run(words: list[str]) -> int:
     args = build_parser(_command_word(words)).parse_args(words)
     if not getattr(args, "func", None):
-        sys.exit(_open_desktop(words))
+        return _open_desktop(words)
     _setup_logging(args)
     try:
         ran = args.func(args)
-        code = ran if isinstance(ran, int) else run_command(ran, fast_loop=args.func is cmd_serve)
+        return ran if isinstance(ran, int) else run_command(ran, fast_loop=args.func is cmd_serve)
     except TraylmError as exc:
         print(f"traylm: {exc.message}", file=sys.stderr)
-        code = 1
+        return 1
     except KeyboardInterrupt:
-        code = 130
-    sys.exit(code)
+        return 130
+
+
+def _closed_pipe() -> int:
+    """Exit quietly on a closed stdout (the Python docs' way: stdout pointed at devnull, so the
+    interpreter's own flush at exit does not print a traceback); 141 as a shell reports it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def run_command(coro: Coroutine[Any, Any, int], *, fast_loop: bool = False) -> int:
