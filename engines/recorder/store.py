@@ -100,6 +100,12 @@ COLUMNS = (
     "reply_cut",
 )
 SUMMARY_COLUMNS = tuple(c for c in COLUMNS if c not in ("request_body", "reply_json", "reply_body"))
+ROW_ERRORS = (sqlite3.InterfaceError, sqlite3.IntegrityError, OverflowError, ValueError)
+"""What one row's values can fail a batch with (a full disk is an OperationalError: not one
+row's fault, so the batch waits for room instead)."""
+WAL_LIMIT_BYTES = 16 * 1024 * 1024
+"""The write-ahead log is cut back to this at each checkpoint (SQLite leaves it as large as
+its largest transaction made it otherwise)."""
 ROW_OVERHEAD_BYTES = 400
 """What a row takes besides its bodies (its metadata and index entries), for the size cap."""
 
@@ -139,6 +145,7 @@ class RecorderStore:
         self._conn = conn
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         check = conn.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
@@ -163,9 +170,10 @@ class RecorderStore:
             yield self._conn
 
     def write(self, rows: Sequence[dict[str, Any]]) -> int:
-        """One transaction for a batch; returns the bytes written (bodies and overhead)."""
-        values = []
-        total = 0
+        """One transaction for a batch; returns the bytes written (bodies and overhead). Text
+        that is not valid Unicode (a lone surrogate a client sent) is stored escaped; a row
+        SQLite still refuses is left out alone, never with the rest of its batch."""
+        sized = []
         for row in rows:
             size = (
                 len(row["request_body"])
@@ -173,8 +181,22 @@ class RecorderStore:
                 + len(row["reply_body"])
                 + ROW_OVERHEAD_BYTES
             )
-            total += size
-            values.append((*(row[c] for c in COLUMNS), size))
+            sized.append(((*(_storable(row[c]) for c in COLUMNS), size), size))
+        try:
+            self._insert([values for values, _ in sized])
+            return sum(size for _, size in sized)
+        except ROW_ERRORS:
+            pass  # one row is at fault: each one alone
+        total = 0
+        for values, size in sized:
+            try:
+                self._insert([values])
+                total += size
+            except ROW_ERRORS as exc:
+                log.warning("request %s not recorded: %s", values[0], exc)
+        return total
+
+    def _insert(self, values: Sequence[tuple[Any, ...]]) -> None:
         marks = ",".join("?" * (len(COLUMNS) + 1))
         sql = f"INSERT OR REPLACE INTO requests ({','.join(COLUMNS)}, size_bytes) VALUES ({marks})"  # noqa: S608 - fixed column names
         with self.connection() as db:
@@ -186,7 +208,6 @@ class RecorderStore:
                 if db.in_transaction:  # SQLite has rolled back itself on a full disk
                     db.execute("ROLLBACK")
                 raise
-        return total
 
     def prune(self, *, older_than_s: float, max_bytes: int) -> int:
         """Delete rows older than ``older_than_s`` (a time.time()), then the oldest past
@@ -283,3 +304,13 @@ def _filters(*, model: str, status: str, client: str, text: str) -> tuple[list[s
         where.append("(instr(CAST(request_body AS TEXT), ?) > 0 OR instr(reply_json, ?) > 0)")
         params.extend((text, text))
     return where, params
+
+
+def _storable(value: Any) -> Any:
+    """``value`` as SQLite can store it: text with lone surrogates escaped (``\\ud800``)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+    return value

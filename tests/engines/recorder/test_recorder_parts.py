@@ -15,6 +15,7 @@ from engines.config.sections import RequestsSettings, Settings
 from engines.gateway.exchange import Exchange, ReplyCapture
 from engines.recorder.assemble import row_of
 from engines.recorder.service import RequestRecorder
+from engines.recorder.store import WAL_LIMIT_BYTES, RecorderStore
 
 
 def settings(tmp_path: Path, **requests: object) -> LiveSettings:
@@ -22,7 +23,9 @@ def settings(tmp_path: Path, **requests: object) -> LiveSettings:
     return LiveSettings(values, config_file=tmp_path / "config.toml")
 
 
-def exchange(n: int, body: bytes = b"{}", capture: str = "full", limit: int = 1 << 20) -> Exchange:
+def exchange(
+    n: int, body: bytes = b"{}", capture: str = "full", limit: int = 1 << 20, model: str = "m"
+) -> Exchange:
     ex = Exchange(
         id=f"req_{n:024x}",
         arrived_s=time.time(),
@@ -35,7 +38,7 @@ def exchange(n: int, body: bytes = b"{}", capture: str = "full", limit: int = 1 
         capture=capture,
         body_limit=limit,
     )
-    ex.asked("m", body, "application/json", stream=False)
+    ex.asked(model, body, "application/json", stream=False)
     return ex
 
 
@@ -227,3 +230,46 @@ def test_a_long_reply_is_cut_with_a_marker() -> None:
     assert reply["cut"] and "[cut by traylm:" in reply["text"]
     assert row["finish_reason"] == "stop"  # the tail is always kept
     assert len(ex.reply) <= 4 * 1024
+
+
+def test_a_lone_surrogate_is_stored_escaped_and_takes_no_other_row_with_it(
+    tmp_path: Path,
+) -> None:
+    store = RecorderStore(tmp_path / "requests.db")
+    store.open()
+    try:
+        batch = [
+            exchange(1, model="\ud800"),
+            exchange(2, body='{"q": "\udfff"}'.encode("utf-8", "surrogatepass")),
+        ]
+        assert store.write([row_of(ex) for ex in batch]) > 0
+        models = {r["rid"]: r["model"] for r in store.rows()}
+        assert models == {batch[0].id: "\\ud800", batch[1].id: "m"}
+    finally:
+        store.close()
+
+
+def test_one_row_sqlite_refuses_is_left_out_alone(tmp_path: Path) -> None:
+    store = RecorderStore(tmp_path / "requests.db")
+    store.open()
+    try:
+        good, bad = row_of(exchange(1)), row_of(exchange(2))
+        bad["status"] = 1 << 70  # no SQLite integer holds it
+        store.write([good, bad])
+        assert [r["rid"] for r in store.rows()] == [good["rid"]]
+    finally:
+        store.close()
+
+
+def test_the_write_ahead_log_shrinks_after_a_large_batch(tmp_path: Path) -> None:
+    store = RecorderStore(tmp_path / "requests.db")
+    store.open()
+    try:
+        big = b"x" * (1 << 20)
+        store.write([row_of(exchange(n, body=big, limit=1 << 21)) for n in range(40)])
+        wal = tmp_path / "requests.db-wal"
+        assert wal.stat().st_size > WAL_LIMIT_BYTES  # one transaction of 40 MiB
+        store.write([row_of(exchange(99))])  # the next writer resets the log
+        assert wal.stat().st_size <= WAL_LIMIT_BYTES
+    finally:
+        store.close()
