@@ -78,6 +78,7 @@ class DaemonLink:
         self._stopping_token = ""  # the daemon that announced it is stopping
         self._wake_retry: asyncio.Event | None = None
         self._status_task: asyncio.Task[None] | None = None
+        self._status_again = False
         self._known: set[str] = set()  # engine ids whose full status the app has
         self._refreshes: set[asyncio.Task[None]] = set()
         self._servable_task: asyncio.Task[None] | None = None
@@ -192,16 +193,27 @@ class DaemonLink:
             ConnectionChanged(state, message, url, version, client.info.pid, spawned=spawned)
         )
         self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
-        await self.load_all(client)
-        resync = asyncio.create_task(self._resync(client), name="resync")
+        # subscribe first, then read the snapshot: a change made in between (a paired box's
+        # models) is then in the snapshot or in the stream, never in neither
+        subscribed = asyncio.Event()
+        pump = asyncio.create_task(self._pump_events(client, subscribed.set), name="events")
+        waiting = asyncio.create_task(subscribed.wait(), name="subscribed")
+        resync: asyncio.Task[None] | None = None
         try:
-            await self._pump_events(client)
+            await asyncio.wait((pump, waiting), return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                await pump  # the stream failed before it opened: its error
+            await self.load_all(client)
+            resync = asyncio.create_task(self._resync(client), name="resync")
+            await pump
         finally:
-            resync.cancel()
-            await asyncio.gather(resync, return_exceptions=True)
+            tasks = [t for t in (pump, waiting, resync) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _pump_events(self, client: DaemonClient) -> None:
-        async for event in client.events():
+    async def _pump_events(self, client: DaemonClient, opened: Callable[[], None]) -> None:
+        async for event in client.events(opened=opened):
             self._post(event)
             self._refresh_after(client, event)
             if isinstance(event, BoxesChanged):  # what the paired boxes serve here
@@ -218,24 +230,29 @@ class DaemonLink:
         raise DaemonUnavailable("the daemon closed the event stream")
 
     async def _resync(self, client: DaemonClient) -> None:
-        """Re-read the engines once the event stream surely runs, so that no change made
-        between the snapshot and the subscription is lost."""
+        """Re-read everything once more, shortly after the snapshot: an event that crossed the
+        snapshot's reads on the way (applied before a read that was already older) is undone."""
         await asyncio.sleep(RESYNC_AFTER_S)
         with contextlib.suppress(TraylmError):
-            await self.load_engines(client)
+            await self.load_all(client)
 
     def _refresh_status_soon(
         self, client: DaemonClient, after_s: float = STATUS_AFTER_ROUTED_S
     ) -> None:
         """Re-read the status shortly, once: requests went to the remote fallback (its count),
-        the disk filled or has room, the paired boxes' models changed."""
+        the disk filled or has room, the paired boxes' models changed. Asked again while a read
+        runs, it reads once more after it (that read may have begun before the change)."""
+        self._status_again = True
         if self._status_task is not None and not self._status_task.done():
             return
 
         async def later() -> None:
             await asyncio.sleep(after_s)
-            with contextlib.suppress(TraylmError):
-                self._post(StatusLoaded(freeze(await client.status())))  # type: ignore[arg-type]
+            while self._status_again:
+                self._status_again = False
+                with contextlib.suppress(TraylmError):
+                    status = await client.status()
+                    self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
 
         self._status_task = asyncio.create_task(later(), name="status after remote")
 

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestServer
 from desktop.app import DesktopApp
 from desktop.dashboard.engines_page import EnginesPage
 from desktop.dashboard.gpus_page import GPUsPage
+from engines.client import DaemonClient
 from engines.config.sections import Paths, PeersSettings
 from engines.core.procs import free_loopback_port
 from tests.conftest import fast_settings
@@ -115,3 +116,25 @@ def test_a_paired_box_s_replica_and_gpus_show_with_its_name(
     app.tray.menu.aboutToShow.emit()
     [chat] = [a for a in app.tray.models_menu.actions() if a.objectName() == "model:chat"]
     assert "away" in chat.text() and not chat.isEnabled()
+
+
+def test_a_box_change_between_the_snapshot_and_the_subscription_is_shown(
+    qtbot: Any, box_daemon: PairedBox, app_factory: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """box-b starts serving right after the app read the daemon's status for its snapshot: the
+    BoxesChanged the daemon publishes then must reach the app (it subscribes first, then reads),
+    where it was lost when the app subscribed after its snapshot."""
+    real_status = DaemonClient.status
+    reads: list[int] = []
+
+    async def status(self: DaemonClient) -> dict[str, Any]:
+        answer = await real_status(self)
+        reads.append(1)
+        if len(reads) == 2:  # the snapshot's own read (the first only says who answers)
+            box_daemon.answers((200, SERVES))  # the daemon publishes BoxesChanged now
+        return answer
+
+    monkeypatch.setattr(DaemonClient, "status", status)
+    app: DesktopApp = app_factory()
+    qtbot.waitUntil(lambda: bool(app.state.box_replicas), timeout=10000)
+    assert [r.box for r in app.state.box_replicas] == ["box-b"]
