@@ -377,13 +377,17 @@ class TuneFeature:
         for e in list(self._engines.engines.values()):
             if e.state not in DOWN and set(e.served_names) & r.plan.served:
                 stopped.append(e.profile)
-                if self._running_file is not None:
-                    await asyncio.to_thread(
-                        self._running_file.write, r.job.id, r.job.profile, r.job.started_s,
-                        stopped,
-                    )  # fmt: skip
                 # shielded: a cancel now must not leave it half-stopped (_finish waits for it)
-                await asyncio.shield(self._control.stop_engine(e.engine_id))
+                await asyncio.shield(self._kept_then_stopped(r, stopped, e.engine_id))
+
+    async def _kept_then_stopped(self, r: _Job, stopped: list[Profile], engine_id: str) -> None:
+        """Keep what the tune stopped in the running file, then stop ``engine_id``."""
+        if self._running_file is not None:
+            job = r.job
+            await asyncio.to_thread(
+                self._running_file.write, job.id, job.profile, job.started_s, stopped
+            )
+        await self._control.stop_engine(engine_id)
 
     async def _stop_candidate(self, name: str) -> None:
         """Stop the candidate's engine and its replicas' (``NAME.r2``...)."""
