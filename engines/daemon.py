@@ -260,6 +260,7 @@ class Daemon:
             power=PowerLimits(self.gpu),
             local_models=lambda: library_models(self.hub),
             publish=publish,
+            running_file=paths.data_dir / "tune" / "running.json",
         )
         self.upgrade = UpgradeFeature(
             control=self.control,

@@ -158,6 +158,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     if warning := (data.get("requests") or {}).get("warning"):
         print(f"  requests: {warning}")
+    tune = data.get("tune") or {}
+    if tune.get("state") == "interrupted":
+        print(f"  tune #{tune['id']} of {tune['profile']} {tune['detail']}")
     engines = c.engines()
     if not engines:
         print("no engines; start one with `traylm start PROFILE` (`traylm profiles` lists them)")

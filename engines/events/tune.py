@@ -22,6 +22,7 @@ class TuneState(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"  # the daemon was killed mid-tune (said at its next start)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

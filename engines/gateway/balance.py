@@ -9,7 +9,10 @@ queued): a local engine, or a paired box serving the same model (``chat@box-b``)
   messages, ``affinity_key``) goes back to it while that replica has at most ``slack`` more
   outstanding than the least busy one: its prefix cache already holds the conversation;
 - everything else goes to the replica with the fewest outstanding; ties rotate, so that
-  concurrent streams spread.
+  concurrent streams spread;
+- before any of that but the first, a replica whose requests have waited ``QUIET_S`` with no
+  reply byte (``quiet_s``: a stopped, hung or crashed engine, before its verdict) is passed
+  over while another is not: the age of what it has outstanding counts, not only how much.
 
 Pure and in memory: the map of conversations is bounded (the newest ``remember`` kept), and a
 replica that is gone is simply not among the candidates (its conversations move on to another).
@@ -32,12 +35,17 @@ REMEMBERED = 4096
 PREFIX_CHARS = 4096
 """Of a prompt string, the start that names its conversation."""
 LEADING_ROLES = frozenset({"system", "developer"})
+QUIET_S = 1.0
+"""How long a replica's requests may wait with no reply byte before new ones go elsewhere (a
+stream's tokens come far more often; the hang verdict, engines.stall_timeout_s, far later)."""
 
 
 @dataclass(frozen=True)
 class Replica:
     name: str
     outstanding: int
+    quiet_s: float = 0.0
+    """How long its requests in flight have had no reply byte (0: none in flight, or progress)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class Balancer:
         by_name = {r.name: r for r in replicas}
         if affinity.owner is not None and affinity.owner in by_name:
             return self._keep(affinity.key, by_name[affinity.owner])
+        replicas = [r for r in replicas if r.quiet_s < QUIET_S] or replicas
+        by_name = {r.name: r for r in replicas}
         fewest = min(r.outstanding for r in replicas)
         sticky = by_name.get(self._sticky.get(affinity.key, "")) if affinity.key else None
         if sticky is not None and sticky.outstanding <= fewest + self.slack:

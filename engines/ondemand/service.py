@@ -242,7 +242,9 @@ class ModelsOnDemand:
         # several replicas (this box's engines, paired boxes'): the balancer's pick (fewest
         # outstanding, the conversation's own while not much busier)
         names = [e.engine_id for e in ready] + [up.name for up in boxes]
-        loads = [Replica(name, sum(self.activity(name)[:2])) for name in names]
+        now = time.monotonic()
+        quiet = {e.engine_id: e.quiet_s(now) for e in ready}
+        loads = [Replica(n, sum(self.activity(n)[:2]), quiet.get(n, 0.0)) for n in names]
         chosen = self.balancer.pick(loads, affinity).name
         engine = next((e for e in ready if e.engine_id == chosen), None)
         if engine is not None:

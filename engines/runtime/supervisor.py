@@ -172,6 +172,14 @@ class ManagedEngine:
 
     # ----------------------------------------------------------------- public API
 
+    def quiet_s(self, now_s: float) -> float:
+        """How long the requests in flight to it have had no reply byte (0 with none in flight):
+        what the replica choice passes over before a hang verdict comes."""
+        traffic = self._traffic
+        if traffic is None or traffic.in_flight(self.engine_id) == 0:
+            return 0.0
+        return max(0.0, now_s - traffic.last_progress_s(self.engine_id))
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None

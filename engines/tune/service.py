@@ -51,6 +51,7 @@ from engines.runtime.supervisor import ManagedEngine, Supervisor
 from engines.tune import budget, workloads
 from engines.tune.candidates import Candidate, engine_id
 from engines.tune.figures import figures_of
+from engines.tune.interrupted import RunningTuneFile
 from engines.tune.plan import Plan, Planner
 from engines.tune.power import PowerLimits
 from engines.tune.previous import PreviousProfiles
@@ -95,8 +96,11 @@ class TuneFeature:
         power: PowerLimits,
         local_models: Callable[[], list[ModelOnDisk]],
         publish: Callable[[Event], None],
+        running_file: Path | None = None,
     ) -> None:
-        """No I/O."""
+        """No I/O. ``running_file``: where what ran before a tune is kept while it runs
+        (engines/tune/interrupted.py); none, in memory only."""
+        self._running_file = RunningTuneFile(running_file) if running_file else None
         self._control = control
         self._engines = engines
         self._bench = bench
@@ -114,12 +118,50 @@ class TuneFeature:
         self._last_plan: Plan | None = None  # the last job's, for an apply after its end
         self._next_id = 1
         self._stopping = False
+        self.interrupted: TuneJob | None = None  # a tune a killed daemon left, said once
 
     def status(self) -> Any:
-        return to_plain(self._running.job) if self._running is not None else None
+        """The running job; else a tune the last daemon was killed in, until the next tune."""
+        if self._running is not None:
+            return to_plain(self._running.job)
+        return to_plain(self.interrupted) if self.interrupted is not None else None
 
     async def start(self) -> None:
-        return None
+        """A tune a killed daemon left running: start again what it had stopped, and keep the
+        job as interrupted (GET /api/tune, /api/status) to say so."""
+        if self._running_file is None:
+            return
+        left = await asyncio.to_thread(self._running_file.take)
+        if left is None:
+            return
+        problems = []
+        for profile in left.stopped:
+            running = self._engines.get(profile.name)
+            if running is not None and running.state not in DOWN:
+                continue  # started already (autostart)
+            try:
+                await self._control.start_engine(profile)
+            except TraylmError as exc:
+                problems.append(f"{profile.name} was not started again: {exc.message}")
+        names = ", ".join(p.name for p in left.stopped) or "nothing had been stopped yet"
+        detail = (
+            f"interrupted: the daemon stopped mid-tune (killed or crashed); what ran before "
+            f"was started again: {names}"
+        )
+        if problems:
+            detail = "; ".join((detail, *problems))
+        log.warning("tune #%d of %s %s", left.job_id, left.profile, detail)
+        self.interrupted = TuneJob(
+            id=left.job_id,
+            config=TuneConfig(model=left.profile),
+            state=State.INTERRUPTED,
+            profile=left.profile,
+            started_s=left.started_s,
+            finished_s=time.time(),
+            detail=detail,
+        )
+        self.last = self.interrupted
+        self._next_id = left.job_id + 1
 
     async def stop(self) -> None:
         """The daemon stops: the run is cancelled; its engines are not started again."""
@@ -177,7 +219,7 @@ class TuneFeature:
         )
         self._next_id += 1
         running = _Job(job, plan)
-        self._running = running
+        self._running, self.interrupted = running, None
         running.task = asyncio.create_task(self._run(running), name="tune")
         return running
 
@@ -188,7 +230,7 @@ class TuneFeature:
         stopped: list[Profile] = []
         state, detail = State.FAILED, ""
         try:
-            await self._clear(r.plan.served, stopped)
+            await self._clear(r, stopped)
             await self._rounds(r, started)
             state = State.DONE
         except asyncio.CancelledError:
@@ -327,15 +369,25 @@ class TuneFeature:
 
     # ----------------------------------------------------------------- engines in and out
 
-    async def _clear(self, served: frozenset[str], stopped: list[Profile]) -> None:
-        """Stop every engine serving one of ``served`` (the candidates serve those names);
-        each one's profile, as it ran, goes into ``stopped`` before it stops (a cancel half-way
-        restores those stopped so far)."""
+    async def _clear(self, r: _Job, stopped: list[Profile]) -> None:
+        """Stop every engine serving one of the plan's names (the candidates serve those);
+        each one's profile, as it ran, goes into ``stopped`` and the running file before it
+        stops (a cancel half-way restores those stopped so far; a killed daemon's next start,
+        those in the file)."""
         for e in list(self._engines.engines.values()):
-            if e.state not in DOWN and set(e.served_names) & served:
+            if e.state not in DOWN and set(e.served_names) & r.plan.served:
                 stopped.append(e.profile)
                 # shielded: a cancel now must not leave it half-stopped (_finish waits for it)
-                await asyncio.shield(self._control.stop_engine(e.engine_id))
+                await asyncio.shield(self._kept_then_stopped(r, stopped, e.engine_id))
+
+    async def _kept_then_stopped(self, r: _Job, stopped: list[Profile], engine_id: str) -> None:
+        """Keep what the tune stopped in the running file, then stop ``engine_id``."""
+        if self._running_file is not None:
+            job = r.job
+            await asyncio.to_thread(
+                self._running_file.write, job.id, job.profile, job.started_s, stopped
+            )
+        await self._control.stop_engine(engine_id)
 
     async def _stop_candidate(self, name: str) -> None:
         """Stop the candidate's engine and its replicas' (``NAME.r2``...)."""
@@ -350,14 +402,15 @@ class TuneFeature:
         await asyncio.shield(self._stop_candidate(engine_id(plan.base.name)))
         lifted = await asyncio.shield(self._power.release())
         problems = [lifted] if lifted else []
-        if self._stopping:
-            return "; ".join(problems)
-        for profile in stopped:
-            try:
-                await self._stopped(profile.name)  # a cancel may have come mid-stop
-                await self._control.start_engine(profile)
-            except TraylmError as exc:
-                problems.append(f"{profile.name} was not started again: {exc.message}")
+        if not self._stopping:
+            for profile in stopped:
+                try:
+                    await self._stopped(profile.name)  # a cancel may have come mid-stop
+                    await self._control.start_engine(profile)
+                except TraylmError as exc:
+                    problems.append(f"{profile.name} was not started again: {exc.message}")
+        if self._running_file is not None:  # restored, or the daemon stops cleanly
+            await asyncio.to_thread(self._running_file.clear)
         return "; ".join(problems)
 
     async def _stopped(self, engine_id: str) -> None:

@@ -88,3 +88,14 @@ def test_every_turn_of_a_conversation_has_its_key() -> None:
     assert affinity_key(responses) is not None
     assert affinity_key({"prompt": "a" * 10_000}) == affinity_key({"prompt": "a" * 9_000})
     assert affinity_key({"model": "m"}) is None
+
+
+def test_a_replica_quiet_with_requests_waiting_is_passed_over_while_another_is_not() -> None:
+    from engines.gateway.balance import QUIET_S, Balancer, Replica
+
+    b = Balancer()
+    stuck = Replica("a", 1, quiet_s=QUIET_S + 0.5)  # fewer outstanding, but no progress
+    busy = Replica("b", 3)
+    assert {b.pick([stuck, busy]).name for _ in range(4)} == {"b"}
+    # every replica quiet: the usual choice (fewest outstanding)
+    assert b.pick([stuck, Replica("b", 3, quiet_s=QUIET_S + 1)]).name == "a"

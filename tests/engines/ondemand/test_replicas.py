@@ -7,6 +7,7 @@ comes back; `traylm ps`, /v1/models and unload see every replica."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -234,3 +235,42 @@ async def test_keep_alive_0_unloads_every_replica_once_idle(two_gpus: RunningDae
     for engine_id in ("brief", "brief.r2"):
         engine = d.daemon.engine(engine_id)
         await wait_until(lambda e=engine: e.state == EngineState.STOPPED, f"{engine_id} unloaded")
+
+
+async def test_a_new_request_passes_over_a_sigstopped_replica(
+    daemon_factory: DaemonFactory, fake_env: object
+) -> None:
+    """A replica SIGSTOPped with a stream in flight (less busy than the other, so the fewest
+    outstanding would pick it): a request sent a moment later, long before the stopped verdict
+    (3 s and the next look), goes to the replica that still makes progress and streams at once."""
+    d = await daemon_factory(settings(gpus=2, warm_starts=0))
+    await load_two(d, "halt")
+    victim_pid = 0
+    async with aiohttp.ClientSession() as http:
+        streams = [Stream(d, chat("halt", f"long {i}", stream=True, tokens=150)) for i in range(3)]
+        running = []
+        for s in streams:
+            running.append(asyncio.create_task(s.run(http)))
+            await asyncio.wait_for(s.started.wait(), 30)
+        taken = [s.engine for s in streams]
+        victim = min(("halt", "halt.r2"), key=taken.count)  # one stream; the other has two
+        other = "halt.r2" if victim == "halt" else "halt"
+        assert taken.count(victim) == 1, taken
+        engine = d.daemon.engine(victim)
+        victim_pid = engine.pid or 0
+        try:
+            os.kill(victim_pid, signal.SIGSTOP)
+            await asyncio.sleep(1.5)  # its stream's tokens stop; no verdict yet
+            assert engine.state == EngineState.READY
+            t0 = time.monotonic()
+            late = Stream(d, chat("halt", "a new request", stream=True, tokens=2))
+            await asyncio.wait_for(late.run(http), 30)
+            took_s = time.monotonic() - t0
+            assert late.engine == other, (late.engine, took_s)
+            assert late.events[-1] == "data: [DONE]" and took_s < 3.0, took_s
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim_pid, signal.SIGCONT)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
