@@ -35,6 +35,41 @@ CUDA_MIN_MAJOR = 12  # the CUDA builds of vLLM, TensorRT-LLM and SGLang traylm i
 # comma), which its own ctypes call would reject.
 P2P_CAPS_INDEX_READ = 0
 P2P_STATUS_OK = 0
+P2P_TIMEOUT_S = 60.0  # CUDA init on two cards and the copies; a hung copy is what NCCL would do
+P2P_COPY_MIB = 256
+P2P_MARK = "TRAYLM_P2P "
+P2P_SCRIPT = r"""
+import json, sys, time
+a, b, mib = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def say(**facts):
+    print("TRAYLM_P2P " + json.dumps(facts), flush=True)
+try:
+    import torch
+except Exception as exc:
+    say(skipped="torch does not import in this engine env: %s" % exc)
+    sys.exit(0)
+count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+if count <= max(a, b):
+    say(skipped="torch sees %d CUDA GPU(s)" % count)
+    sys.exit(0)
+peer = bool(torch.cuda.can_device_access_peer(a, b))
+n = mib << 20
+src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:%d" % a)
+want = int(src.to(torch.int64).sum().item())
+dst = torch.empty(n, dtype=torch.uint8, device="cuda:%d" % b)
+dst.copy_(src)
+torch.cuda.synchronize(a); torch.cuda.synchronize(b)
+rounds = 5
+start = time.perf_counter()
+for _ in range(rounds):
+    dst.copy_(src)
+torch.cuda.synchronize(a); torch.cuda.synchronize(b)
+seconds = time.perf_counter() - start
+got = int(dst.to(torch.int64).sum().item())
+back = dst.to("cuda:%d" % a)
+same = bool(got == want and torch.equal(back, src))
+say(peer=peer, bytes=n, seconds=seconds / rounds, match=same)
+"""
 TRAY_PROBE = (
     "from PySide6.QtWidgets import QApplication, QSystemTrayIcon\n"
     "app = QApplication([])\n"
@@ -138,6 +173,70 @@ def gpu_findings(facts: GPUFacts, *, cpu_engine: bool) -> list[Finding]:
             "NCCL_P2P_DISABLE=1, as the presets do",
         ))  # fmt: skip
     return found
+
+
+def p2p_transfer_finding(
+    python: Path,
+    a: int,
+    b: int,
+    *,
+    timeout_s: float = P2P_TIMEOUT_S,
+    mib: int = P2P_COPY_MIB,
+    run: Callable[..., Any] = subprocess.run,
+) -> Finding:
+    """Copy ``mib`` MiB from GPU ``a`` to GPU ``b`` with the engine env's torch (``python``),
+    checksum it, and time it, within ``timeout_s``: NVML's "P2P OK" is no proof (NCCL hangs on
+    IOMMU/ACS-routed systems that report it). GPU numbers are NVML's (PCI bus order)."""
+    name = f"P2P copy GPU {a} → {b}"
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [str(python), "-c", P2P_SCRIPT, str(a), str(b), str(mib)]
+    hang_fix = (
+        "tensor parallel across these cards would hang the same way: keep p2p = false "
+        "(NCCL_P2P_DISABLE=1), and disable the IOMMU (kernel option iommu=pt, or off in "
+        "the BIOS) or ACS on the PCIe switch, then run `traylm doctor` again"
+    )
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return Finding(name, "fail", f"the copy did not finish in {timeout_s:.0f} s", hang_fix)
+    except OSError as exc:
+        return Finding(name, "warn", f"could not run the engine env's python ({exc})",
+                       "reinstall the engine: `traylm engines install vllm`")  # fmt: skip
+    facts = None
+    for line in (done.stdout or "").splitlines():
+        if line.startswith(P2P_MARK):
+            try:
+                facts = json.loads(line[len(P2P_MARK) :])
+            except ValueError:
+                facts = None
+    if not isinstance(facts, dict):
+        tail = ((done.stderr or "").strip().splitlines() or ["no output"])[-1][:200]
+        return Finding(name, "fail", f"the copy failed (exit {done.returncode}): {tail}",
+                       hang_fix)  # fmt: skip
+    if "skipped" in facts:
+        return Finding(name, "info", f"not tested: {facts['skipped']}")
+    if not facts.get("match"):
+        return Finding(name, "fail", "the data arrived changed (checksums differ)", hang_fix)
+    seconds = float(facts.get("seconds") or 0.0)
+    size = int(facts.get("bytes") or 0)
+    rate = f"{size / seconds / 1e9:.1f} GB/s" if seconds > 0 else "too fast to time"
+    how = "peer-to-peer" if facts.get("peer") else "through host memory (no peer access)"
+    return Finding(name, "ok", f"{size >> 20} MiB copied {how} at {rate}; checksums match")
+
+
+def p2p_transfer_findings(
+    envs: list[EnvInfo], facts: GPUFacts, *, run: Callable[..., Any] = subprocess.run
+) -> list[Finding]:
+    """The copy test for each pair of GPUs, with the first complete CUDA engine env's torch."""
+    if facts.driver is None or len(facts.names) < 2:
+        return []
+    env = next((e for e in envs if e.complete and e.device == "cuda"), None)
+    if env is None:
+        return [Finding("P2P copy", "info", "not tested: no CUDA engine installed",
+                        "install one (`traylm engines install vllm`), then run the doctor "
+                        "again")]  # fmt: skip
+    return [p2p_transfer_finding(env.python, a, b, run=run) for a, b, _ in facts.p2p]
 
 
 def disk_finding(path: Path, free_bytes: int) -> Finding:
@@ -254,6 +353,7 @@ async def run_checks(paths: Paths, settings: Settings, *, nvml: Any = None) -> l
     findings += await asyncio.to_thread(disk_findings, paths)
     findings.append(await asyncio.to_thread(port_finding, settings, paths, port_holder))
     findings += env_findings(envs, gpu=facts.driver is not None)
+    findings += await asyncio.to_thread(p2p_transfer_findings, envs, facts)
     findings.append(await helper_finding(settings))
     findings.append(await asyncio.to_thread(tray_finding, dict(os.environ)))
     return findings

@@ -27,6 +27,13 @@ class ControlCalls(ClientBase):
         body = {"profile": profile} if profile else adhoc
         return from_plain(EngineStatus, await self._call("POST", "/api/engines", json_body=body))
 
+    async def command(self, profile: str) -> JSON:
+        """What a start of ``profile`` would run (argv, env, files, notes); starts nothing."""
+        data: JSON = await self._call(
+            "POST", "/api/engines/command", json_body={"profile": profile}
+        )
+        return data
+
     async def stop(self, engine_id: str) -> EngineStatus:
         path = named_path("/api/engines/{}/stop", engine_id, "engine")
         return from_plain(EngineStatus, await self._call("POST", path))

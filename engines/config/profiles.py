@@ -168,6 +168,11 @@ class Profile:
     quant_recipe: str | None = setting(
         None, "TensorRT-LLM build: ModelOpt recipe (fp8, int4_awq, w4a8_awq) or none."
     )
+    calib_dataset: str | None = setting(
+        None,
+        "TensorRT-LLM build: a local folder with the calibration dataset for ModelOpt's "
+        "quantize.py (--calib_dataset); default: cnn_dailymail, downloaded from the Hub.",
+    )
     max_batch_size: int | None = setting(None, "TensorRT-LLM: maximum batch size.", min=1)
     extra_flags: tuple[str, ...] = setting(
         (), "More engine flags, checked against the installed version's allow-list."

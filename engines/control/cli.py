@@ -67,6 +67,12 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument("--wait", action="store_true", help="wait until ready (or failed)")
     s.add_argument("--timeout", type=float, default=900.0, help="seconds to --wait")
+    s.add_argument(
+        "--print-command",
+        action="store_true",
+        help="print the command line and environment traylm would run for PROFILE on this "
+        "computer (GPU placement included) and start nothing",
+    )
     s.set_defaults(func=cmd_start)
 
     for name, helptext, func in (
@@ -206,6 +212,13 @@ async def cmd_start(args: argparse.Namespace) -> int:
             "traylm: name a profile (`traylm profiles` lists them) or give --model", file=sys.stderr
         )
         return 2
+    if args.print_command:
+        if not args.profile:
+            print("traylm: --print-command needs a profile name", file=sys.stderr)
+            return 2
+        async with await _client() as c:
+            print(command_text(await c.command(args.profile)), end="")
+        return 0
     adhoc: dict[str, Any] = {}
     if not args.profile:
         adhoc = {"model": args.model, "engine": args.engine, "device": args.device}
@@ -235,6 +248,24 @@ async def cmd_start(args: argparse.Namespace) -> int:
             print(f"  started in {breakdown(final)}")
         print(f"ready: point apps at {c.info.url}/v1 with model {final.served_names[0]!r}")
     return 0
+
+
+def command_text(command: dict[str, Any]) -> str:
+    """``traylm start --print-command``: the environment traylm sets, then the command line,
+    as one shell command (copy it to compare with upstream docs)."""
+    import shlex
+
+    lines = [
+        f"# {command['profile']}: {command['engine']} {command['version']} ({command['device']}); "
+        "nothing was started"
+    ]
+    lines += [f"# {note}" for note in command.get("notes", [])]
+    if command.get("files"):
+        lines.append("# files written to the run folder first: " + ", ".join(command["files"]))
+    env = command.get("env", {})
+    lines += [f"{key}={shlex.quote(str(value))} \\" for key, value in sorted(env.items())]
+    lines.append(shlex.join(str(a) for a in command["argv"]))
+    return "\n".join(lines) + "\n"
 
 
 async def _pick_engine(c: DaemonClient, engine_id: str | None) -> str:

@@ -104,6 +104,17 @@ async def start_engine(request: web.Request) -> web.Response:
         return error_response(exc)
 
 
+@routes.post("/api/engines/command")
+@traylm_errors
+async def engine_command(request: web.Request) -> web.Response:
+    """Body: {"profile": NAME}: the command line and environment a start of it would run on
+    this computer; nothing is started."""
+    api = _api(request)
+    body = await json_body(request)
+    profile = await api.load_profile(str(body.get("profile", "")))
+    return ok(await api.engines.command_for(profile))
+
+
 @routes.post("/api/engines/{engine_id}/stop")
 @traylm_errors
 async def stop_engine(request: web.Request) -> web.Response:

@@ -169,6 +169,31 @@ class EngineControl:
         await engine.start()
         return engine.status()
 
+    async def command_for(self, profile: Profile) -> dict[str, Any]:
+        """The command line and environment ``start_engine`` would launch for ``profile`` on
+        this computer (its engine env, GPUs and flags), after the same checks; starts nothing.
+        The port is the daemon's choice at start (shown as 0); ``gpus = 'auto'`` is placed at
+        start (shown on the first GPUs of its count)."""
+        profile, runtime, model = await self._checked(profile)
+        notes = ["the port is picked when the engine starts (shown as 0)"]
+        if profile.gpus_auto:
+            profile = dataclasses.replace(profile, gpus=tuple(range(profile.gpu_count)))
+            notes.append(
+                "gpus = 'auto' is placed when it starts; shown on GPUs "
+                + ",".join(str(g) for g in profile.gpus)
+            )
+        spec = adapter_for(profile.engine).launch(profile, runtime=runtime, port=0, model=model)
+        return {
+            "profile": profile.name,
+            "engine": runtime.engine,
+            "version": str(runtime.version),
+            "device": runtime.device,
+            "argv": list(spec.argv),
+            "env": dict(spec.env),
+            "files": sorted(spec.files),
+            "notes": notes,
+        }
+
     async def _checked(self, profile: Profile) -> tuple[Profile, EngineRuntime, str]:
         """The profile as it will launch (its CPU KV cache filled in), its engine runtime and
         model, once every check before a launch passed."""

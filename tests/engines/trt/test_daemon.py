@@ -405,3 +405,51 @@ async def test_switch_from_vllm_to_trtllm_behind_the_same_alias(
         models = (await r.json())["data"]
     loaded = [(m["id"], m["traylm"]["engine"]) for m in models if m["status"] == "loaded"]
     assert loaded == [("chat", "trtllm")]  # every profile is listed; only t serves now
+
+
+# --------------------------------------------------------------------------- calibration data
+
+FP8_BUILD = {"mode": "build", "quant_recipe": "fp8", "max_batch_size": 4, "max_model_len": 2048}
+
+
+async def test_fp8_build_offline_says_it_needs_its_calibration_data(
+    trt: RunningDaemon, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ModelOpt's quantize.py downloads cnn_dailymail from the Hub by default: offline and not
+    cached, the start is refused at once with the way to give a local copy."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    trt.write_profile("q", engine="trtllm", device="cuda", model=str(model_dir), **FP8_BUILD)
+    with pytest.raises(ControlAPIError) as err:
+        await trt.client.start("q")
+    assert "calibrates it on the cnn_dailymail dataset" in err.value.message
+    assert "calib_dataset = '/path/to/cnn_dailymail'" in err.value.message
+    assert "q" not in {e.engine_id for e in await trt.client.engines()}
+    # a cached copy of the dataset is enough offline
+    (tmp_path / "empty-hf-home" / "hub" / "datasets--abisee--cnn_dailymail").mkdir(parents=True)
+    status = await start(trt, "q", model=str(model_dir), **FP8_BUILD)
+    assert status.state == EngineState.READY, status.detail
+
+
+async def test_a_local_calibration_dataset_goes_to_quantize_py(
+    trt: RunningDaemon, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    calib = tmp_path / "cnn_dailymail"
+    calib.mkdir()
+    status = await start(trt, "c", model=str(model_dir), calib_dataset=str(calib), **FP8_BUILD)
+    assert status.state == EngineState.READY, status.detail
+    (entry,) = await trt.client.trt_cache()
+    assert entry.arguments["checkpoint.calib_dataset"] == str(calib)
+    trt.write_profile(
+        "d",
+        engine="trtllm",
+        device="cuda",
+        model=str(model_dir),
+        calib_dataset=str(tmp_path / "missing"),
+        **FP8_BUILD,
+    )
+    with pytest.raises(ControlAPIError) as err:
+        await trt.client.start("d")
+    assert "is not a folder on this computer" in err.value.message
