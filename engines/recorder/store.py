@@ -104,6 +104,31 @@ ROW_OVERHEAD_BYTES = 400
 """What a row takes besides its bodies (its metadata and index entries), for the size cap."""
 
 
+WAL_LIMIT_BYTES = 4 * 1024 * 1024
+"""What ``requests.db-wal`` is truncated to after a checkpoint (SQLite's journal_size_limit)."""
+
+
+def _text_safe(value: Any) -> Any:
+    """Text that is not valid Unicode (a lone surrogate from a client's JSON) stored escaped
+    (``\\ud800``): SQLite takes only UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+_ROW_ERRORS = (
+    sqlite3.InterfaceError,
+    sqlite3.IntegrityError,
+    sqlite3.ProgrammingError,
+    sqlite3.DataError,
+    ValueError,
+)
+"""What one row can make SQLite refuse; a full disk (OperationalError) is the whole batch's."""
+
+
 class RecorderStore:
     """``requests.db``. ``open`` sets a corrupt file aside; ``warning`` then says so."""
 
@@ -139,6 +164,8 @@ class RecorderStore:
         self._conn = conn
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # The WAL is cut back to this after each checkpoint (it never shrinks otherwise).
+        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         check = conn.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
@@ -163,7 +190,8 @@ class RecorderStore:
             yield self._conn
 
     def write(self, rows: Sequence[dict[str, Any]]) -> int:
-        """One transaction for a batch; returns the bytes written (bodies and overhead)."""
+        """One transaction for a batch; returns the bytes written (bodies and overhead).
+        A row SQLite refuses (not a full disk) is left out and logged; the others are kept."""
         values = []
         total = 0
         for row in rows:
@@ -173,20 +201,33 @@ class RecorderStore:
                 + len(row["reply_body"])
                 + ROW_OVERHEAD_BYTES
             )
-            total += size
-            values.append((*(row[c] for c in COLUMNS), size))
+            values.append(((*(_text_safe(row[c]) for c in COLUMNS), size), size))
         marks = ",".join("?" * (len(COLUMNS) + 1))
         sql = f"INSERT OR REPLACE INTO requests ({','.join(COLUMNS)}, size_bytes) VALUES ({marks})"  # noqa: S608 - fixed column names
         with self.connection() as db:
-            db.execute("BEGIN")
             try:
-                db.executemany(sql, values)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # SQLite has rolled back itself on a full disk
-                    db.execute("ROLLBACK")
-                raise
+                self._insert(db, sql, [v for v, _ in values])
+                total = sum(size for _, size in values)
+            except _ROW_ERRORS:
+                for value, size in values:  # one by one: a bad row never takes the others
+                    try:
+                        self._insert(db, sql, [value])
+                    except _ROW_ERRORS as exc:
+                        log.warning("a recorded request could not be written: %s", exc)
+                        continue
+                    total += size
         return total
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, sql: str, values: list[tuple[Any, ...]]) -> None:
+        db.execute("BEGIN")
+        try:
+            db.executemany(sql, values)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:  # SQLite has rolled back itself on a full disk
+                db.execute("ROLLBACK")
+            raise
 
     def prune(self, *, older_than_s: float, max_bytes: int) -> int:
         """Delete rows older than ``older_than_s`` (a time.time()), then the oldest past
@@ -201,7 +242,11 @@ class RecorderStore:
             extra = 0
             if edge is not None:
                 extra = db.execute("DELETE FROM requests WHERE id <= ?", (edge[0],)).rowcount
-            return int(old.rowcount) + int(extra)
+            gone = int(old.rowcount) + int(extra)
+            # What the WAL holds goes into the database, and the WAL is cut back
+            # (journal_size_limit); a reader in the middle leaves it to the next prune.
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return gone
 
     def total_bytes(self) -> int:
         with self.connection() as db:
