@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from engines import __version__
 from engines.client.daemon_info import DAEMON_JSON_WAIT_S, DaemonInfo, pid_alive, wait_for_daemon
+from engines.client.lines import lines
 from engines.client.oneshot import (
     CONNECT_TIMEOUT_S,
     JSON,
@@ -250,7 +251,7 @@ class ClientBase:
                     )
                 if opened is not None:
                     opened()
-                async for raw in resp.content:
+                async for raw in lines(resp.content):
                     line = raw.decode(errors="replace").strip()
                     if not line.startswith("data:"):
                         continue

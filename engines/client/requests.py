@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from engines.client.base import JSON, ClientBase, api_error, api_path
+from engines.client.lines import lines
 from engines.errors import ConfigError, DaemonUnavailable
 
 
@@ -37,7 +38,7 @@ class RequestCalls(ClientBase):
             ) as resp:
                 if resp.status != 200:
                     raise api_error(resp.status, await resp.json(content_type=None))
-                async for line in resp.content:
+                async for line in lines(resp.content):
                     yield line
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise DaemonUnavailable(

@@ -123,6 +123,7 @@ async def _paired_only(request: web.Request, handler: Handler) -> web.StreamResp
 
 async def pair(request: web.Request) -> web.Response:
     feature = request.app[PEERS]
+    feature.refuse_without_a_code()  # no code to match: the body is never read
     body = await json_body(request)
     return ok(await feature.accept_pairing(body, request.remote or ""))
 

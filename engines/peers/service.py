@@ -219,6 +219,17 @@ class PeersFeature:
             self._spent.append((p.code, why))
             self._outcome = f"the code {why}"
 
+    def refuse_without_a_code(self) -> None:
+        """Before the joining box's request is read (routes.py): refused at once when no code
+        can match (none shown now, none spent to name). A code that is shown is checked
+        against the proof, which the body carries."""
+        pairing = self._pairing
+        if pairing is not None and asyncio.get_running_loop().time() >= pairing.deadline:
+            self._end_pairing("expired")
+            pairing = None
+        if pairing is None and not self._spent:
+            self._refuse(None, None)
+
     async def accept_pairing(self, body: Mapping[str, Any], remote: str) -> dict[str, str]:
         """The joining box's request (routes.py, on the listener): pins it when its proof
         matches the code shown here; the answer carries this box's proof."""

@@ -160,6 +160,9 @@ class RequestRecorder:
             self._writing_bytes = 0
         self.written += len(batch)
         self._since_prune += written
+        if self.paused:  # the disk has room again: status says so at once
+            log.warning("request recording resumed")
+            self.paused = ""
 
     def _write(self, batch: list[Exchange]) -> int:
         return self.store.write([row_of(ex) for ex in batch])

@@ -307,6 +307,24 @@ async def test_the_export_holds_what_was_answered_a_moment_ago(daemon: RunningDa
     assert [x.get("custom_id") for x in lines] == [rid, None]  # and the count left out
 
 
+async def test_a_600_kib_body_is_exported_whole_by_the_cli(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """A recorded row longer than aiohttp's line buffer (512 KiB) through the real CLI."""
+    await start_fake(daemon)
+    big = "y" * (600 * 1024)
+    msgs = [{"role": "user", "content": big}]
+    _status, rid, _ = await post(
+        daemon, "/v1/chat/completions", {"model": "fake", "messages": msgs, "max_tokens": 2}
+    )
+    await recorded(daemon, rid)
+    out = tmp_path / "big.jsonl"
+    code, said = await traylm("requests", "export", str(out))
+    assert code == 0 and "exported 1 request" in said, said
+    [line] = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["custom_id"] == rid and line["body"]["messages"][0]["content"] == big
+
+
 async def test_templated_prompt_from_the_engine(daemon: RunningDaemon) -> None:
     d = daemon
     await start_fake(d)

@@ -10,9 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from engines.config.live import LiveSettings
 from engines.config.sections import RequestsSettings, Settings
 from engines.gateway.exchange import Exchange, ReplyCapture
+from engines.recorder import service
 from engines.recorder.assemble import row_of
 from engines.recorder.service import RequestRecorder
 from engines.recorder.store import WAL_LIMIT_BYTES, RecorderStore
@@ -273,3 +276,49 @@ def test_the_write_ahead_log_shrinks_after_a_large_batch(tmp_path: Path) -> None
         assert wal.stat().st_size <= WAL_LIMIT_BYTES
     finally:
         store.close()
+
+
+async def test_a_lone_surrogate_is_stored_escaped_beside_the_others(tmp_path: Path) -> None:
+    rec = RequestRecorder(tmp_path / "requests.db", settings(tmp_path))
+    await rec.start()
+    try:
+        bad = exchange(1)
+        bad.model = "\ud800"  # a client's JSON "\ud800": not valid Unicode
+        rec.record(bad)
+        rec.record(exchange(2))  # another client's request of the same second
+        await rec.flush()
+        rows = {r["id"]: r for r in await rec.summaries(limit=10)}
+        assert set(rows) == {f"req_{n:024x}" for n in (1, 2)}
+        assert rows[f"req_{1:024x}"]["model"] == "\\ud800"
+        assert rec.status()["dropped"] == 0
+    finally:
+        await rec.stop()
+
+
+async def test_status_says_resumed_once_the_disk_has_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "RETRY_FULL_S", 0.3)
+    rec = RequestRecorder(tmp_path / "requests.db", settings(tmp_path), period_s=0.05)
+    await rec.start()
+    try:
+        with rec.store.connection() as db:  # SQLite's own "database or disk is full"
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            db.execute(f"PRAGMA max_page_count = {pages + 2}")
+        rec.record(exchange(1, b'{"x": "' + b"y" * 200_000 + b'"}'))
+        deadline = time.monotonic() + 10
+        while not rec.paused and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert "recording paused" in rec.status()["warning"]
+        with rec.store.connection() as db:  # the disk freed
+            db.execute("PRAGMA max_page_count = 1073741823")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rec.record(exchange(2))
+            await asyncio.sleep(0.1)
+            if any(r["id"] == f"req_{2:024x}" for r in await rec.summaries(limit=5)):
+                break
+        assert any(r["id"] == f"req_{2:024x}" for r in await rec.summaries(limit=5))
+        assert rec.status()["warning"] == ""
+    finally:
+        await rec.stop()
