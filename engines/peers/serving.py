@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 Shared = Callable[[], list[BoxModel]]
 """The models ready on this box's own engines (ModelsOnDemand.shared)."""
 GPUs = Callable[[], Awaitable[tuple[GPUInfo, ...]]]
+OWN_KINDS = frozenset({"profile", "library", "folder"})
+"""What this box may load for a paired box (peers.load_for_peers): never an attached server."""
 
 
 def extend_peer_app(
@@ -48,7 +50,7 @@ def extend_peer_app(
     """Add the serving routes to the listener's application (peers.routes.peer_app)."""
     app.router.add_get("/peer/models", functools.partial(models, ctx, shared, gpus))
     for route in sorted(BOX_ROUTES):
-        app.router.add_post(route, functools.partial(serve, ctx))
+        app.router.add_post(route, functools.partial(serve, ctx, shared))
 
 
 async def models(
@@ -60,8 +62,10 @@ async def models(
     return ok(BoxServes(name=request.app[PEERS].box_name, models=tuple(found), gpus=cards))
 
 
-async def serve(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
-    """A paired box's request, served by this box's gateway path (module docstring)."""
+async def serve(ctx: GatewayContext, shared: Shared, request: web.Request) -> web.StreamResponse:
+    """A paired box's request, served by this box's gateway path (module docstring): only for
+    a model /peer/models lists (this box's own ready engines), or, with peers.load_for_peers,
+    one of its own models it may load; never an attached server or another box's model."""
     box = request.app[PEERS].box_name
     if not ctx.settings.peers.share_models:
         return api_error(
@@ -77,6 +81,15 @@ async def serve(ctx: GatewayContext, request: web.Request) -> web.StreamResponse
     if isinstance(out, web.Response):
         return out
     caller = request[CALLER].name
+    ready_here = any(out.model in m.names for m in shared())
+    if not ready_here and not (ctx.settings.peers.load_for_peers and await _own(ctx, out.model)):
+        return api_error(
+            request.path,
+            404,
+            f"{out.model[:80]!r} is not one of the models box {box!r} shares with paired boxes "
+            "(its own engines' models, listed by /peer/models)",
+            type_="model_not_found",
+        )
     if not ctx.settings.peers.load_for_peers and ctx.routing.upstream(out.model) is None:
         return api_error(
             request.path,
@@ -93,3 +106,12 @@ async def serve(ctx: GatewayContext, request: web.Request) -> web.StreamResponse
     except Exception:  # boundary (as the gateway's middleware): no traceback to the other box
         log.exception("serving %s for box %s failed", request.path, caller)
         return api_error(request.path, 500, f"box {box!r} failed to serve it; see its log")
+
+
+async def _own(ctx: GatewayContext, model: str) -> bool:
+    """``model`` is one of this box's own (a profile, a library model or a folder it may start),
+    not an attached server nor a paired box's."""
+    for m in await ctx.routing.listing():
+        if model in (m.name, *m.aliases) and m.kind in OWN_KINDS and not m.external:
+            return True
+    return False

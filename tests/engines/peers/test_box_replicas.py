@@ -109,9 +109,11 @@ def _recorded(box: Box, *args: str) -> list[dict[str, object]]:
     return rows
 
 
-def _probe(box: Box, url: str) -> dict[str, object]:
-    """GET ``url`` from ``box``'s namespace presenting no certificate (probe.py)."""
-    out = box.python("-m", "tests.engines.peers.probe", url, "none")
+def _probe(box: Box, url: str, mode: str = "none", body: object = None) -> dict[str, object]:
+    """GET ``url`` from ``box``'s namespace presenting no certificate, or its own (``mode``
+    "cert"); with ``body``, POST it (probe.py)."""
+    extra = [json.dumps(body)] if body is not None else []
+    out = box.python("-m", "tests.engines.peers.probe", url, mode, *extra)
     assert out.returncode == 0, out.stderr
     found: dict[str, object] = json.loads(out.stdout)
     return found
@@ -269,3 +271,27 @@ def test_a_killed_box_tells_its_streams_then_requests_go_to_a_and_it_comes_back(
     _wait(lambda: _sees_b(a), "box A uses B again")
     engines = [x["engine"] for x in _chats(a, 4)]
     assert ON_B in engines and MODEL in engines, engines
+
+
+def test_a_paired_box_reaches_only_what_peer_models_lists(pair: tuple[Box, Box]) -> None:
+    """B attached a server of its own ("asynth"); A, with its paired certificate on B's peer
+    listener, reaches B's own ready engine and nothing else: not B's attached servers, which
+    /peer/models does not list either."""
+    a, b = pair
+    _load(b)
+    engines = b.json("status")["engines"]
+    assert isinstance(engines, list)
+    [port] = [e["port"] for e in engines if e["engine_id"] == MODEL]
+    out = b.traylm("attach", "asynth", f"http://127.0.0.1:{port}/v1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    peer = f"https://{b.address}:{PEER_PORT}"
+    listed = _probe(a, peer + "/peer/models", "cert")
+    assert listed["status"] == 200, listed
+    names = [n for m in json.loads(str(listed["body"]))["models"] for n in m["names"]]
+    assert MODEL in names and "asynth" not in names
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    served = _probe(a, peer + "/v1/chat/completions", "cert", {**ask, "model": MODEL})
+    assert served["status"] == 200, served
+    refused = _probe(a, peer + "/v1/chat/completions", "cert", {**ask, "model": "asynth"})
+    assert refused["status"] == 404, refused
+    assert "not one of the models box 'box-b' shares" in str(refused["body"]), refused
