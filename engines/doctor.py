@@ -201,8 +201,12 @@ def p2p_transfer_finding(
     except subprocess.TimeoutExpired:
         return Finding(name, "fail", f"the copy did not finish in {timeout_s:.0f} s", hang_fix)
     except OSError as exc:
-        return Finding(name, "warn", f"could not run the engine env's python ({exc})",
-                       "reinstall the engine: `traylm engines install vllm`")  # fmt: skip
+        return Finding(
+            name,
+            "warn",
+            f"could not run the engine env's python ({exc})",
+            "reinstall the engine: `traylm engines install vllm`",
+        )
     facts = None
     for line in (done.stdout or "").splitlines():
         if line.startswith(P2P_MARK):
@@ -212,8 +216,7 @@ def p2p_transfer_finding(
                 facts = None
     if not isinstance(facts, dict):
         tail = ((done.stderr or "").strip().splitlines() or ["no output"])[-1][:200]
-        return Finding(name, "fail", f"the copy failed (exit {done.returncode}): {tail}",
-                       hang_fix)  # fmt: skip
+        return Finding(name, "fail", f"the copy failed (exit {done.returncode}): {tail}", hang_fix)
     if "skipped" in facts:
         return Finding(name, "info", f"not tested: {facts['skipped']}")
     if not facts.get("match"):
@@ -233,9 +236,14 @@ def p2p_transfer_findings(
         return []
     env = next((e for e in envs if e.complete and e.device == "cuda"), None)
     if env is None:
-        return [Finding("P2P copy", "info", "not tested: no CUDA engine installed",
-                        "install one (`traylm engines install vllm`), then run the doctor "
-                        "again")]  # fmt: skip
+        return [
+            Finding(
+                "P2P copy",
+                "info",
+                "not tested: no CUDA engine installed",
+                "install one (`traylm engines install vllm`), then run the doctor again",
+            )
+        ]
     return [p2p_transfer_finding(env.python, a, b, run=run) for a, b, _ in facts.p2p]
 
 

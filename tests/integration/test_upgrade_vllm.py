@@ -61,8 +61,9 @@ def held_link(env: EnvInfo, envs: Path, reason: str) -> EnvInfo:
             shutil.copy2(entry, own / entry.name)
         elif entry.name != HELD_FILE:
             (own / entry.name).symlink_to(entry)
-    return EnvManager(envs).hold(EnvManager(envs).find(env.engine, device=env.device,
-                                                       version=env.version), reason)  # fmt: skip
+    return EnvManager(envs).hold(
+        EnvManager(envs).find(env.engine, device=env.device, version=env.version), reason
+    )
 
 
 def ready(d: DaemonProcess) -> dict[str, Any] | None:

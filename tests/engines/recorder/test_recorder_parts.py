@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -235,47 +236,43 @@ def test_a_long_reply_is_cut_with_a_marker() -> None:
     assert len(ex.reply) <= 4 * 1024
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[RecorderStore]:
+    """requests.db opened in the test's folder, closed after it."""
+    opened = RecorderStore(tmp_path / "requests.db")
+    opened.open()
+    yield opened
+    opened.close()
+
+
 def test_a_lone_surrogate_is_stored_escaped_and_takes_no_other_row_with_it(
-    tmp_path: Path,
+    store: RecorderStore,
 ) -> None:
-    store = RecorderStore(tmp_path / "requests.db")
-    store.open()
-    try:
-        batch = [
-            exchange(1, model="\ud800"),
-            exchange(2, body='{"q": "\udfff"}'.encode("utf-8", "surrogatepass")),
-        ]
-        assert store.write([row_of(ex) for ex in batch]) > 0
-        models = {r["rid"]: r["model"] for r in store.rows()}
-        assert models == {batch[0].id: "\\ud800", batch[1].id: "m"}
-    finally:
-        store.close()
+    batch = [
+        exchange(1, model="\ud800"),
+        exchange(2, body='{"q": "\udfff"}'.encode("utf-8", "surrogatepass")),
+    ]
+    assert store.write([row_of(ex) for ex in batch]) > 0
+    models = {r["rid"]: r["model"] for r in store.rows()}
+    assert models == {batch[0].id: "\\ud800", batch[1].id: "m"}
 
 
-def test_one_row_sqlite_refuses_is_left_out_alone(tmp_path: Path) -> None:
-    store = RecorderStore(tmp_path / "requests.db")
-    store.open()
-    try:
-        good, bad = row_of(exchange(1)), row_of(exchange(2))
-        bad["status"] = 1 << 70  # no SQLite integer holds it
-        store.write([good, bad])
-        assert [r["rid"] for r in store.rows()] == [good["rid"]]
-    finally:
-        store.close()
+def test_one_row_sqlite_refuses_is_left_out_alone(store: RecorderStore) -> None:
+    good, bad = row_of(exchange(1)), row_of(exchange(2))
+    bad["status"] = 1 << 70  # no SQLite integer holds it
+    store.write([good, bad])
+    assert [r["rid"] for r in store.rows()] == [good["rid"]]
 
 
-def test_the_write_ahead_log_shrinks_after_a_large_batch(tmp_path: Path) -> None:
-    store = RecorderStore(tmp_path / "requests.db")
-    store.open()
-    try:
-        big = b"x" * (1 << 20)
-        store.write([row_of(exchange(n, body=big, limit=1 << 21)) for n in range(40)])
-        wal = tmp_path / "requests.db-wal"
-        assert wal.stat().st_size > WAL_LIMIT_BYTES  # one transaction of 40 MiB
-        store.write([row_of(exchange(99))])  # the next writer resets the log
-        assert wal.stat().st_size <= WAL_LIMIT_BYTES
-    finally:
-        store.close()
+def test_the_write_ahead_log_shrinks_after_a_large_batch(
+    store: RecorderStore, tmp_path: Path
+) -> None:
+    big = b"x" * (1 << 20)
+    store.write([row_of(exchange(n, body=big, limit=1 << 21)) for n in range(40)])
+    wal = tmp_path / "requests.db-wal"
+    assert wal.stat().st_size > WAL_LIMIT_BYTES  # one transaction of 40 MiB
+    store.write([row_of(exchange(99))])  # the next writer resets the log
+    assert wal.stat().st_size <= WAL_LIMIT_BYTES
 
 
 async def test_a_lone_surrogate_is_stored_escaped_beside_the_others(tmp_path: Path) -> None:

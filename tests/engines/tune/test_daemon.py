@@ -248,11 +248,13 @@ async def test_ctrl_c_in_traylm_tune_cancels_it_and_restores(d: RunningDaemon) -
     await start_fake(d, "chat", args="--token-delay 0.05")
     with d.daemon.bus.subscribe(frozenset({"tune"})) as sub:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from engines.cli import main; main()",
-            *("tune", "chat", "--only", "max-num-seqs-8", "--requests", "40",
-              "--concurrency", "2"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            sys.executable,
+            "-c",
+            "from engines.cli import main; main()",
+            *("tune", "chat", "--only", "max-num-seqs-8", "--requests", "40", "--concurrency", "2"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
             while True:  # the CLI follows the tune, which measures
                 event = await asyncio.wait_for(sub.get(), 60)

@@ -57,9 +57,13 @@ def test_a_daemon_killed_mid_tune_starts_what_ran_before_and_says_so(
     paths = Paths.from_env(env)
     write_toml_atomic(
         paths.profiles_dir / "chat.toml",
-        {"model": "org/chat", "served_name": "chat", "device": "cpu",
-         "env": {"FAKE_ENGINE_ARGS": "--token-delay 0.05"}},
-    )  # fmt: skip
+        {
+            "model": "org/chat",
+            "served_name": "chat",
+            "device": "cpu",
+            "env": {"FAKE_ENGINE_ARGS": "--token-delay 0.05"},
+        },
+    )
     port = str(free_loopback_port())
     daemon = serve(env, "--port", port)
     tune: subprocess.Popen[str] | None = None
@@ -67,10 +71,24 @@ def test_a_daemon_killed_mid_tune_starts_what_ran_before_and_says_so(
         out = traylm(env, "start", "chat", "--wait", "--timeout", "30")
         assert out.returncode == 0, out.stderr
         tune = subprocess.Popen(
-            [sys.executable, "-m", "engines", "tune", "chat", "--only", "max-num-seqs-1",
-             "--requests", "200", "--concurrency", "2"],
-            env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "engines",
+                "tune",
+                "chat",
+                "--only",
+                "max-num-seqs-1",
+                "--requests",
+                "200",
+                "--concurrency",
+                "2",
+            ],
+            env=env,
+            text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         until(lambda: engine_state(paths, "tune-chat") == "ready", "no candidate got ready")
         assert engine_state(paths, "chat") == "stopped"
         engines = psutil.Process(daemon.pid).children(recursive=True)
