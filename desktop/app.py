@@ -23,12 +23,12 @@ from PySide6.QtWidgets import QApplication, QWidget
 from desktop.daemon.actions import Actions
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.fixes import FIX_PAGES, INSTALL_ENGINE, SETUP, START_DAEMON, Fix
+from desktop.daemon.notify import Notifier
 from desktop.daemon.state import AppState
-from desktop.look.theme import ThemeFollower
+from desktop.daemon.theme_follower import ThemeFollower
 from desktop.session.instance import InstanceServer, PrimaryLock, send_command
 from desktop.tray.icon import TrayController, Windows
 from desktop.tray.icons import app_icon
-from desktop.tray.notify import Notifier
 from desktop.tray.quit_dialog import QuitDialog
 from engines.config.sections import Paths
 from engines.events import DaemonStopping

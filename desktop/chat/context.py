@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from desktop.daemon.gateway import Message
+
 STOP, DROP_OLDEST, KEEP_FIRST = 0, 1, 2
 POLICIES = {
     STOP: "Stop and say so",
     DROP_OLDEST: "Leave the oldest turns out",
     KEEP_FIRST: "Keep the first turn and the latest",
 }
-
-Message = tuple[str, str, tuple[str, ...]]  # (role, content, images as data: URLs)
 
 
 def turns(history: Sequence[Message]) -> list[list[Message]]:

@@ -10,17 +10,18 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from desktop.chat.context import DROP_OLDEST, STOP, Message, left_out
-from desktop.chat.stream import (
+from desktop.chat.context import DROP_OLDEST, STOP, left_out
+from desktop.daemon.bridge import Bridge
+from desktop.daemon.gateway import (
     ChatDelta,
     ChatError,
     ChatLoading,
     ChatRequest,
     ChatStreamEnded,
+    Message,
     ModelsListed,
     context_tokens,
 )
-from desktop.daemon.bridge import Bridge
 from desktop.daemon.messages import CallResult
 from desktop.daemon.state import AppState
 from engines.events import ChatChanged, ChatSummary, ChatTranscript, EngineState, EngineStateChanged

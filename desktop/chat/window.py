@@ -42,13 +42,13 @@ from desktop.chat.images import (
     data_url,
     read_image,
 )
-from desktop.chat.keyfile import read_key, write_key
 from desktop.chat.start_card import StartCard
-from desktop.chat.stream import ChatError, ChatStreamEnded
 from desktop.chat.transcript import TranscriptView, stats_text
 from desktop.daemon.actions import Actions
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.fixes import Fix, fix_for
+from desktop.daemon.gateway import ChatError, ChatStreamEnded
+from desktop.daemon.keyfile import read_key, write_key
 from desktop.daemon.state import AppState
 from desktop.look.theme import primary
 from desktop.widgets.banner import ConnectionBanner

@@ -15,8 +15,8 @@ from desktop.daemon.bridge import Bridge
 from desktop.daemon.fixes import fix_for
 from desktop.daemon.library import LibraryStart
 from desktop.daemon.messages import CallResult, LinkState
+from desktop.daemon.notify import Notifier
 from desktop.daemon.state import LIVE_STATES, AppState
-from desktop.tray.notify import Notifier
 from engines.client import DaemonClient
 
 Done = Callable[[CallResult], None]

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from desktop.chat.stream import GatewayHTTP
+from desktop.daemon.gateway import GatewayHTTP
 from desktop.daemon.link import DaemonLink
 from desktop.daemon.messages import CallResult
 from engines.client import DaemonClient

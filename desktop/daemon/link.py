@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import psutil
 
-from desktop.chat.stream import GatewayHTTP
+from desktop.daemon.gateway import GatewayHTTP
 from desktop.daemon.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wait_until_serving
 from desktop.daemon.messages import (
     CallResult,

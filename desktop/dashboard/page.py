@@ -10,8 +10,8 @@ from PySide6.QtWidgets import QWidget
 from desktop.daemon.actions import Actions
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.fixes import Fix
+from desktop.daemon.notify import Notifier
 from desktop.daemon.state import AppState
-from desktop.tray.notify import Notifier
 
 
 @dataclass(frozen=True)

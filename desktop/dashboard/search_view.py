@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
 
 from desktop.daemon.fixes import Fix, fix_for
 from desktop.daemon.messages import CallResult
-from desktop.dashboard.fit_badges import FitBadges
 from desktop.dashboard.page import PageContext
 from desktop.look.formatting import fmt_bytes, fmt_count
+from desktop.widgets.fit_badges import FitBadges
 from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import DownloadStatus, FitResult, ModelDetails, ModelSummary

@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.chat.keyfile import write_key
 from desktop.daemon.fixes import HUB_LOGIN, Fix
+from desktop.daemon.keyfile import write_key
 from desktop.daemon.messages import CallResult
 from desktop.dashboard.page import Page, PageContext
 from desktop.look.theme import THEMES

@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
 from desktop.daemon.actions import Actions
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.fixes import Fix
+from desktop.daemon.notify import Notification, Notifier
 from desktop.daemon.state import AppState
 from desktop.dashboard.page import Page, PageContext
 from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.unavailable import UnavailablePage
-from desktop.tray.notify import Notification, Notifier
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.notice_bar import NoticeBar
 from desktop.widgets.sizing import resize_within_screen

@@ -19,11 +19,11 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.daemon.fixes import Fix
-from desktop.dashboard.fit_badges import VERDICTS
 from desktop.look.formatting import fmt_bytes
 from desktop.look.theme import SPACE_M, SPACE_S, SPACE_XS, primary, text_label
 from desktop.setup.flow import StepView
 from desktop.setup.proposals import Proposal
+from desktop.widgets.fit_badges import VERDICTS
 from engines.events import FitResult
 
 STATUS_MARKS = {"done": "✓ done", "working": "working…", "error": "needs you", "waiting": ""}

@@ -20,10 +20,10 @@ from desktop.daemon.actions import Actions
 from desktop.daemon.fixes import Fix
 from desktop.daemon.library import library_starts
 from desktop.daemon.messages import LinkState
+from desktop.daemon.notify import Notification, Notifier
 from desktop.daemon.state import LIVE_STATES, AppState
 from desktop.tray.icon_state import disk_text, remote_text, tooltip_text, tray_state
 from desktop.tray.icons import TrayState, state_icon
-from desktop.tray.notify import Notification, Notifier
 from engines.config.profiles import replica_base
 from engines.events import EngineState
 

@@ -11,8 +11,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from desktop.daemon.fixes import Fix
+from desktop.daemon.notify import Notification
 from desktop.look.theme import SPACE_M, SPACE_S, primary, text_label
-from desktop.tray.notify import Notification
 
 RunFix = Callable[[Fix], None]
 

@@ -13,7 +13,7 @@ from PySide6.QtCore import QMimeData
 from PySide6.QtGui import QColor, QImage
 
 from desktop.chat.images import MAX_SIDE_PX, THUMB_PX, data_url, thumbnail
-from desktop.chat.stream import ChatRequest
+from desktop.daemon.gateway import ChatRequest
 from tests.desktop.conftest import ThreadedDaemon
 
 

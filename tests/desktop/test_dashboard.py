@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QLabel
 
 import desktop.daemon.link
 from desktop.app import DesktopApp
-from desktop.chat.keyfile import read_key
+from desktop.daemon.keyfile import read_key
 from desktop.dashboard.engines_page import EnginesPage
 from desktop.dashboard.pages import PAGES, PageSpec
 from desktop.dashboard.settings_page import SettingsPage

@@ -16,10 +16,10 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 
 from desktop.app import DesktopApp
+from desktop.daemon.notify import Notification
 from desktop.dashboard.fans_page import FansPage
 from desktop.dashboard.gpus_page import GPUsPage
 from desktop.tray.icons import TrayState
-from desktop.tray.notify import Notification
 from engines.events import GPUSampled
 from engines.gpu.sim import SimulatedBackend, sim_uuid
 from tests.desktop.conftest import ThreadedDaemon

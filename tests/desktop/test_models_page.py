@@ -12,8 +12,8 @@ import json
 import pytest
 
 from desktop.app import DesktopApp
+from desktop.daemon.notify import Notification
 from desktop.dashboard.models_page import ModelsPage
-from desktop.tray.notify import Notification
 from engines.core.procs import free_loopback_port
 from engines.events import DownloadState
 from tests.conftest import fast_settings

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from desktop.chat.stream import ChatDelta, ChatRequest, GatewayHTTP
+from desktop.daemon.gateway import ChatDelta, ChatRequest, GatewayHTTP
 from engines.core.procs import free_loopback_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -11,8 +11,8 @@ import openai
 from PySide6.QtGui import QAction, QGuiApplication
 
 from desktop.app import DesktopApp
+from desktop.daemon.notify import Notification
 from desktop.tray.icons import TrayState
-from desktop.tray.notify import Notification
 from engines.events import EngineState, EngineStatus, GatewayThroughput
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from desktop.app import DesktopApp
-from desktop.tray.notify import Notification
+from desktop.daemon.notify import Notification
 from engines.config.sections import Paths
 from engines.errors import ControlAPIError
 from tests.data_disk import DataDisk, tmpfs_data_folder

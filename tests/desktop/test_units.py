@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QComboBox
 
 from desktop.chat.markdown import Block, split_blocks
-from desktop.chat.stream import ChatRequest, _Collector, error_from_body
+from desktop.daemon.gateway import ChatRequest, _Collector, error_from_body
 from desktop.daemon.messages import LinkState, ProfileEntry, freeze
 from desktop.dashboard.profile_form import ProfileForm
 from desktop.session import autostart

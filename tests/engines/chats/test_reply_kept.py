@@ -1,5 +1,5 @@
 """A chat reply in progress survives `kill -9` of the app and of the daemon, with real processes:
-`traylm serve`, the FAKE engine, and the chat window's own streaming code (desktop/chat/stream.py,
+`traylm serve`, the FAKE engine, and the chat window's own streaming code (desktop/daemon/gateway.py,
 no Qt) in a client process of its own. The daemon keeps the reply as it relays it, marked
 interrupted until it completes; the chat window then offers Retry (tests/desktop/test_chat.py)."""
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT = textwrap.dedent("""
     import asyncio, sys
-    from desktop.chat.stream import ChatDelta, ChatRequest, GatewayHTTP
+    from desktop.daemon.gateway import ChatDelta, ChatRequest, GatewayHTTP
     url, token, chat_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
     def post(message):
         if isinstance(message, ChatDelta):

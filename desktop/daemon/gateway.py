@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from desktop.chat.context import Message
-
 Post = Callable[[object], None]
 DELTA_EVERY_S = 0.04
 # an engine's refusal of a conversation longer than its context (vLLM: "This model's maximum
 # context length is 4096 tokens. However, you requested ..."; newer: "... is too large")
 CONTEXT_FULL = re.compile(r"maximum context length|more than the model's context", re.IGNORECASE)
+Message = tuple[str, str, tuple[str, ...]]  # (role, content, images as data: URLs)
 MIN_RATE_SPAN_S = 0.02  # tokens arriving over less than this give no tokens/s figure
 
 
