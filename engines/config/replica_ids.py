@@ -1,4 +1,4 @@
-"""Replica engine ids (issue 23): the profile's name for the first copy, ``NAME.r2``,
+"""Replica engine ids: the profile's name for the first copy, ``NAME.r2``,
 ``NAME.r3``... for the others. No imports: `traylm status` reads them without loading the
 settings' classes (tests/engines/test_cli_start.py)."""
 

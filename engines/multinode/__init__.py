@@ -1,1 +1,1 @@
-"""One model across paired boxes on vLLM's own multi-node launch (issue 24, item 3)."""
+"""One model across paired boxes on vLLM's own multi-node launch."""

@@ -1,5 +1,5 @@
 """HTTP to a paired box: mutual TLS, this box's certificate presented, only the peer's pinned
-certificate trusted (items 2 and 3 of issue 24 talk to peers through ``open_session``).
+certificate trusted (the peer features talk to peers through ``open_session``).
 
 aiohttp's ``Fingerprint`` cannot carry a client certificate (aiohttp pairs it with its own
 unverified context), so the pin is the context's trust store: it holds the one pinned

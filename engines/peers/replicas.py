@@ -1,4 +1,4 @@
-"""Replicas across boxes (issue 24, item 2), on the box that asks: what each paired box serves
+"""Replicas across boxes, on the box that asks: what each paired box serves
 now, as upstreams the model router balances with this box's own engines (ondemand ``Boxes``).
 
 While a box is paired, each paired box is asked ``GET /peer/models`` (mutual TLS) every

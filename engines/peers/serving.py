@@ -1,4 +1,4 @@
-"""Replicas across boxes (issue 24, item 2), on the box that serves: the peer routes through
+"""Replicas across boxes, on the box that serves: the peer routes through
 which a paired box sends requests to the models ready here, and the list of them.
 
 Peer API (on the listener for paired boxes: mutual TLS, ``request[CALLER]`` the asking box):

@@ -1,4 +1,4 @@
-"""A paired box in the desktop app (issue 24 item 2), against a real daemon whose BoxReplicas
+"""A paired box in the desktop app, against a real daemon whose BoxReplicas
 asks a real HTTP server standing in for box-b's /peer/models (FakeBox, plain http: the mutual
 TLS is tests/engines/peers/test_box_replicas.py's): the Engines table lists its replica with
 the box's name (and "away" with why), the GPUs page shows its GPUs under its name, and the

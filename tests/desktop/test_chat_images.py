@@ -1,4 +1,4 @@
-"""Images in the chat (issue 25, point 11) through the real app and the real daemon: a picture
+"""Images in the chat through the real app and the real daemon: a picture
 pasted into the composer goes to a model whose config.json describes a vision encoder as an
 OpenAI ``image_url`` content part, is stored with the message and shown as a thumbnail; a
 text-only model is not sent it, and the chat says why."""

@@ -209,7 +209,7 @@ def test_second_instance_shows_the_windows_of_the_first(qtbot, paths: Paths) -> 
 def test_a_relaunch_brings_back_the_window_of_a_first_app_without_a_tray(
     qtbot, app, paths: Paths
 ) -> None:
-    """Issue 25, point 10: on a desktop without a system tray the first app is its window; a
+    """On a desktop without a system tray the first app is its window; a
     relaunch (the menu entry again, a real second process) must bring that window back, also
     when it was minimized, instead of showing nothing."""
     assert app.fallback and app.dashboard is not None

@@ -57,7 +57,7 @@ def test_every_page_is_listed_and_built(qtbot, app) -> None:
 def test_a_page_without_its_api_is_said_plainly(
     qtbot, daemon_thread, app_factory, monkeypatch
 ) -> None:
-    waiting = PageSpec("future", "Future", None, "What it will show.", "an API of issue 99")
+    waiting = PageSpec("future", "Future", None, "What it will show.", "an API not built yet")
     monkeypatch.setattr("desktop.dashboard.window.PAGES", (*PAGES, waiting))
     dash = app_factory().open_dashboard("")
     dash.show_page("future")
@@ -65,7 +65,7 @@ def test_a_page_without_its_api_is_said_plainly(
     assert isinstance(page, UnavailablePage)
     text = " ".join(label.text() for label in page.findChildren(QLabel))
     assert "Not available in this daemon yet" in text
-    assert "an API of issue 99" in text and "placeholder, not a finished page" in text
+    assert "an API not built yet" in text and "placeholder, not a finished page" in text
     assert dash.nav.item(len(PAGES)).text().endswith("(not yet)")
 
 

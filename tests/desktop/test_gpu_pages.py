@@ -108,7 +108,7 @@ def test_energy_per_token_appears_on_the_cards(qtbot, sim_app, sim_daemon_thread
 
 
 def test_an_engine_on_the_cpu_is_never_drawn_on_a_gpu(qtbot, sim_app, sim_daemon_thread) -> None:
-    """Issue 25, point 9: a model served on the CPU beside simulated GPUs holds none of their
+    """A model served on the CPU beside simulated GPUs holds none of their
     memory (it was drawn holding 22 GiB of GPU 0); one on CUDA does."""
     app, d = sim_app, sim_daemon_thread
     d.write_fake_profile("local", device="cpu", gpus=[0])

@@ -129,7 +129,7 @@ def test_install_sh_shows_its_steps_puts_traylm_on_path_and_uninstall_removes_al
 def test_the_helper_hint_names_the_installer_this_computer_has(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 25, point 9: the hint named `installers/linux/install-gpud.sh`, which exists only in a
+    """The hint named `installers/linux/install-gpud.sh`, which exists only in a
     source checkout. A packaged install names the copy install.sh keeps; a pipx/uv install (no
     copy) says where the installer comes from."""
     from engines.gpu import helper_client

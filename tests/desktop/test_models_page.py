@@ -75,7 +75,7 @@ def test_search_filters_details_and_fit_badges(qtbot, app, fake_hub: FakeHub) ->
 def test_without_a_gpu_the_fit_badges_say_they_are_an_example(
     qtbot, paths, fake_env, fake_hub: FakeHub, app_factory
 ) -> None:
-    """Issue 25 screenshots: on a computer without NVIDIA the daemon judges a model on two
+    """On a computer without NVIDIA the daemon judges a model on two
     RTX 4090s, and the page read as if this computer had them."""
     settings = dataclasses.replace(fast_settings(free_loopback_port()), hub=fast_hub())
     d = ThreadedDaemon(paths, settings).start()

@@ -172,7 +172,7 @@ print(json.dumps({
 
 
 def test_notification_balloon_is_readable_in_the_dark_theme(tmp_path) -> None:
-    """Issue 25, point 10: where the desktop has no notification service Qt draws the tray's
+    """Where the desktop has no notification service Qt draws the tray's
     balloon itself, in a fixed pale yellow; in the dark theme its text was the theme's light
     grey on that yellow. The text must be dark on the balloon's light background."""
     import subprocess

@@ -1,7 +1,7 @@
 """A full disk under traylm's data folder, for real: a small tmpfs mounted as the data folder of a
 real daemon, filled with a file while it runs, then emptied. Chats, the chat window's streamed
 request and the usage log answer 507 naming the folder, log one line and no traceback, keep
-what they could not write in memory, and write it once there is room (issue 21, item 2)."""
+what they could not write in memory, and write it once there is room."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ PNG_URL = (  # a 1×1 PNG
 
 
 async def test_images_are_kept_with_their_message(daemon: RunningDaemon) -> None:
-    """Issue 25, point 11: a message's images are stored with it and come back in order."""
+    """A message's images are stored with it and come back in order."""
     c = daemon.client
     chat = await c.create_chat(model="see")
     message = {"role": "user", "content": "what is this?", "images": [PNG_URL, PNG_URL]}

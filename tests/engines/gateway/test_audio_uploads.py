@@ -188,7 +188,7 @@ async def upload_while_asking_health(d: RunningDaemon, body: bytes) -> tuple[int
 async def test_a_form_of_many_tiny_parts_is_refused_at_the_part_limit(
     daemon: RunningDaemon,
 ) -> None:
-    """Issue 21 item 4: 24 MB of 470,000 tiny parts (under the 25 MiB limit) once held the
+    """24 MB of 470,000 tiny parts (under the 25 MiB limit) once held the
     event loop for a minute while the form was parsed; /health waited all that time."""
     await start_fake(daemon)
     body = form_of_tiny_parts(470_000)

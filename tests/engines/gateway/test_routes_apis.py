@@ -87,7 +87,7 @@ async def test_responses_create_stream_retrieve_and_cancel(daemon: RunningDaemon
 
 
 async def test_a_response_belongs_to_the_key_that_made_it(daemon_factory, fake_env) -> None:
-    """Issue 21 item 6: key B could retrieve and cancel what key A made. Now another key's
+    """Key B could retrieve and cancel what key A made. Now another key's
     response answers exactly as one never made: 404, never 403 (that would say it exists)."""
     keys = (hash_key("key-a"), hash_key("key-b"))
     d = await daemon_factory(fast_settings(free_loopback_port(), api_key_sha256=keys))
@@ -133,7 +133,7 @@ async def test_a_response_belongs_to_the_key_that_made_it(daemon_factory, fake_e
 async def test_unknown_previous_response_id_when_nobody_keeps_responses(
     daemon_factory, fake_env
 ) -> None:
-    """traylm keeping none (requests.responses_keep = 0): the engine's 404, with both ways to
+    """Traylm keeping none (requests.responses_keep = 0): the engine's 404, with both ways to
     keep responses."""
     settings = fast_settings(free_loopback_port())
     d = await daemon_factory(

@@ -331,7 +331,7 @@ class SampleFailsBackend(SimulatedBackend):
 def test_an_outage_is_logged_once_and_its_end_once(
     backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 25, point 9: a computer without NVIDIA retries forever; the log says so once, each
+    """A computer without NVIDIA retries forever; the log says so once, each
     retry only at debug, and says when telemetry comes back."""
     monkeypatch.setattr("engines.gpu.sampler.BACKOFF_MIN_S", 0.01)
     monkeypatch.setattr("engines.gpu.sampler.BACKOFF_MAX_S", 0.02)

@@ -1,4 +1,4 @@
-"""Replicas across boxes (issue 24, item 2): two `traylm serve` daemons in network namespaces
+"""Replicas across boxes: two `traylm serve` daemons in network namespaces
 the test creates (boxes.py), paired; the FAKE engine serves "chat" on box B's simulated GPU
 (and on A's for the spread), and A's gateway has B's as one more replica of "chat", reached
 over the veth pair by mutual TLS only. Clients are the openai SDK in A's namespace."""

@@ -1,4 +1,4 @@
-"""Pairing of traylm boxes (issue 24, item 1): real `traylm serve` daemons in network
+"""Pairing of traylm boxes: real `traylm serve` daemons in network
 namespaces (boxes.py), driven by the real `traylm` command at each box."""
 
 from __future__ import annotations

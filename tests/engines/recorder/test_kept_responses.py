@@ -1,4 +1,4 @@
-"""Responses kept by traylm (issue 22 item 7), through the real daemon and gateway with the
+"""Responses kept by traylm, through the real daemon and gateway with the
 openai SDK and the FAKE vLLM engine, which keeps no responses itself (no
 VLLM_ENABLE_RESPONSES_API_STORE): retrieve equals create, previous_response_id sends the engine
 the earlier turns, each response is its key's, the bound drops the oldest, a restart keeps
