@@ -133,7 +133,7 @@ async def test_a_response_belongs_to_the_key_that_made_it(daemon_factory, fake_e
 async def test_unknown_previous_response_id_when_nobody_keeps_responses(
     daemon_factory, fake_env
 ) -> None:
-    """Traylm keeping none (requests.responses_keep = 0): the engine's 404, with both ways to
+    """With traylm keeping none (requests.responses_keep = 0): the engine's 404, with both ways to
     keep responses."""
     settings = fast_settings(free_loopback_port())
     d = await daemon_factory(
