@@ -178,6 +178,13 @@ class ChatWindow(QMainWindow):
         self.pending = Thumbnails(removable=True)
         self.pending.setObjectName("pendingImages")
         layout.addWidget(self.pending)
+        self.image_note = QLabel("")
+        self.image_note.setObjectName("imageNote")
+        self.image_note.setWordWrap(True)
+        self.image_note.setVisible(False)
+        layout.addWidget(self.image_note)
+        self.pending.changed.connect(self.on_pending_changed)
+        self.model_picker.currentTextChanged.connect(lambda _model: self.on_pending_changed())
         layout.addLayout(self._composer_row())
         bottom = QHBoxLayout()
         self.status = QLabel("")
@@ -390,6 +397,7 @@ class ChatWindow(QMainWindow):
         error = self.controller.models_error
         if not models and error is not None:
             self.status.setText(error.message)
+        self.on_pending_changed()
         last = self.controller.last_error
         card = self.transcript.error_card
         model = self.options().model
@@ -588,14 +596,26 @@ class ChatWindow(QMainWindow):
         self.on_image_added(data_url(image))
 
     def on_image_added(self, url: str) -> None:
-        """A picture for the next message; the status says at once when the model cannot
-        take it (sending then says so too, and keeps it here)."""
+        """A picture for the next message (the note beside it says at once when the model
+        cannot take it; sending then says so too, and keeps it here)."""
         if not self.pending.add(url):
             self.status.setText(f"A message carries at most {MAX_IMAGES} images")
             return
+
+    def on_pending_changed(self) -> None:
+        """While the composer holds pictures the picked model cannot take, the note beside
+        them says so and what to do; typing does not hide it, only a fix does."""
         model = self.options().model
-        if model and not self.controller.accepts_images(model):
-            self.status.setText(f"{model} does not take images: pick a vision model to send them")
+        refused = (
+            bool(self.pending.images) and bool(model) and not self.controller.accepts_images(model)
+        )
+        self.image_note.setText(
+            f"{model} does not take images. Pick a vision model, or remove the pictures (×) "
+            "to send the text alone."
+            if refused
+            else ""
+        )
+        self.image_note.setVisible(refused)
 
     def on_stop_clicked(self) -> None:
         self.controller.stop()

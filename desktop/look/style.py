@@ -37,7 +37,7 @@ QFrame#connectionBanner[level="info"] {
     background: rgba(25, 113, 194, 0.12);
     border-bottom: 1px solid #1971c2;
 }
-QLabel#fallbackNote, QFrame#editNote {
+QLabel#fallbackNote, QFrame#editNote, QLabel#imageNote {
     background: rgba(242, 183, 5, 0.18);
     border: 1px solid rgba(242, 183, 5, 0.7);
     border-radius: 4px;

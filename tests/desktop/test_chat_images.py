@@ -53,10 +53,13 @@ def test_a_pasted_image_goes_to_a_vision_model_and_not_to_a_text_one(
     assert len(chat.pending.images) == 1 and chat.pending.isVisibleTo(chat)
     assert chat.pending.images[0].startswith("data:image/jpeg;base64,")
     assert chat.composer.toPlainText() == ""  # the picture is not pasted as text
+    assert not chat.image_note.isVisibleTo(chat)  # "see" is picked: it takes images
 
     # a text-only model: nothing is sent or stored, the chat says why, the picture stays
     chat.select_model("text")
-    chat.composer.setPlainText("What colour is this?")
+    chat.composer.setPlainText("What colour is this?")  # typing keeps the note that says why
+    assert chat.image_note.isVisibleTo(chat)
+    assert "text does not take images" in chat.image_note.text()
     chat.on_send_clicked()
     qtbot.waitUntil(lambda: chat.transcript.error_card.isVisible())
     error = chat.controller.last_error
@@ -67,6 +70,7 @@ def test_a_pasted_image_goes_to_a_vision_model_and_not_to_a_text_one(
 
     # the vision model: sent, stored with the message, shown as a thumbnail
     chat.select_model("see")
+    assert not chat.image_note.isVisibleTo(chat)
     chat.on_send_clicked()
     qtbot.waitUntil(lambda: chat.controller.transcript is not None, timeout=10000)
     qtbot.waitUntil(lambda: chat.controller.streaming is None, timeout=20000)
