@@ -34,6 +34,7 @@ class PowerView(QGroupBox):
         self.helper_available = False
         self.valid = False
         self._loading = False
+        self.chosen = False  # the user moved the slider since it last showed the card's limit
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(VALIDATE_AFTER_MS)
@@ -117,9 +118,10 @@ class PowerView(QGroupBox):
         )
 
     def on_enforced_seen(self, enforced_mw: int | None) -> None:
-        """A sample shows the enforced limit: re-read the status when it changed."""
+        """A sample shows the enforced limit: re-read the status when it changed. The slider
+        follows it unless the user is choosing a value of their own."""
         if self.status is not None and enforced_mw != self.status.enforced_mw:
-            self.refresh(move_slider=False)
+            self.refresh(move_slider=not self.chosen)
 
     def _on_status(self, result: CallResult, move_slider: bool) -> None:
         if not result.ok or not isinstance(result.value, PowerLimitStatus):
@@ -139,6 +141,7 @@ class PowerView(QGroupBox):
             finally:
                 self._loading = False
             self.valid = True
+            self.chosen = False
         self.min_label.setText(f"{s.min_mw / 1000:.0f} W")
         self.max_label.setText(f"{s.max_mw / 1000:.0f} W")
         self.value_label.setText(f"<b>{self.slider.value()} W</b>")
@@ -162,6 +165,7 @@ class PowerView(QGroupBox):
         self.value_label.setText(f"<b>{watts} W</b>")
         if self._loading:
             return
+        self.chosen = True
         self.valid = False
         self._update_buttons()
         self._timer.start()
@@ -201,11 +205,18 @@ class PowerView(QGroupBox):
         uuid, watts, persist = self.info.uuid, float(self.slider.value()), self.persist.isChecked()
 
         def done(result: CallResult) -> None:
-            if result.ok and isinstance(result.value, PowerLimitStatus) and result.value.applied:
+            applied = (
+                result.ok and isinstance(result.value, PowerLimitStatus) and result.value.applied
+            )
+            if applied:
                 self.result.ok(f"Power limit set to {watts:.0f} W.")
+                # the slider stays at what was applied: the card may report it only with its
+                # next sample, and the slider must not go back to the old limit meanwhile
+                self.chosen = False
+                self.refresh(move_slider=False)
             else:
                 self.result.error(result.error or "the daemon did not apply the limit")
-            self.refresh()
+                self.refresh()
 
         self.result.neutral("Applying…")
         self.ctx.bridge.call(lambda c: c.set_power_limit(uuid, watts=watts, persist=persist), done)

@@ -221,8 +221,11 @@ def test_power_slider_and_guard_thresholds_through_dry_runs(
     enforced = "Enforced now: 300 W (set by you)"  # may come with the next sample
     qtbot.waitUntil(lambda: enforced in power.facts.text(), timeout=30000)
     assert _sim(d).control_state()[GPU0]["power_limit_mw"] == 300_000
+    assert power.slider.value() == 300  # what was applied, not the limit from before it
     power.reset_button.click()
     qtbot.waitUntil(lambda: _sim(d).control_state()[GPU0]["power_limit_mw"] == 450_000)
+    qtbot.waitUntil(lambda: "Enforced now: 450 W" in power.facts.text(), timeout=30000)
+    assert power.slider.value() == 450  # the slider follows the card when nobody is choosing
 
     guard = page.guard
     qtbot.waitUntil(lambda: guard.status is not None, timeout=5000)
