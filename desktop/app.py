@@ -54,11 +54,15 @@ class DesktopApp(QObject):
         spawn_daemon: bool = True,
         use_tray: bool = True,
         offer_setup: bool = True,
+        open_window: bool = False,
     ) -> None:
         super().__init__()
         self.paths = paths
         self.use_tray = use_tray
         self.offer_setup = offer_setup  # open the setup by itself on a first run
+        # started by the user (not at login): a window opens, the setup on a first run, else
+        # the chat with the model last used
+        self.open_window = open_window
         self.bridge = Bridge(paths, spawn_daemon=spawn_daemon, parent=self)
         self.state = AppState(self)
         self.bridge.message_received.connect(self.state.on_message_received)
@@ -167,6 +171,8 @@ class DesktopApp(QObject):
         self._setup_offered = True
         if not settings.ui.setup_done and not s.current_profile() and not s.live_engines():
             self.open_setup()
+        elif self.open_window and self.chat_window is None:
+            self.open_chat(s.current_profile())
 
     def on_event_received(self, event: object) -> None:
         """`traylm shutdown` stops traylm as a whole: this app closes with its daemon."""
@@ -316,6 +322,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="traylm", description="traylm tray app")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--show", choices=("chat", "dashboard"), help="open this window at start")
+    p.add_argument(
+        "--at-login",
+        action="store_true",
+        help="start in the tray only, opening no window (the autostart entry uses it)",
+    )
     p.add_argument("--page", default="", help="dashboard page to open (gpus, engines, models, ...)")
     p.add_argument(
         "--no-daemon-start",
@@ -385,7 +396,12 @@ def main(argv: Sequence[str] = ()) -> int:
         return 0
     from desktop.session.unix_signals import SignalWatcher
 
-    app = DesktopApp(paths, spawn_daemon=not args.no_daemon_start, use_tray=not args.no_tray)
+    app = DesktopApp(
+        paths,
+        spawn_daemon=not args.no_daemon_start,
+        use_tray=not args.no_tray,
+        open_window=not args.at_login and not args.show and not args.page,
+    )
     app.finished.connect(qapp.quit)
     server = InstanceServer(paths, app.handle_command)
     server.listen()

@@ -37,7 +37,7 @@ def entry_text() -> str:
         "Type=Application\n"
         "Name=traylm\n"
         "Comment=Local LLM inference in the system tray\n"
-        f"Exec={launch_command()}\n"
+        f"Exec={launch_command()} --at-login\n"
         f"Icon={icon}\n"
         "Terminal=false\n"
         "Categories=Utility;Development;\n"

@@ -15,6 +15,7 @@ import pytest
 
 from desktop.daemon.messages import LinkState
 from desktop.dashboard.settings_page import SettingsPage
+from desktop.session import autostart
 from desktop.session.instance import InstanceServer, PrimaryLock
 from desktop.tray.icons import TrayState
 from engines.config.sections import Paths
@@ -275,3 +276,31 @@ def test_traylm_shutdown_closes_the_app_too(qtbot, app_factory: AppFactory, path
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_a_launch_by_the_user_opens_the_chat_with_the_model_last_used(
+    qtbot, daemon_thread: ThreadedDaemon, app_factory: AppFactory
+) -> None:
+    """Launched from the desktop (not at login) with the setup done, the app opens a window:
+    the chat, on the model last used, never the setup again."""
+    daemon_thread.write_fake_profile("mine")
+    daemon_thread.write_fake_profile("other")
+    changes = {"ui.last_profile": "mine", "ui.setup_done": True}
+    daemon_thread.run(lambda c: c.update_settings(changes))
+    app = app_factory(offer_setup=True, open_window=True)
+    qtbot.waitUntil(
+        lambda: app.chat_window is not None and app.chat_window.isVisible(), timeout=15000
+    )
+    assert app.chat_window is not None
+    qtbot.waitUntil(lambda: app.chat_window.model_picker.currentText() == "mine", timeout=10000)
+    assert app.setup is None
+
+
+def test_started_at_login_the_app_opens_no_window(
+    qtbot, daemon_thread: ThreadedDaemon, app_factory: AppFactory
+) -> None:
+    daemon_thread.run(lambda c: c.update_settings({"ui.setup_done": True}))
+    app = app_factory(offer_setup=True, open_window=False)  # what --at-login gives
+    qtbot.waitUntil(lambda: app._setup_offered, timeout=15000)
+    assert app.chat_window is None and app.setup is None  # (no tray here: the dashboard is)
+    assert "--at-login" in autostart.entry_text()
