@@ -578,7 +578,10 @@ class ChatWindow(QMainWindow):
     def on_send_clicked(self) -> None:
         text = self.composer.toPlainText()
         images = self.pending.images
-        if self.controller.send(text, self.options(), edit_position=self.editing, images=images):
+        options = self.options()
+        if self.controller.send(text, options, edit_position=self.editing, images=images):
+            if self.state.startable(options.model):  # the tray's Start and the next chat
+                self.app_actions.remember_profile(options.model)
             self.composer.clear()
             self.pending.clear()
             self._end_edit()

@@ -194,16 +194,29 @@ class AppState(QObject):
         return model.blocked_code if model is not None else ""
 
     def current_profile(self) -> str:
-        """The profile the tray's Start acts on: the setting, else a live engine, else the
-        first profile that can start here; "" when none can (the tray offers the setup)."""
+        """The profile or model folder the tray's Start acts on: the one last started or
+        chatted with, else a live engine, else the first profile, then folder, that can start
+        here; "" when none can (the tray offers the setup)."""
         wanted = self.settings.ui.last_profile if self.settings else ""
-        entry = self.profile(wanted) if wanted else None
-        if entry is not None and not self.blocker(entry):
+        if wanted and self.startable(wanted):
             return wanted
         live = self.live_engines()
         if live:
             return live[0].engine_id
-        return next((p.name for p in self.profiles if not self.blocker(p)), "")
+        profile = next((p.name for p in self.profiles if not self.blocker(p)), "")
+        if profile:
+            return profile
+        folders = (m for m in self.servable.values() if m.kind == "folder" and not m.blocked)
+        return next((m.engine_id for m in folders), "")
+
+    def startable(self, name: str) -> bool:
+        """Whether ``name`` is a profile or a registered model folder that can start here (what
+        ``traylm start NAME`` takes)."""
+        model = self.servable.get(name)
+        known = self.profile(name) is not None or (
+            model is not None and model.kind in ("profile", "folder") and model.engine_id == name
+        )
+        return known and not self.why_blocked(name)
 
     # ----------------------------------------------------------------- updates
 

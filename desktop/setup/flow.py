@@ -435,8 +435,7 @@ class SetupFlow(QObject):
 
         self.started_s = time.monotonic()
         self._ticker.start()
-        if kind != "folder":
-            self.actions.remember_profile(name)  # the tray's Start acts on it from now on
+        self.actions.remember_profile(name)  # the tray's Start acts on it from now on
         self.bridge.call(start, done)
 
     def use_folder(self, path: str) -> None:

@@ -1,7 +1,7 @@
 """The tray icon, its tooltip and its menu. Without a system tray the same menu lives in the
 fallback window's menu bar (see app.py), so every action stays reachable.
 
-Menu: status line · Start/Stop/Restart (or "Set up traylm…" while nothing can start here) ·
+Menu: status line · "Set up traylm…" (only while nothing can start here) · Start/Stop/Restart ·
 Profiles ▸ (those that cannot start here greyed, with why) · Models ▸ (chat with a served one,
 unload a loaded one, start one from the library) · Open chat · Open dashboard · Copy endpoint
 URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
@@ -123,6 +123,8 @@ class TrayController(QObject):
         self.menu.addAction(self.status_action)
         self.menu.setToolTipsVisible(True)  # Stop, Restart and Unload say what they do
         self.menu.addSeparator()
+        self.setup_action = self._add("Set up traylm…", lambda: self.windows.open_setup(), "setup")
+        self.setup_action.setVisible(False)
         self.start_action = self._add("Start", self.on_start_triggered, "start")
         self.stop_action = self._add("Stop", self.on_stop_triggered, "stop")
         self.stop_action.setToolTip(STOP_TIP)
@@ -292,12 +294,11 @@ class TrayController(QObject):
                 status += f"  ·  {s.endpoint_url}"
         self.status_action.setText(status)
         current_live = current in s.engines and s.engines[current].state in LIVE_STATES
-        if usable and not current:  # nothing can start here yet: the setup leads the way
-            self.start_action.setText("Set up traylm…")
-            self.start_action.setEnabled(True)
-        else:
-            self.start_action.setText(f"Start {current}" if current else "Start")
-            self.start_action.setEnabled(usable and bool(current) and not current_live)
+        # nothing can start here yet: the setup leads the way, in an item of its own (Start
+        # keeps one meaning: start the model named in it)
+        self.setup_action.setVisible(usable and not current)
+        self.start_action.setText(f"Start {current}" if current else "Start")
+        self.start_action.setEnabled(usable and bool(current) and not current_live)
         self.stop_action.setText(f"Stop {engine_id}" if engine_id else "Stop")
         self.stop_action.setEnabled(usable and bool(engine_id))
         self.restart_action.setText(f"Restart {engine_id}" if engine_id else "Restart")
@@ -321,8 +322,6 @@ class TrayController(QObject):
         current = self.state.current_profile()
         if current:
             self.actions.start_profile(current)
-        elif self.state.connected:
-            self.windows.open_setup()
 
     def on_stop_triggered(self) -> None:
         engine_id = self.actions.engine_for_current()

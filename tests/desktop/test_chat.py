@@ -275,6 +275,9 @@ def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_th
     qtbot.waitUntil(lambda: "slow" in chat.controller.loaded, timeout=5000)
     assert chat.model_picker.findText("slow") == 0  # loaded ones come first, without the tip
     assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
+    # the model chatted with is the one the tray's Start and the next chat name
+    qtbot.waitUntil(lambda: app.state.current_profile() == "slow", timeout=10000)
+    assert app.state.settings is not None and app.state.settings.ui.last_profile == "slow"
 
 
 def test_a_preset_that_cannot_start_here_is_listed_last_and_greyed(qtbot, app, daemon_thread):

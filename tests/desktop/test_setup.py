@@ -59,7 +59,7 @@ def test_first_run_from_nothing_to_a_chat_answer(
     setup = _setup(qtbot, app)  # opened by itself: nothing can start here yet
     qtbot.waitUntil(lambda: bool(app.state.why_blocked("llama-3.1-8b-1gpu")))  # the daemon's
     app.tray.menu.aboutToShow.emit()
-    assert app.tray.start_action.text() == "Set up traylm…"
+    assert app.tray.setup_action.isVisible() and not app.tray.start_action.isEnabled()
     preset = next(a for a in app.tray.profiles_menu.actions()
                   if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
     assert (
@@ -154,6 +154,13 @@ def test_no_network_during_the_first_run_leads_to_a_model_folder(
     [folder] = offline_daemon.run(lambda c: c.local_folders())
     assert folder.name == "my-llama" and folder.path == str(tmp_path / "my-llama")
 
+    # stopped, the tray's first item still starts the folder model (not the setup again)
+    offline_daemon.run(lambda c: c.stop("my-llama"))
+    qtbot.waitUntil(lambda: not app.state.live_engines(), timeout=20000)
+    app.tray.menu.aboutToShow.emit()
+    assert app.tray.start_action.text() == "Start my-llama"
+    assert app.tray.start_action.isEnabled() and not app.tray.setup_action.isVisible()
+
     # run again, a finished setup offers its choices again (none greyed) to pick another
     # model; offline, its default is still the folder, never a Hub model
     assert app.open_setup() is setup
@@ -197,7 +204,7 @@ def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
             qtbot.waitUntil(lambda: badge.property("verdict") in ("fits", "tight"), timeout=20000)
         qtbot.waitUntil(lambda: bool(app.state.why_blocked("llama-3.1-8b-1gpu")))
         app.tray.menu.aboutToShow.emit()
-        assert app.tray.start_action.text() == "Set up traylm…"
+        assert app.tray.setup_action.isVisible() and not app.tray.start_action.isEnabled()
         preset = next(a for a in app.tray.profiles_menu.actions()
                       if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
         assert "(needs the vLLM engine (CUDA build): traylm engines install vllm)" in preset.text()
