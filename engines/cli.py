@@ -283,8 +283,18 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.simulate_gpus is not None:
         overrides["gpu.simulate_gpus"] = args.simulate_gpus
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
-    await Daemon(paths, settings).run(freeze_heap=True)
+    await Daemon(paths, settings, serve_args=_serve_args(args)).run(freeze_heap=True)
     return 0
+
+
+def _serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of this `traylm serve`, as given (a restart from the app gives them again)."""
+    out: list[str] = []
+    if args.port:
+        out += ["--port", str(args.port)]
+    if args.simulate_gpus is not None:
+        out += ["--simulate-gpus", str(args.simulate_gpus)]
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- engines

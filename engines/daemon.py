@@ -14,6 +14,7 @@ import gc
 import logging
 import secrets
 import signal
+from collections.abc import Sequence
 from typing import IO, Protocol
 
 from aiohttp import web
@@ -105,10 +106,15 @@ class Feature(Protocol):
 class Daemon:
     """Composition root. Construct (no I/O), then ``await run()``."""
 
-    def __init__(self, paths: Paths, settings: Settings | LiveSettings) -> None:
+    def __init__(
+        self, paths: Paths, settings: Settings | LiveSettings, *, serve_args: Sequence[str] = ()
+    ) -> None:
         """``settings``: loaded and merged with the command line's overrides before anything
-        is built (``LiveSettings.load``); plain Settings are used as config.toml's values."""
+        is built (``LiveSettings.load``); plain Settings are used as config.toml's values.
+        ``serve_args``: the flags `traylm serve` was given, kept in daemon.json so that a
+        restart from the app starts the daemon the same way."""
         self.paths = paths
+        self.serve_args = tuple(serve_args)
         self.live = (
             settings
             if isinstance(settings, LiveSettings)
@@ -473,6 +479,7 @@ class Daemon:
                 "token": self.token,
                 "version": __version__,
                 "started_at_s": self.status.started_at_s,
+                "serve_args": list(self.serve_args),
             }
         )
         if self._lock_fh is not None:

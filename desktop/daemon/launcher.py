@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engines.client import DaemonClient
@@ -28,9 +29,10 @@ class SpawnFailed(DaemonUnavailable):
     code = "daemon_spawn_failed"
 
 
-def serve_argv() -> list[str]:
-    """``traylm serve`` with this interpreter (the tray app and the daemon share one install)."""
-    return [sys.executable, "-m", "engines", "serve"]
+def serve_argv(serve_args: Sequence[str] = ()) -> list[str]:
+    """``traylm serve`` with this interpreter (the tray app and the daemon share one install),
+    with the flags a restarted daemon was started with."""
+    return [sys.executable, "-m", "engines", "serve", *serve_args]
 
 
 class SpawnedDaemon:
@@ -56,8 +58,9 @@ class SpawnedDaemon:
         return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def spawn_daemon(paths: Paths) -> SpawnedDaemon:
-    """Start ``traylm serve`` detached. Blocking (fork/exec): call it from a thread."""
+def spawn_daemon(paths: Paths, serve_args: Sequence[str] = ()) -> SpawnedDaemon:
+    """Start ``traylm serve [serve_args]`` detached. Blocking (fork/exec): call it from a
+    thread."""
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
     log_path = paths.logs_dir / LAUNCH_LOG
     with log_path.open("ab") as log:
@@ -65,7 +68,7 @@ def spawn_daemon(paths: Paths) -> SpawnedDaemon:
         log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} started by the tray app\n".encode())
         log.flush()
         proc = subprocess.Popen(
-            serve_argv(),
+            serve_argv(serve_args),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,8 +15,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import psutil
-
 from desktop.daemon.gateway import GatewayHTTP
 from desktop.daemon.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wait_until_serving
 from desktop.daemon.messages import (
@@ -36,7 +34,7 @@ from desktop.daemon.messages import (
     freeze,
 )
 from engines import __version__
-from engines.client import DaemonClient
+from engines.client import DaemonClient, pid_alive
 from engines.config.sections import Paths, Settings
 from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
 from engines.events import (
@@ -61,6 +59,7 @@ DISK_NOTICES = frozenset({"disk_full", "disk_space"})
 """Sources of the daemon's notices that its disk is full, or has room again: the status (the
 tray's disk line) is re-read."""
 STATUS_AFTER_ROUTED_S = 2.0  # re-read /api/status (the remote fallback's count) at most this often
+RESTARTING = "restarting the traylm daemon, as you asked…"
 CLIENT_TIMEOUT_S = 30.0  # how long a call to the daemon may take (some have their own: the doctor)
 
 
@@ -74,6 +73,8 @@ class DaemonLink:
         self.spawned: SpawnedDaemon | None = None
         self.closing = False
         self._spawn_requested = False
+        self._restarting = False  # a restart the user asked for is under way
+        self._serve_args: tuple[str, ...] = ()  # the flags of the daemon being restarted
         self._spawn_error = ""  # why the last start failed; shown until a daemon answers
         self._stopping_token = ""  # the daemon that announced it is stopping
         self._wake_retry: asyncio.Event | None = None
@@ -94,13 +95,16 @@ class DaemonLink:
             try:
                 client = await self._connect()
             except DaemonUnavailable as exc:
-                self._post(
-                    ConnectionChanged(
-                        LinkState.UNREACHABLE,
-                        self._unreachable_text(exc),
-                        spawned=self.spawned is not None,
+                if self._restarting and not isinstance(exc, SpawnFailed):
+                    self._post(ConnectionChanged(LinkState.STARTING_DAEMON, RESTARTING))
+                else:
+                    self._post(
+                        ConnectionChanged(
+                            LinkState.UNREACHABLE,
+                            self._unreachable_text(exc),
+                            spawned=self.spawned is not None,
+                        )
                     )
-                )
                 await self._pause(delay_s)
                 delay_s = min(delay_s * 2, RETRY_MAX_S)
                 continue
@@ -108,12 +112,15 @@ class DaemonLink:
             try:
                 await self._serve(client)
             except DaemonUnavailable as exc:
-                self._post(
-                    ConnectionChanged(
-                        LinkState.UNREACHABLE,
-                        f"lost the daemon ({exc.message}); waiting for it to come back",
+                if self._restarting:  # asked for: no alarm, and no "start the daemon" button
+                    self._post(ConnectionChanged(LinkState.STARTING_DAEMON, RESTARTING))
+                else:
+                    self._post(
+                        ConnectionChanged(
+                            LinkState.UNREACHABLE,
+                            f"lost the daemon ({exc.message}); waiting for it to come back",
+                        )
                     )
-                )
             except TraylmError as exc:
                 self._post(
                     ConnectionChanged(
@@ -164,13 +171,15 @@ class DaemonLink:
             await client.close()  # the one that said it is stopping: wait for it to go
             raise DaemonUnavailable("the daemon is stopping")
         self._spawn_requested = False
+        command = " ".join(("traylm serve", *self._serve_args))
         self._post(
-            ConnectionChanged(
-                LinkState.STARTING_DAEMON, "starting the traylm daemon (traylm serve)…"
-            )
+            ConnectionChanged(LinkState.STARTING_DAEMON, f"starting the daemon ({command})…")
         )
-        self.spawned = await asyncio.to_thread(spawn_daemon, self.paths)
-        return await wait_until_serving(self.paths, self.spawned)
+        self.spawned = await asyncio.to_thread(spawn_daemon, self.paths, self._serve_args)
+        try:
+            return await wait_until_serving(self.paths, self.spawned)
+        finally:
+            self._restarting = False
 
     async def _serve(self, client: DaemonClient) -> None:
         self._spawn_error = ""
@@ -190,7 +199,15 @@ class DaemonLink:
                 "restart the daemon (menu: Restart daemon) so that both match"
             )
         self._post(
-            ConnectionChanged(state, message, url, version, client.info.pid, spawned=spawned)
+            ConnectionChanged(
+                state,
+                message,
+                url,
+                version,
+                client.info.pid,
+                spawned=spawned,
+                serve_args=client.info.serve_args,
+            )
         )
         self._post(StatusLoaded(freeze(status)))  # type: ignore[arg-type]
         # subscribe first, then read the snapshot: a change made in between (a paired box's
@@ -369,16 +386,20 @@ class DaemonLink:
             self._wake_retry.set()
 
     async def restart_daemon(self, timeout_s: float = 60.0) -> None:
-        """Shut the daemon down (its engines stop), wait until it is gone, start a new one."""
+        """Shut the daemon down (its engines stop), wait until it is gone, start a new one the
+        way it was started (its `traylm serve` flags)."""
         client = self.client
         if client is not None:
+            self._restarting = True
+            self._serve_args = client.info.serve_args
             pid = client.info.pid
             with contextlib.suppress(DaemonUnavailable):
                 await client.shutdown()
             deadline = time.monotonic() + timeout_s
-            while psutil.pid_exists(pid) and time.monotonic() < deadline:  # noqa: ASYNC110
+            while pid_alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
-            if psutil.pid_exists(pid):
+            if pid_alive(pid):
+                self._restarting = False
                 raise DaemonUnavailable(f"the daemon (pid {pid}) did not stop in {timeout_s:.0f} s")
         self.request_daemon_start()
 

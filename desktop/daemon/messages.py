@@ -39,6 +39,7 @@ class ConnectionChanged:
     daemon_version: str = ""
     daemon_pid: int | None = None
     spawned: bool = False  # this app started the daemon
+    serve_args: tuple[str, ...] = ()  # the daemon's `traylm serve` flags (a restart keeps them)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ is the setting's doc line from the daemon."""
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
 from desktop.daemon.fixes import HUB_LOGIN, Fix
 from desktop.daemon.keyfile import write_key
 from desktop.daemon.messages import CallResult
+from desktop.daemon.restart import CONFIRM_RESTART, RESTART, port_of, restart_plan
 from desktop.dashboard.page import Page, PageContext
 from desktop.look.theme import THEMES
 from desktop.session import autostart
@@ -72,32 +72,6 @@ def key_effect(settings: Settings | None) -> str:
         "without it get 401 (choose 'LAN clients only' below to spare them). traylm's chat "
         "keeps working."
     )
-
-
-RESTART, CONFIRM_RESTART = "Restart the daemon", "Restart now"
-
-
-def restart_plan(
-    loaded: tuple[str, ...], settings: Settings | None, status: Mapping[str, object]
-) -> str:
-    """What a restart will do, said before it does it."""
-    stops = (
-        f"Restarting stops {', '.join(loaded)} (replies being written are cut off) and loads "
-        "it again once the daemon is back"
-        if loaded
-        else "Restarting stops the daemon for a few seconds (no model is loaded)"
-    )
-    bound = status.get("bound")
-    where = ", ".join(map(str, bound)) if isinstance(bound, list | tuple) else ""
-    if settings is not None and where and _port_of(where) != settings.gateway.port:
-        stops += f"; the endpoint moves to port {settings.gateway.port}"
-    return f"{stops}. Click “{CONFIRM_RESTART}” to go ahead."
-
-
-def _port_of(address: str) -> int:
-    """The port of "127.0.0.1:8000" (the first address of a list)."""
-    tail = address.split(",")[0].rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
 
 
 def saved_text(key: str, value: object, note: str = "") -> str:
@@ -367,7 +341,7 @@ class SettingsPage(Page):
         bound = status.get("bound")
         # the sockets really bound; a port saved since takes effect with a restart
         where = ", ".join(map(str, bound)) if isinstance(bound, list | tuple) and bound else ""
-        port = _port_of(where) if where else s.gateway.port
+        port = port_of(where) if where else s.gateway.port
         required = " (no API key)"
         if status.get("api_key_required"):
             lan_only = s.gateway.keys_for == "lan"
@@ -491,8 +465,11 @@ class SettingsPage(Page):
         actions = self.ctx.actions
         if self.restart_daemon.text() == RESTART:
             self.restart_daemon.setText(CONFIRM_RESTART)
-            self._say(True, restart_plan(actions.loaded_names(), self.ctx.state.settings,
-                                         self.ctx.state.status))  # fmt: skip
+            state = self.ctx.state
+            plan = restart_plan(
+                actions.loaded_names(), state.settings, state.status, state.connection.serve_args
+            )
+            self._say(True, plan)
             return
         self.restart_daemon.setText(RESTART)
         self._say(True, "Restarting the daemon…")

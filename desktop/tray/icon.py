@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QActionGroup
-from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+from PySide6.QtWidgets import QMenu, QMessageBox, QSystemTrayIcon
 
 from desktop.daemon.actions import Actions
 from desktop.daemon.fixes import Fix
 from desktop.daemon.library import library_starts
 from desktop.daemon.messages import LinkState
 from desktop.daemon.notify import Notification, Notifier
+from desktop.daemon.restart import CONFIRM_RESTART, restart_plan
 from desktop.daemon.state import LIVE_STATES, AppState
 from desktop.tray.icon_state import disk_text, remote_text, tooltip_text, tray_state
 from desktop.tray.icons import TrayState, state_icon
@@ -67,6 +68,7 @@ class TrayController(QObject):
         self.state = state
         self.actions = actions
         self.windows = windows
+        self.confirm_restart: Callable[[str], bool] = ask_restart  # tests answer it themselves
         self.current = TrayState.STARTING
         self.icon = QSystemTrayIcon(state_icon(self.current), self)
         self.menu = QMenu()
@@ -154,7 +156,7 @@ class TrayController(QObject):
         self.start_daemon_action = QAction("Start the daemon", self.daemon_menu)
         self.start_daemon_action.triggered.connect(self.actions.start_daemon)
         self.restart_daemon_action = QAction("Restart the daemon", self.daemon_menu)
-        self.restart_daemon_action.triggered.connect(lambda: self.actions.restart_daemon())
+        self.restart_daemon_action.triggered.connect(self.on_restart_daemon_triggered)
         self.restart_daemon_action.setToolTip(
             "Stop the daemon and its engines and start it again with the saved settings; the "
             "models loaded now are loaded again"
@@ -323,6 +325,15 @@ class TrayController(QObject):
         if current:
             self.actions.start_profile(current)
 
+    def on_restart_daemon_triggered(self) -> None:
+        """Ask first, as Settings does: what the restart stops, brings back and keeps."""
+        s = self.state
+        plan = restart_plan(
+            self.actions.loaded_names(), s.settings, s.status, s.connection.serve_args
+        )
+        if self.confirm_restart(plan):
+            self.actions.restart_daemon()
+
     def on_stop_triggered(self) -> None:
         engine_id = self.actions.engine_for_current()
         if engine_id:
@@ -385,3 +396,12 @@ class TrayController(QObject):
         self.icon.hide()
         self.menu.deleteLater()
         self.deleteLater()
+
+
+def ask_restart(plan: str) -> bool:
+    """The tray's question before a restart (the menu has no room to say it)."""
+    box = QMessageBox(QMessageBox.Icon.Question, "Restart the traylm daemon?", plan)
+    go = box.addButton(CONFIRM_RESTART, QMessageBox.ButtonRole.AcceptRole)
+    box.addButton(QMessageBox.StandardButton.Cancel)
+    box.exec()
+    return box.clickedButton() is go

@@ -28,6 +28,8 @@ class DaemonInfo:
     token: str
     version: str
     started_at_s: float
+    serve_args: tuple[str, ...] = ()
+    """The flags `traylm serve` was given (``--simulate-gpus 2``): a restart gives them again."""
 
     @classmethod
     def read(cls, paths: Paths) -> DaemonInfo:
@@ -40,6 +42,7 @@ class DaemonInfo:
                 str(data["token"]),
                 str(data["version"]),
                 float(data["started_at_s"]),
+                tuple(str(a) for a in data.get("serve_args", ())),
             )
         except FileNotFoundError:
             running = daemon_lock.holder(paths.daemon_lock)

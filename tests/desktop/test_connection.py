@@ -304,3 +304,51 @@ def test_started_at_login_the_app_opens_no_window(
     qtbot.waitUntil(lambda: app._setup_offered, timeout=15000)
     assert app.chat_window is None and app.setup is None  # (no tray here: the dashboard is)
     assert "--at-login" in autostart.entry_text()
+
+
+@pytest.mark.slow
+def test_the_tray_asks_before_a_restart_and_keeps_how_the_daemon_was_started(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    """A daemon the user started as `traylm serve --simulate-gpus 2`: Tray ▸ Daemon ▸ Restart
+    says what it does first (a Cancel does nothing), comes back with the same flags, and the
+    app never reports the daemon as gone meanwhile."""
+    port = free_loopback_port()
+    _write_port(paths, port)
+    user_daemon = subprocess.Popen(
+        [sys.executable, "-m", "engines", "serve", "--simulate-gpus", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        app = app_factory(connect=False)
+        qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=30000)
+        assert app.state.connection.serve_args == ("--simulate-gpus", "2")
+        plans: list[str] = []
+        app.tray.confirm_restart = lambda plan: plans.append(plan) and False  # Cancel
+        app.tray.restart_daemon_action.trigger()
+        assert "traylm serve --simulate-gpus 2" in plans[0] and "Restart now" in plans[0]
+        assert app.state.connection.daemon_pid == user_daemon.pid  # cancelled: nothing done
+
+        states: list[LinkState] = []
+        app.state.connection_changed.connect(lambda c: states.append(c.state))
+        app.tray.confirm_restart = lambda plan: True
+        app.tray.restart_daemon_action.trigger()
+        qtbot.waitUntil(
+            lambda: (
+                app.state.connection.state == LinkState.CONNECTED
+                and app.state.connection.daemon_pid not in (None, user_daemon.pid)
+            ),
+            timeout=60000,
+        )
+        assert LinkState.UNREACHABLE not in states, states  # no "daemon is not running"
+        new = psutil.Process(app.state.connection.daemon_pid)
+        assert new.cmdline()[-4:] == ["engines", "serve", "--simulate-gpus", "2"]
+        assert app.state.connection.serve_args == ("--simulate-gpus", "2")
+        assert user_daemon.wait(30) == 0
+    finally:
+        if user_daemon.poll() is None:
+            user_daemon.terminate()
+            user_daemon.wait(30)
+        with qtbot.waitSignal(app.finished, timeout=30000):
+            app.quit_with("stop")
