@@ -11,6 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFormLayout,
     QGroupBox,
@@ -171,6 +172,14 @@ class BenchPage(Page):
         for b in (refresh, self.compare_button, self.report_button, self.delete_button):
             row.addWidget(b)
         row.addStretch(1)
+        self.show_tuner_runs = QCheckBox("Show the tuner's runs")
+        self.show_tuner_runs.setObjectName("showTunerRuns")
+        self.show_tuner_runs.setToolTip(
+            "A tune measures each candidate with a benchmark run of its own; they are kept here "
+            "too, and left out of this list unless this is on"
+        )
+        self.show_tuner_runs.toggled.connect(lambda _on: self.reload())
+        row.addWidget(self.show_tuner_runs)
         layout.addLayout(row)
         self.result = ResultLabel("benchResult")
         layout.addWidget(self.result)
@@ -190,7 +199,12 @@ class BenchPage(Page):
             self.result.error(result.error)
             return
         keep = self.selected_ids() if select is None else [select]
-        self.summaries = tuple(s for s in result.value if isinstance(s, BenchRunSummary))
+        tuner = self.show_tuner_runs.isChecked()
+        self.summaries = tuple(
+            s
+            for s in result.value
+            if isinstance(s, BenchRunSummary) and (tuner or s.made_by != "tune")
+        )
         self.table.setRowCount(len(self.summaries))
         for r, s in enumerate(self.summaries):
             best = f"{s.best_output_throughput_tps:.1f} @ {s.best_concurrency}" if (
@@ -379,8 +393,15 @@ class BenchPage(Page):
             f"run #{p.run_id} · level {p.level_index + 1}/{p.levels_total} "
             f"(concurrency {p.concurrency}) · {p.phase} {p.completed}/{p.total}"
         )
-        tps = f", {p.output_throughput_tps:.1f} tok/s so far" if p.output_throughput_tps else ""
-        self.status.neutral(f"{p.phase}: {p.detail or ''}{tps}".strip())
+        self.status.neutral(progress_text(p))
+
+
+def progress_text(p: BenchProgress) -> str:
+    """The status line of a running benchmark: its phase, what it does, the rate so far."""
+    parts = [p.detail] if p.detail else []
+    if p.output_throughput_tps:
+        parts.append(f"{p.output_throughput_tps:.1f} tok/s so far")
+    return f"{p.phase}: {', '.join(parts)}" if parts else p.phase
 
 
 def _write_text(path: Path, text: str) -> None:

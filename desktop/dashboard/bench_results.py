@@ -71,6 +71,14 @@ def level_cells(run: BenchRun, level: BenchLevel) -> list[str]:
     ]
 
 
+def failure_text(level: BenchLevel) -> str:
+    """Why a level's requests failed: each reason with how often, most frequent first."""
+    reasons = sorted(level.errors.items(), key=lambda kv: -kv[1])
+    if not reasons:
+        return f"{level.failed} failed (no reason was recorded)"
+    return "; ".join(f"{count} × {message}" for message, count in reasons[:5])
+
+
 class BenchResults(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -96,6 +104,11 @@ class BenchResults(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         layout.addWidget(self.table, 1)
+        self.failures = QLabel("")  # why requests failed, in the engine's or the load's words
+        self.failures.setObjectName("benchFailures")
+        self.failures.setWordWrap(True)
+        self.failures.setVisible(False)
+        layout.addWidget(self.failures)
         self.comparison = QLabel("")
         self.comparison.setObjectName("benchComparison")
         self.comparison.setWordWrap(True)
@@ -116,6 +129,7 @@ class BenchResults(QWidget):
                     )
                 if c == 2 and level.failed:
                     item.setForeground(QColor("#d62828"))
+                    item.setToolTip(failure_text(level))
                 self.table.setItem(r, c, item)
         self.table.setColumnHidden(0, len(runs) < 2)
         self.heading.setText("<br>".join(_run_line(run) for run in runs))
@@ -124,6 +138,13 @@ class BenchResults(QWidget):
             "Latencies in milliseconds. "
             + (definitions or "Latency definitions: not stated by this daemon (older run).")
         )
+        failures = [
+            f"Run #{run.id}, concurrency {level.concurrency}: {failure_text(level)}"
+            for run, level in rows
+            if level.failed
+        ]
+        self.failures.setText("\n".join(failures))
+        self.failures.setVisible(bool(failures))
         self.comparison.setText(compare_html(runs[0], runs[1]) if len(runs) == 2 else "")
         telemetry = [lv.telemetry for run in runs for lv in run.levels]
         if any(t.simulated for t in telemetry):

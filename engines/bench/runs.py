@@ -131,5 +131,6 @@ def summary(run: BenchRun) -> BenchRunSummary:
         best_concurrency=best.concurrency if best else None,
         joules_per_token=best.telemetry.joules_per_token if best else None,
         simulated=any(lv.telemetry.simulated for lv in run.levels),
+        made_by=run.config.made_by,
         detail=run.detail,
     )

@@ -44,6 +44,7 @@ class BenchConfig:
     seed: int = 0
     name: str = ""
     request_timeout_s: float = 600.0
+    made_by: str = ""  # "": the user; "tune": a tuner's measurement (lists may leave them out)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,6 +181,7 @@ class BenchRunSummary:
     joules_per_token: float | None = None  # at best_concurrency
     simulated: bool = False
     detail: str = ""
+    made_by: str = ""  # "": the user's run; "tune": one of a tuner's measurements
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

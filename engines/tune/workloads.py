@@ -79,6 +79,7 @@ def bench_config(config: TuneConfig, profile: Profile, *, served: str, name: str
             concurrency=(config.concurrency or FILE_CONCURRENCY,),
             warmup=0,
             name=name,
+            made_by="tune",
         )
     p = PRESETS[config.workload]
     input_len, output_len = p.input_len, p.output_len
@@ -96,4 +97,5 @@ def bench_config(config: TuneConfig, profile: Profile, *, served: str, name: str
         # its caches) before anything is measured
         warmup=min(WARMUP_MAX, config.concurrency or p.concurrency),
         name=name,
+        made_by="tune",
     )

@@ -11,9 +11,9 @@ import pytest
 from PySide6.QtCore import QItemSelectionModel, QUrl
 
 from desktop.app import DesktopApp
-from desktop.dashboard.bench_page import BenchPage, parse_levels
+from desktop.dashboard.bench_page import BenchPage, parse_levels, progress_text
 from desktop.dashboard.bench_results import COLUMNS
-from engines.events import BenchProgress, BenchState
+from engines.events import BenchConfig, BenchProgress, BenchState
 from tests.desktop.conftest import ThreadedDaemon
 
 pytestmark = pytest.mark.slow
@@ -135,3 +135,51 @@ def test_parse_levels() -> None:
     assert parse_levels("1, 4,16") == (1, 4, 16)
     with pytest.raises(ValueError, match="at least one level"):
         parse_levels("0")
+
+
+def test_failures_say_why_and_the_tuners_runs_stay_out_of_the_way(
+    qtbot, sim_app, sim_daemon_thread
+) -> None:
+    app, d = sim_app, sim_daemon_thread
+    _start_engine(qtbot, app, d, "--token-delay 0.2")
+    failing = BenchConfig(  # each reply takes 1.6 s: past the request timeout
+        model="fake", concurrency=(1,), requests=2, warmup=0, output_len=8, request_timeout_s=0.4
+    )
+    bad = d.run(lambda c: c.bench_start(failing)).id
+    tuned = BenchConfig(
+        model="fake", concurrency=(1,), requests=2, warmup=0, output_len=2, made_by="tune"
+    )
+    qtbot.waitUntil(lambda: d.run(lambda c: c.bench_current())[0] is None, timeout=30000)
+    by_tuner = d.run(lambda c: c.bench_start(tuned)).id
+    qtbot.waitUntil(lambda: d.run(lambda c: c.bench_current())[0] is None, timeout=30000)
+    page = _bench_page(app)
+    page.reload(select=bad)
+    qtbot.waitUntil(lambda: any(s.id == bad for s in page.summaries), timeout=10000)
+    assert all(s.id != by_tuner for s in page.summaries)  # a tuner's measurement: left out
+    page.show_tuner_runs.setChecked(True)
+    qtbot.waitUntil(lambda: any(s.id == by_tuner for s in page.summaries), timeout=10000)
+    page.reload(select=bad)
+    results = page.results
+    qtbot.waitUntil(lambda: results.failures.isVisibleTo(results), timeout=10000)
+    cell = results.table.item(0, COLUMNS.index("Done / failed"))
+    assert cell.text() == "0 / 2" and cell.toolTip().startswith("2 × ")
+    assert "no reason" not in cell.toolTip()
+    assert f"Run #{bad}, concurrency 1: 2 × " in results.failures.text()
+
+
+def test_the_progress_line_reads_without_empty_parts() -> None:
+    def line(detail: str, tps: float) -> str:
+        progress = BenchProgress(
+            run_id=1,
+            phase="measure",
+            level_index=0,
+            levels_total=1,
+            concurrency=1,
+            detail=detail,
+            output_throughput_tps=tps,
+        )
+        return progress_text(progress)
+
+    assert line("", 648.7) == "measure: 648.7 tok/s so far"
+    assert line("level 1", 0.0) == "measure: level 1"
+    assert line("", 0.0) == "measure"
