@@ -22,6 +22,7 @@ from engines.gpu.card_profile import load
 from engines.gpu.replay import ReplayBackend, TraceRecorder
 from engines.gpu.sim import IDLE_W, ManualClock, SimulatedBackend
 from tests.fakes.fake_pynvml import GIB, fake_pynvml
+from tests.fakes.fake_torch import FakeCards, fake_torch
 from tests.gpu import truth
 
 SCRIPT = Path(truth.__file__)
@@ -156,6 +157,44 @@ def test_the_sampling_on_the_simulator_integrates_power_and_writes_a_1_hz_trace(
     frames = [replay.sample() for _ in range(13)]
     assert [round(f[0].ts_s - frames[0][0].ts_s) for f in frames] == list(range(13))
     assert frames[-1][0].energy_mj > frames[0][0].energy_mj  # type: ignore[operator]
+
+
+def test_with_torch_it_measures_the_context_the_allocation_and_a_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAKE torch and FAKE pynvml keep one set of memory books, so the script's arithmetic
+    (NVML free before and after the context, its own process against torch's count) shows."""
+    cards = FakeCards(2, total=24 * GIB, reserved=357 * 2**20, context=400 * 2**20)
+    lib = fake_pynvml(2)
+    handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    uuids = [lib.nvmlDeviceGetUUID(h) for h in handles]
+    lib.nvmlDeviceGetMemoryInfo.side_effect = lambda h, version=None: cards.nvml_memory(
+        handles.index(h), version
+    )
+    lib.nvmlDeviceGetComputeRunningProcesses.side_effect = lambda h: cards.nvml_processes(
+        handles.index(h)
+    )
+    # torch's device 0 is NVML's GPU 1: the script must match them by UUID
+    torch = fake_torch(cards, [u.removeprefix("GPU-") for u in uuids], order=[1, 0])
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setattr(truth, "LOAD_WARMUP_S", 0.0)
+
+    assert truth.main(["--out", str(tmp_path), "--seconds", "0.4"], lib=lib) == 0
+    profile = json.loads((tmp_path / truth.PROFILE_NAME).read_text())
+    for gpu in profile["gpus"]:
+        assert gpu["memory"]["torch"]["total"] == 24 * GIB - 357 * 2**20
+        assert gpu["cuda_context_bytes"] == 400 * 2**20
+        assert gpu["allocation"] == {
+            "tensor_bytes": GIB,
+            "torch_allocated_bytes": GIB,
+            "torch_reserved_bytes": GIB,
+            "nvml_own_process_bytes": 400 * 2**20 + GIB,
+        }
+    assert profile["load"].startswith("fp16 8192x8192 matmuls")
+    assert torch.matmuls["matmuls"] > 0
+    assert profile["torch_version"] == "2.14.0+fake"
+    assert load(tmp_path / truth.PROFILE_NAME).torch_total_bytes == 24 * GIB - 357 * 2**20
 
 
 @pytest.mark.parametrize("seconds", ["0", "-1", "500"])

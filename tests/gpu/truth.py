@@ -55,6 +55,7 @@ TRACE_EVERY = 5  # samples: a 1 Hz trace
 SLOW_EVERY = 25  # samples: the process list every 5 s
 COST_REPEATS = 20
 MAX_SECONDS = 120.0
+LOAD_WARMUP_S = 2.0
 TRACE_NAME = "nvml-trace.jsonl"
 PROFILE_NAME = "card-profile.json"
 
@@ -297,6 +298,7 @@ def matmul_load(torch: Any, devices: Sequence[int]) -> Iterator[dict[str, int]]:
     worker = threading.Thread(target=run, name="truth-load", daemon=True)
     worker.start()
     try:
+        time.sleep(LOAD_WARMUP_S)  # NVML's power reading is a 1 s average: let it settle
         yield done
     finally:
         stop.set()
@@ -371,10 +373,10 @@ def table(profile: dict[str, Any]) -> str:
         ("reasons under load", lambda g: ", ".join(g["clock_event_reasons"]["under_load"])),
     ]
     gpus = profile["gpus"]
-    lines = [f"{'':26}" + "".join(f"GPU {g['index']:<24}" for g in gpus)]
+    lines = [f"{'':26}" + "".join(f"GPU {g['index']:<32}" for g in gpus)]
     for label, get in rows:
         cells = ["-" if get(g) in (None, "") else str(get(g)) for g in gpus]
-        lines.append(f"{label:26}" + "".join(f"{c[:27]:28}" for c in cells))
+        lines.append(f"{label:26}" + "".join(f"{c[:35]:36}" for c in cells))
     lines.append(f"load: {profile['load']}")
     for name, cost_us in profile["sample_cost_us"].items():
         lines.append(f"cost of {name}: {cost_us} µs")
@@ -410,6 +412,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, lib: Any = None) -> int:
     backend, infos = open_nvml(lib)
+    trace = args.out / TRACE_NAME
+    partial = trace.with_name(trace.name + ".tmp")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         memory = {
@@ -417,38 +421,61 @@ def run(args: argparse.Namespace, lib: Any = None) -> int:
         }
         idle_reasons = {i.uuid: clock_reasons(backend, i) for i in infos}
         torch, why_not = import_torch()
-        views: dict[str, dict[str, Any]] = {}
         devices = torch_devices(torch, infos) if torch else {}
-        for info in infos:
-            if info.uuid in devices:
-                views[info.uuid] = torch_memory(torch, backend, info, devices[info.uuid])
-        trace = args.out / TRACE_NAME
-        with TraceRecorder(trace.with_name(trace.name + ".tmp")) as recorder:
-            if torch and devices:
-                with matmul_load(torch, sorted(devices.values())) as done:
-                    windows = measure(backend, recorder, seconds=args.seconds)
-                load = f"fp16 {MATMUL_N}x{MATMUL_N} matmuls on {len(devices)} GPU(s), {done['matmuls']} done"
-            else:
-                windows = measure(backend, recorder, seconds=args.seconds)
-                load = f"idle ({why_not or 'torch has no GPU'})"
-        trace.with_name(trace.name + ".tmp").replace(trace)
+        views = {
+            i.uuid: _torch_memory(torch, backend, i, devices[i.uuid])
+            for i in infos
+            if i.uuid in devices
+        }
+        with TraceRecorder(partial) as recorder:
+            windows, load = sample_load(backend, recorder, torch, devices, args.seconds, why_not)
+        partial.replace(trace)
         context = {
             "load": load,
             "seconds": args.seconds,
-            "torch_version": str(getattr(torch, "__version__", "")) if torch else "",
-            "torch_cuda": str(getattr(getattr(torch, "version", None), "cuda", ""))
-            if torch
-            else "",
+            "torch_version": str(getattr(torch, "__version__", "")),
+            "torch_cuda": str(getattr(getattr(torch, "version", None), "cuda", "") or ""),
             "nvml_binding_version": _binding_version(),
             "sample_cost_us": call_costs(backend, infos),
         }
         profile = build_profile(infos, memory, idle_reasons, views, windows, context)
         write_json(args.out / PROFILE_NAME, profile)
     finally:
+        partial.unlink(missing_ok=True)
         backend.close()
     print(table(profile))
     print(f"wrote {trace} and {args.out / PROFILE_NAME}")
     return 0
+
+
+def sample_load(
+    backend: Any,
+    recorder: TraceRecorder,
+    torch: Any,
+    devices: dict[str, int],
+    seconds: float,
+    why_not: str,
+) -> tuple[dict[str, EnergyWindow], str]:
+    """The sampled window under a matmul load where torch can run one, else idle."""
+    if torch is not None and devices:
+        try:
+            with matmul_load(torch, sorted(devices.values())) as done:
+                windows = measure(backend, recorder, seconds=seconds)
+            return (
+                windows,
+                f"fp16 {MATMUL_N}x{MATMUL_N} matmuls, {done['matmuls']} on {len(devices)} GPU(s)",
+            )
+        except RuntimeError as exc:  # torch's CUDA errors, out of memory included
+            why_not = f"the matmul load could not start: {exc}"  # before any sample
+    windows = measure(backend, recorder, seconds=seconds)
+    return windows, f"idle ({why_not or 'torch sees none of these GPUs'})"
+
+
+def _torch_memory(torch: Any, backend: Any, info: GPUInfo, device: int) -> dict[str, Any]:
+    try:
+        return torch_memory(torch, backend, info, device)
+    except RuntimeError as exc:  # torch's CUDA errors, out of memory included
+        return {"torch_error": str(exc)}
 
 
 def main(argv: Sequence[str] | None = None, lib: Any = None) -> int:
