@@ -197,6 +197,24 @@ def test_with_torch_it_measures_the_context_the_allocation_and_a_load(
     assert load(tmp_path / truth.PROFILE_NAME).torch_total_bytes == 24 * GIB - 357 * 2**20
 
 
+def test_reads_a_card_or_binding_refuses_are_not_available(tmp_path: Path) -> None:
+    """NotSupported, an older binding's TypeError, and a driver without the newer clock-event
+    call (FunctionNotFound: the older throttle-reasons name is read instead)."""
+    lib = _fake_nvml_with_memory_v2()
+    not_supported = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    lib.nvmlDeviceGetTotalEnergyConsumption.side_effect = not_supported
+    lib.nvmlDeviceGetMemoryInfo.side_effect = TypeError("takes 1 positional argument")
+    lib.nvmlDeviceGetCurrentClocksEventReasons.side_effect = pynvml.NVMLError(
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    )
+    lib.nvmlDeviceGetCurrentClocksThrottleReasons.return_value = 0x1
+    assert truth.main(["--out", str(tmp_path), "--seconds", "0.4"], lib=lib) == 0
+    gpu = json.loads((tmp_path / truth.PROFILE_NAME).read_text())["gpus"][0]
+    assert gpu["energy"]["counter_j"] is None and gpu["energy"]["counter_over_integrated"] is None
+    assert gpu["memory"]["v1"] == {} and gpu["memory"]["v2"] == {}
+    assert gpu["clock_event_reasons"]["idle"] == {"mask": 1, "words": ["idle"]}
+
+
 @pytest.mark.parametrize("seconds", ["0", "-1", "500"])
 def test_a_load_outside_the_limit_is_refused(
     seconds: str, capsys: pytest.CaptureFixture[str]
