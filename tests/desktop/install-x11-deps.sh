@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Debian packages the real-tray tests (marker `tray`) and the screenshot script need: an X server
 # (Xvfb), an XEmbed system tray (trayer), input injection (xdotool), screenshots (imagemagick),
-# fonts, and the xcb/xkb/EGL libraries Qt's xcb platform plugin loads. Installs what is missing
-# with apt-get, quietly; a no-op when everything is present. tests/run.sh calls it (non-quick).
+# fonts, the xcb/xkb/EGL libraries Qt's xcb platform plugin loads, and Chromium for the docs
+# browser test (marker `browser`). Installs what is missing with apt-get, quietly; a no-op when
+# everything is present. tests/run.sh calls it (non-quick).
 set -euo pipefail
 
 packages=(
   xvfb trayer xdotool imagemagick x11-utils fonts-dejavu-core
   libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 libxcb-randr0
   libxcb-render-util0 libxcb-xinerama0 libxcb-image0 libegl1 libgl1 libfontconfig1 libdbus-1-3
+  chromium
 )
 
 missing=()
