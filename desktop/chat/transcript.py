@@ -37,6 +37,9 @@ def stats_text(stats: Mapping[str, float], finish: str) -> str:
         stats.get("tokens_per_s"),
         stats.get("completion_tokens"),
     )
+    load = stats.get("load_s")
+    if load is not None:
+        parts.append(f"loaded in {load:.1f} s")
     if ttft is not None:
         parts.append(f"TTFT {ttft:.2f} s")
     if rate is not None:

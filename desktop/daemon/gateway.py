@@ -114,9 +114,12 @@ class ChatStreamEnded:
     duration_s: float
     error: ChatError | None = None
     prompt_tokens: int | None = None  # how much of the context the conversation took
+    load_s: float | None = None  # the model loaded first (on demand): how long that took
 
     def stats(self) -> dict[str, float]:
         out = {"duration_s": round(self.duration_s, 3)}
+        if self.load_s is not None:
+            out["load_s"] = round(self.load_s, 2)
         if self.ttft_s is not None:
             out["ttft_s"] = round(self.ttft_s, 4)
         if self.tokens_per_s is not None:
@@ -170,6 +173,8 @@ class _Collector:
         self.post = post
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
+        self.loading = False  # the gateway said the model is loading first
+        self.first_data_at: float | None = None  # the engine's first chunk (after any load)
         self.last_token_at = 0.0
         self.parts: list[str] = []
         self.pending = ""
@@ -184,10 +189,13 @@ class _Collector:
         """One SSE line; False once the stream says [DONE]."""
         text = line.decode(errors="replace").strip()
         if text.startswith(": loading ") and self.first_token_at is None:
+            self.loading = True
             self.post(ChatLoading(self.request.request_id, text[2:]))
             return True
         if not text.startswith("data:"):
             return True
+        if self.first_data_at is None:
+            self.first_data_at = time.perf_counter()
         data = text[5:].strip()
         if data == "[DONE]":
             return False
@@ -240,7 +248,11 @@ class _Collector:
         self.flush()
         end = time.perf_counter()
         tokens = self.usage_tokens if self.usage_tokens is not None else self.chunks
-        ttft = self.first_token_at - self.started if self.first_token_at is not None else None
+        # after a load on demand the time to the first token counts from the engine's first
+        # chunk: the load is said apart (a 30 s load is not a 30 s TTFT)
+        since = self.first_data_at if self.loading and self.first_data_at else self.started
+        ttft = self.first_token_at - since if self.first_token_at is not None else None
+        load_s = since - self.started if self.loading and self.first_data_at else None
         rate = None
         first = self.first_token_at
         span_s = self.last_token_at - first if first is not None else 0.0
@@ -264,6 +276,7 @@ class _Collector:
             duration_s=end - self.started,
             error=error,
             prompt_tokens=self.prompt_tokens,
+            load_s=load_s,
         )
 
 

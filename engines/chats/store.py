@@ -33,7 +33,7 @@ PARAM_BOUNDS: Mapping[str, tuple[float, float]] = {
     "context_policy": (0.0, 2.0),
 }
 STAT_NAMES = frozenset(
-    {"ttft_s", "tokens_per_s", "completion_tokens", "prompt_tokens", "duration_s"}
+    {"ttft_s", "tokens_per_s", "completion_tokens", "prompt_tokens", "duration_s", "load_s"}
 )
 INTERRUPTED = "interrupted"
 """A reply that did not complete: still streaming, or cut off (app or daemon killed, engine

@@ -5,6 +5,7 @@ edit-and-resend, delete, per-reply figures, and inline errors with their fix."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 from PySide6.QtCore import Qt
@@ -272,6 +273,11 @@ def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_th
     assert daemon_thread.engine_state("slow") == EngineState.READY
     assert loading and all(t.startswith("Loading slow (") for t in loading), loading
     assert any(t.startswith("Loading slow (starting: ") for t in loading), loading  # a phase
+    # the load is said apart from the time to the first token (4 s of start-up is no TTFT)
+    figures = chat.status.text()
+    load_s = float(re.search(r"loaded in ([\d.]+) s", figures).group(1))
+    ttft_s = float(re.search(r"TTFT ([\d.]+) s", figures).group(1))
+    assert load_s >= 4 and ttft_s < load_s, figures
     qtbot.waitUntil(lambda: "slow" in chat.controller.loaded, timeout=5000)
     assert chat.model_picker.findText("slow") == 0  # loaded ones come first, without the tip
     assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
