@@ -53,6 +53,7 @@ from desktop.daemon.state import AppState
 from desktop.look.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
+from desktop.widgets.elided_label import ElidedLabel
 from desktop.widgets.elided_list import elide_rows
 from desktop.widgets.sizing import resize_within_screen
 
@@ -187,7 +188,7 @@ class ChatWindow(QMainWindow):
         self.model_picker.currentTextChanged.connect(lambda _model: self.on_pending_changed())
         layout.addLayout(self._composer_row())
         bottom = QHBoxLayout()
-        self.status = QLabel("")
+        self.status = ElidedLabel("")
         self.status.setObjectName("chatStatus")
         bottom.addWidget(self.status, 1)
         self.context_label = QLabel("")  # how full the model's context is

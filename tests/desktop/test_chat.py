@@ -182,7 +182,7 @@ def test_regenerate_edit_and_delete(qtbot, app, daemon_thread) -> None:
     qtbot.waitUntil(lambda: chat.chat_list.count() == 1)
     chat.chat_list.setCurrentRow(0)
     chat.delete_button.click()
-    assert chat.delete_button.text() == "Confirm delete"  # a second click deletes
+    assert chat.delete_button.text() == "Confirm delete (10 s)"  # a second click deletes
     chat.delete_button.click()
     qtbot.waitUntil(lambda: chat.chat_list.count() == 0, timeout=5000)
     assert daemon_thread.run(lambda c: c.chats()) == []
@@ -446,3 +446,17 @@ def test_long_chat_titles_are_not_clipped_behind_the_scrollbar(qtbot, app, daemo
     item = lst.item(0)
     assert lst.visualItemRect(item).right() <= lst.viewport().width()
     assert item.toolTip().startswith(item.text())
+
+
+def test_a_long_status_line_does_not_widen_the_window(qtbot, app, daemon_thread) -> None:
+    chat = app.open_chat("")
+    qtbot.waitExposed(chat)
+    width = chat.width()
+    before = chat.minimumSizeHint().width()
+    long = "the engine said: " + "no room " * 400
+    chat.status.setText(long)
+    chat.adjustSize()
+    assert chat.minimumSizeHint().width() <= before
+    assert chat.width() <= max(width, before)
+    assert chat.status.toolTip() == long and chat.status.text() == long
+    assert chat.status.elided().endswith("…") and len(chat.status.elided()) < len(long)
