@@ -249,3 +249,19 @@ def test_no_display_gives_a_clear_message_instead_of_a_qt_abort(tmp_path: Path) 
     assert out.returncode == 2
     assert "no graphical session here" in out.stderr and "traylm serve" in out.stderr
     assert "platform plugin" not in out.stderr
+
+
+def test_a_delete_confirmation_counts_down_then_goes_back(qtbot, monkeypatch) -> None:
+    from PySide6.QtWidgets import QPushButton
+
+    from desktop.widgets import confirm
+
+    monkeypatch.setattr(confirm, "CONFIRM_WINDOW_S", 2)
+    button = QPushButton("Delete")
+    qtbot.addWidget(button)
+    assert not confirm.second_click(button)
+    assert button.text() == "Confirm delete (2 s)"
+    qtbot.waitUntil(lambda: button.text() == "Confirm delete (1 s)", timeout=3000)
+    qtbot.waitUntil(lambda: button.text() == "Delete", timeout=3000)
+    assert not confirm.second_click(button)  # asks again
+    assert confirm.second_click(button) and button.text() == "Delete"
