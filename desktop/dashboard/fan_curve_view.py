@@ -36,6 +36,7 @@ from engines.events import (
 )
 
 VALIDATE_AFTER_MS = 250
+CUSTOM = "custom"  # the preset box while the curve in the editor is no preset
 
 
 class FanCurveView(QGroupBox):
@@ -158,7 +159,21 @@ class FanCurveView(QGroupBox):
         finally:
             self._loading = False
         self.curve_name = curve.name or "custom"
+        self._show_preset(self.curve_name)
         self._timer.start()
+
+    def _show_preset(self, name: str) -> None:
+        """The preset box names the curve in the editor: a preset's name, or "custom" once it
+        was edited (never the name of a preset the curve no longer is)."""
+        custom = self.preset_picker.findText(CUSTOM)
+        if name in self.presets:
+            if custom >= 0:
+                self.preset_picker.removeItem(custom)
+            self.preset_picker.setCurrentText(name)
+            return
+        if custom < 0:
+            self.preset_picker.insertItem(0, CUSTOM)
+        self.preset_picker.setCurrentIndex(self.preset_picker.findText(CUSTOM))
 
     def curve(self) -> FanCurve:
         return FanCurve(
@@ -181,6 +196,7 @@ class FanCurveView(QGroupBox):
         if self._loading:
             return
         self.curve_name = "custom"
+        self._show_preset(self.curve_name)
         self.valid = False
         self.apply_button.setEnabled(False)
         self._timer.start()

@@ -145,11 +145,13 @@ def test_curve_editor_is_judged_by_the_daemon_and_applied_by_the_helper(
     view.preset_picker.setCurrentText("quiet")
     view.on_load_preset_clicked()
     assert view.editor.points[0] == (50.0, 30.0) and view.curve_name == "quiet"
+    assert view.preset_picker.findText("custom") < 0
     qtbot.waitUntil(lambda: view.validation.state == "ok", timeout=5000)
     # drag the first point under the card's 30 % fan floor: the daemon refuses, with its words
     editor = view.editor
     _drag(qtbot, editor, 0, (45.0, 12.0))
     assert editor.points[0] == (45.0, 12.0) and view.curve_name == "custom"
+    assert view.preset_picker.currentText() == "custom"  # no longer "quiet"
     qtbot.waitUntil(lambda: view.validation.state == "error", timeout=5000)
     assert "below this card's fan floor of 30 %" in view.validation.message
     assert not view.apply_button.isEnabled()
