@@ -42,10 +42,36 @@ def left_out(history: Sequence[Message], policy: int, drop: int) -> tuple[Messag
     return tuple(m for turn in ([system] if system else []) + kept for m in turn)
 
 
+def dropped_positions(
+    messages: Sequence[tuple[int, str]], policy: int, drop: int
+) -> frozenset[int]:
+    """The positions of the messages (position, role) that leaving ``drop`` turns out by
+    ``policy`` leaves out of a request, as ``left_out`` does (the chat's system prompt is not
+    among them)."""
+    if drop <= 0 or policy not in (DROP_OLDEST, KEEP_FIRST):
+        return frozenset()
+    groups: list[list[int]] = []
+    for position, role in messages:
+        if role == "user" or not groups:
+            groups.append([])
+        groups[-1].append(position)
+    rest = groups[1:] if messages and messages[0][1] == "system" else groups
+    keep_first = 1 if policy == KEEP_FIRST else 0
+    return frozenset(p for turn in rest[keep_first : keep_first + drop] for p in turn)
+
+
+def full_text(needed: int | None, size: int | None) -> str:
+    """The meter once the engine refused the conversation as too long for its context."""
+    if needed is not None and size:
+        return f"Context full: this chat needs {needed:,} of {size:,} tokens"
+    return f"Context full ({size:,} tokens)" if size else "Context full"
+
+
 def context_text(used: int | None, size: int | None, dropped: int) -> str:
-    """'Context: 1,234 of 4,096 tokens (30 %)', and the turns left out to fit."""
+    """'Context: 1,234 of 4,096 tokens (30 %)', and the turns left out to fit; before the
+    first reply, the model's context where it is known."""
     if used is None:
-        return ""
+        return f"Context: up to {size:,} tokens" if size else ""
     text = (
         f"Context: {used:,} of {size:,} tokens ({100 * used // size} %)"
         if size

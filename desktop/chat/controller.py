@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from desktop.chat.context import DROP_OLDEST, STOP, left_out
+from desktop.chat.context import DROP_OLDEST, STOP, dropped_positions, left_out
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.gateway import (
     ChatDelta,
@@ -21,6 +21,7 @@ from desktop.daemon.gateway import (
     Message,
     ModelsListed,
     context_tokens,
+    requested_tokens,
 )
 from desktop.daemon.messages import CallResult
 from desktop.daemon.state import AppState
@@ -92,6 +93,8 @@ class ChatController(QObject):
         self.context_sizes: dict[str, int] = {}  # each model's context, where known
         self.context_used: int | None = None  # tokens the open chat's last reply took
         self.dropped = 0  # turns of the open chat left out of its requests to fit
+        self.context_full: int | None = None  # refused as too long: the tokens it needed
+        self.context_refused = False  # the last request was refused as too long
         self.summarizing = False  # a summary for a new chat is being asked
         self._ids = itertools.count(1)
         self._reload_chats = _debounced(self, self.load_chats)
@@ -179,6 +182,7 @@ class ChatController(QObject):
         """Another chat: nothing left out yet; its last reply says how full the context is."""
         self.dropped = 0
         self.context_used = None
+        self.context_refused, self.context_full = False, None
         for m in reversed(transcript.messages if transcript else ()):
             if m.role == "assistant" and "prompt_tokens" in m.stats:
                 used = m.stats["prompt_tokens"] + m.stats.get("completion_tokens", 0)
@@ -333,6 +337,17 @@ class ChatController(QObject):
             history.insert(0, ("system", options.system_prompt, ()))
         return left_out(history, options.context_policy, drop)
 
+    def left_out_positions(self) -> frozenset[int]:
+        """The open chat's messages its requests leave out now, to fit the context."""
+        t = self.transcript
+        if t is None or not self.dropped:
+            return frozenset()
+        options = self.options or self._options_from(t.chat)
+        roles = [(m.position, m.role) for m in t.messages]
+        if options.system_prompt.strip():
+            roles.insert(0, (-1, "system"))
+        return dropped_positions(roles, options.context_policy, self.dropped)
+
     def _options_from(self, chat: ChatSummary) -> ChatOptions:
         p = chat.params
         return ChatOptions(
@@ -378,6 +393,8 @@ class ChatController(QObject):
             self.stream_ended.emit(None)
             self._stream(streaming.position)  # again, with one more turn left out
             return
+        self.context_refused = ended.error is not None and ended.error.kind == "context_full"
+        self.context_full = requested_tokens(ended.error.message) if ended.error else None
         if ended.content and ended.prompt_tokens is not None:
             self.context_used = ended.prompt_tokens + ended.completion_tokens
         if ended.content:

@@ -163,6 +163,10 @@ class MessageView(QFrame):
                 lambda: self.regenerate_requested.emit(self.position)
             )
         outer.addLayout(header)
+        self.left_out_note = QLabel("Left out of what the model sees, to fit its context")
+        self.left_out_note.setObjectName("leftOutNote")
+        self.left_out_note.setVisible(False)
+        outer.addWidget(self.left_out_note)
         self.images = Thumbnails(removable=False)
         outer.addWidget(self.images)
         self.body = QVBoxLayout()
@@ -171,6 +175,15 @@ class MessageView(QFrame):
         self._blocks: tuple[Block, ...] = ()
         self._views: list[QWidget] = []
         self.text = ""
+
+    def set_left_out(self, left_out: bool) -> None:
+        """Greyed with a note while the chat leaves this message out of its requests."""
+        if bool(self.property("leftOut")) == left_out:
+            return
+        self.setProperty("leftOut", left_out)
+        self.left_out_note.setVisible(left_out)
+        self.style().unpolish(self)
+        self.style().polish(self)
 
     def show_images(self, images: tuple[str, ...]) -> None:
         """The pictures the message carries, as thumbnails above its text."""
@@ -303,6 +316,7 @@ class TranscriptView(QScrollArea):
         self.retry_view: MessageView | None = None
         self.streaming: MessageView | None = None
         self._follow = True
+        self.system_view: MessageView | None = None
         self.verticalScrollBar().rangeChanged.connect(self.on_range_changed)
         self.verticalScrollBar().valueChanged.connect(self.on_scrolled)
 
@@ -343,6 +357,19 @@ class TranscriptView(QScrollArea):
             self.messages.append(view)
         self.placeholder.setVisible(not messages)
         self._follow = True
+
+    def mark_left_out(self, positions: frozenset[int]) -> None:
+        for view in self.messages:
+            view.set_left_out(view.position in positions)
+
+    def show_system_prompt(self, text: str) -> None:
+        """The chat's system prompt (a summary of an earlier chat, say) above its messages,
+        where the user sees it; none, no card."""
+        if self.system_view is None:
+            self.system_view = MessageView("system", "System prompt (under Parameters)", -1)
+            self.column.insertWidget(0, self.system_view)
+        self.system_view.set_text(text)
+        self.system_view.setVisible(bool(text.strip()))
 
     def offer_retry(self, on: bool) -> None:
         """Retry is offered only while no reply streams."""

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.chat.context import DROP_OLDEST, KEEP_FIRST, POLICIES, context_text
+from desktop.chat.context import DROP_OLDEST, KEEP_FIRST, POLICIES, context_text, full_text
 from desktop.chat.controller import ChatController, ChatOptions, Streaming
 from desktop.chat.images import (
     IMAGE_FILES,
@@ -315,7 +315,11 @@ class ChatWindow(QMainWindow):
     def _show_context(self) -> None:
         c = self.controller
         size = c.context_sizes.get(self.options().model)
-        self.context_label.setText(context_text(c.context_used, size, c.dropped))
+        if c.context_refused:  # the meter agrees with the refusal, never the old figure
+            self.context_label.setText(full_text(c.context_full, size))
+        else:
+            self.context_label.setText(context_text(c.context_used, size, c.dropped))
+        self.transcript.mark_left_out(c.left_out_positions())
 
     # ----------------------------------------------------------------- slots: controller
 
@@ -337,6 +341,7 @@ class ChatWindow(QMainWindow):
             t is None or all(m.position != self.editing or m.role != "user" for m in t.messages)
         ):
             self.on_cancel_edit_clicked()  # the edited message is gone (deleted elsewhere)
+        self.transcript.show_system_prompt(t.chat.system_prompt if t is not None else "")
         if t is None:
             self.transcript.set_messages((), "")
             self.setWindowTitle("traylm — Chat")

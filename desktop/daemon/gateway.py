@@ -165,6 +165,13 @@ def context_tokens(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def requested_tokens(message: str) -> int | None:
+    """How many tokens the refused request needed, from the engine's error ("you requested
+    2100 tokens", "your request has 2100 input tokens"), when it says."""
+    found = re.search(r"you requested (\d+) tokens|request has (\d+) input tokens", message)
+    return int(found.group(1) or found.group(2)) if found else None
+
+
 class _Collector:
     """Accumulates one streamed reply and posts coalesced deltas."""
 

@@ -12,6 +12,13 @@ QFrame#message-assistant, QFrame#message-system {
     border: 1px solid rgba(127, 127, 127, 0.30);
     border-radius: 8px;
 }
+QFrame[leftOut="true"] {
+    border: 1px dashed rgba(127, 127, 127, 0.45);
+    background: transparent;
+}
+QFrame[leftOut="true"] QLabel, QLabel#leftOutNote {
+    color: palette(placeholder-text);
+}
 QLabel#messageStats, QLabel#codeLanguage, QLabel#chatStatus {
     color: palette(placeholder-text);
 }

@@ -40,6 +40,8 @@ def test_a_full_context_is_never_a_dead_end(qtbot, app, daemon_thread) -> None:
         _send(qtbot, chat, question, 5)  # 42 + 5 tokens: more than 40
         card = chat.transcript.error_card
         qtbot.waitUntil(card.isVisible, timeout=10000)
+        # the meter agrees with the refusal (not the last reply's "31 tokens")
+        assert chat.context_label.text() == "Context full: this chat needs 47 of 40 tokens"
         assert "no longer fits tiny's context (40 tokens)" in card.message.text()
         assert "maximum context length" not in card.message.text()  # not the raw 400
         assert card.button("retry") is None  # it would fail the same way
@@ -55,6 +57,9 @@ def test_a_full_context_is_never_a_dead_end(qtbot, app, daemon_thread) -> None:
         assert len(_stored_reply(qtbot, daemon_thread, chat)) == 6  # the chat stays whole
         expected = "Context: 31 of 40 tokens (77 %) · 1 older turn left out to fit"
         assert chat.context_label.text() == expected
+        # the turn left out looks it: greyed, with a note; the others do not
+        left = [v.left_out_note.isVisibleTo(v) for v in chat.transcript.messages]
+        assert left == [True, True, False, False, False, False]
         chat_id = chat.controller.transcript.chat.chat_id
         stored = daemon_thread.run(lambda c: c.chat(chat_id)).chat.params
         assert stored["context_policy"] == 1.0  # kept with the chat
@@ -124,6 +129,9 @@ def test_a_full_chat_goes_on_in_a_new_chat_from_its_summary(qtbot, app, daemon_t
         )
         summary = "A summary of an earlier conversation:\nw0 w1 w2 w3 w4"
         qtbot.waitUntil(lambda: chat.system_prompt.toPlainText() == summary, timeout=5000)
+        shown = chat.transcript.system_view  # the summary is in the chat, not only a setting
+        qtbot.waitUntil(lambda: shown is not None and shown.isVisibleTo(chat), timeout=5000)
+        assert shown.text == summary
         assert chat.composer.toPlainText() == question
         # the summary was asked with the first turn left out: two turns and the request
         assert server.prompts[-1] == 2 * (10 + 6) + len(SUMMARY_ASK.split()) + 1
