@@ -96,16 +96,18 @@ async def _prepare(agent: Agent, model: str, timeout_s: float, passed: list[str]
 
 
 def _run_child(run: Launch) -> int:
-    """Run the client in the foreground and return its exit status."""
-    child = subprocess.Popen(run.argv, env=run.env)
+    """Run the client in the foreground and return its exit status. The handlers are in place
+    before it starts, so a signal can never end traylm and leave the client behind."""
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        if signum != signal.SIGINT:  # Ctrl-C: the terminal sent it to the client already
-            child.send_signal(signum)
+        if signum != signal.SIGINT and children:  # Ctrl-C: the terminal sent it to both
+            children[0].send_signal(signum)
 
     before = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
-        code = child.wait()
+        children.append(subprocess.Popen(run.argv, env=run.env))
+        code = children[0].wait()
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)

@@ -1,6 +1,7 @@
 """A FAKE agent CLI (stand-in for Claude Code, Codex or opencode, which the quick suite does
 not install): installed as ``claude``, ``codex`` or ``opencode`` on a PATH folder, it records
-its argv and environment as JSON to $FAKE_AGENT_RECORD, writes a line to stdout and one to
+its argv and environment as JSON to $FAKE_AGENT_RECORD, with $FAKE_AGENT_ASK sends that
+prompt as one Messages request (as Claude Code would), writes a line to stdout and one to
 stderr, and exits with $FAKE_AGENT_EXIT (0 by default) or, with $FAKE_AGENT_WAIT, waits for a
 signal and exits 128 + its number."""
 
@@ -11,12 +12,22 @@ import stat
 import sys
 from pathlib import Path
 
-SCRIPT = f"""#!{sys.executable}
+_BODY = """\
 import json, os, signal, sys
 def record():
     with open(os.environ["FAKE_AGENT_RECORD"], "w") as fh:
-        json.dump({{"argv": sys.argv, "env": dict(os.environ)}}, fh)
+        json.dump({"argv": sys.argv, "env": dict(os.environ)}, fh)
 record()
+if os.environ.get("FAKE_AGENT_ASK"):  # one Messages request, as Claude Code sends it
+    import urllib.request
+    body = {"model": os.environ["ANTHROPIC_MODEL"], "max_tokens": 8,
+            "messages": [{"role": "user", "content": os.environ["FAKE_AGENT_ASK"]}]}
+    ask = urllib.request.Request(
+        os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + os.environ["ANTHROPIC_AUTH_TOKEN"],
+                 "Content-Type": "application/json", "anthropic-version": "2023-06-01"})
+    with urllib.request.urlopen(ask, timeout=60) as reply:
+        print("fake agent got", reply.status)
 print("fake agent says hi")
 print("fake agent note", file=sys.stderr)
 sys.stdout.flush()
@@ -30,6 +41,7 @@ if os.environ.get("FAKE_AGENT_WAIT"):
     sys.exit(128 + got[0])
 sys.exit(int(os.environ.get("FAKE_AGENT_EXIT", "0")))
 """
+SCRIPT = f"#!{sys.executable}\n{_BODY}"
 
 
 def install_fake_agent(bin_dir: Path, name: str) -> Path:

@@ -142,6 +142,13 @@ def test_a_key_made_and_named_for_the_agent(agent_env: dict[str, str], port: int
     assert got(agent_env)[1]["ANTHROPIC_AUTH_TOKEN"] == key  # the same key, kept
     assert "made API key" not in out.stderr
     assert len(traylm(agent_env, "keys", "list").stdout.splitlines()) == 2
+    env = {**agent_env, "FAKE_AGENT_ASK": "say hi"}
+    out = traylm(env, "launch", "claude", "--model", "coder", timeout=90)
+    assert out.returncode == 0 and "fake agent got 200" in out.stdout, out.stderr
+    [row] = [r for r in traylm(env, "requests", "ls").stdout.splitlines() if "/v1/messages" in r]
+    shown = traylm(env, "requests", "show", row.split()[0]).stdout
+    fingerprint = next(line.split()[0] for line in listed if line.endswith("claude"))
+    assert f"key {fingerprint} (claude)" in shown
 
 
 def test_without_keys_no_key_is_made(agent_env: dict[str, str], port: int) -> None:
