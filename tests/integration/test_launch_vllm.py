@@ -82,6 +82,10 @@ def keyed_daemon(
             "tool_parser": "llama3_json",
         },
     )  # fmt: skip
+    write_toml_atomic(  # the same model without a tool calling format
+        paths.profiles_dir / "toolless.toml",
+        {"model": str(model), "served_name": "toolless", "device": "cpu", "dtype": "bfloat16"},
+    )
     daemon = start_daemon(home, free_loopback_port())
     try:
         yield daemon
@@ -126,7 +130,7 @@ def test_claude_code_answers_through_its_own_key(
 ) -> None:
     out = launch(
         keyed_daemon, agent_bin, tmp_path, "claude", "--model", "agentic", "--",
-        "-p", "say hi", "--bare", "--tools", "", "--no-session-persistence",
+        "-p", "say hi", "--bare", "--no-session-persistence",
     )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{keyed_daemon.log()}"
     assert "made API key 'claude'" in out.stderr
@@ -143,3 +147,16 @@ def test_codex_answers_through_its_own_key(
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{keyed_daemon.log()}"
     assert "made API key 'codex'" in out.stderr
     assert recorded_under(keyed_daemon, "/v1/responses", "codex")
+
+
+def test_a_model_that_cannot_call_tools_is_refused_before_the_client_runs(
+    keyed_daemon: DaemonProcess, agent_bin: Path, tmp_path: Path
+) -> None:
+    out = launch(
+        keyed_daemon, agent_bin, tmp_path, "claude", "--model", "toolless", "--", "-p", "hi"
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert "'toolless' cannot call tools" in out.stderr
+    assert "traylm models set toolless tool_parser=" in out.stderr
+    ps = traylm("ps", env=keyed_daemon.env).stdout
+    assert "toolless" not in ps  # nothing was loaded for it
