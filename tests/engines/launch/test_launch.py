@@ -149,6 +149,13 @@ def test_a_key_made_and_named_for_the_agent(agent_env: dict[str, str], port: int
     shown = traylm(env, "requests", "show", row.split()[0]).stdout
     fingerprint = next(line.split()[0] for line in listed if line.endswith("claude"))
     assert f"key {fingerprint} (claude)" in shown
+    assert traylm(env, "keys", "remove", fingerprint).returncode == 0  # revoked: its name goes
+    assert [line.split()[-1] for line in traylm(env, "keys", "list").stdout.splitlines()] == [
+        "mine"
+    ]
+    out = traylm(agent_env, "launch", "claude", "--model", "coder", timeout=90)
+    assert "made API key 'claude'" in out.stderr  # a new one, as the old one is refused
+    assert got(agent_env)[1]["ANTHROPIC_AUTH_TOKEN"] != key
 
 
 def test_without_keys_no_key_is_made(agent_env: dict[str, str], port: int) -> None:
