@@ -177,6 +177,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "detach": "engines.ondemand.cli:add_parsers",
     "bench": "engines.bench.cli:add_parsers",  # traylm bench run|ls|show|compare|cancel|rm
     "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo|--cancel]
+    "launch": "engines.launch.cli:add_parsers",  # an agent CLI pointed at traylm
     "requests": "engines.recorder.cli:add_parsers",  # flight recorder: ls|show|tail|export|...
     "doctor": "engines.doctor:add_parser",  # driver, CUDA, NVML, P2P, disk, port, engines, ...
 }

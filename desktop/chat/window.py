@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMainWindow,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
@@ -50,6 +51,7 @@ from desktop.daemon.fixes import Fix, fix_for
 from desktop.daemon.gateway import ChatError, ChatStreamEnded
 from desktop.daemon.keyfile import read_key, write_key
 from desktop.daemon.state import AppState
+from desktop.daemon.terminal import AGENTS, find_terminal, open_agent
 from desktop.look.theme import primary
 from desktop.widgets.banner import ConnectionBanner
 from desktop.widgets.confirm import second_click
@@ -164,6 +166,7 @@ class ChatWindow(QMainWindow):
         refresh.setToolTip("Reload the list of served models")
         refresh.clicked.connect(self.controller.load_models)
         top.addWidget(refresh)
+        top.addWidget(self._agents_button())
         self.params_toggle = QToolButton()
         self.params_toggle.setText("Parameters")
         self.params_toggle.setCheckable(True)
@@ -196,6 +199,27 @@ class ChatWindow(QMainWindow):
         bottom.addWidget(self.context_label)
         layout.addLayout(bottom)
         return main
+
+    def _agents_button(self) -> QToolButton:
+        """An agent CLI in a terminal with the picked model (`traylm launch AGENT --model M`);
+        hidden where no terminal emulator is installed."""
+        button = QToolButton()
+        button.setText("Agents")
+        button.setObjectName("agentsButton")
+        button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(button)
+        menu.setObjectName("agentsMenu")
+        for agent, title in AGENTS:
+            action = menu.addAction(f"Open {title} in a terminal")
+            action.setObjectName(f"agent:{agent}")
+            action.triggered.connect(lambda _c=False, a=agent: open_agent(a, self._agent_model()))
+        button.setMenu(menu)
+        button.setVisible(find_terminal() is not None)
+        return button
+
+    def _agent_model(self) -> str:
+        model = self.model_picker.currentText()
+        return "" if model == NO_MODEL else model
 
     def _edit_bar(self) -> QWidget:
         """Shown while a message is edited: what Send will replace, and a way back."""

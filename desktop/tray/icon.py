@@ -3,8 +3,8 @@ fallback window's menu bar (see app.py), so every action stays reachable.
 
 Menu: status line · "Set up traylm…" (only while nothing can start here) · Start/Stop/Restart ·
 Profiles ▸ (those that cannot start here greyed, with why) · Models ▸ (chat with a served one,
-unload a loaded one, start one from the library) · Open chat · Open dashboard · Copy endpoint
-URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
+unload a loaded one, open an agent CLI in a terminal, start one from the library) · Open chat ·
+Open dashboard · Copy endpoint URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from desktop.daemon.messages import LinkState
 from desktop.daemon.notify import Notification, Notifier
 from desktop.daemon.restart import CONFIRM_RESTART, restart_plan
 from desktop.daemon.state import LIVE_STATES, AppState
+from desktop.daemon.terminal import AGENTS, find_terminal, open_agent
 from desktop.tray.icon_state import disk_text, remote_text, tooltip_text, tray_state
 from desktop.tray.icons import TrayState, state_icon
 from engines.config.profiles import replica_base
@@ -225,6 +226,7 @@ class TrayController(QObject):
             action.setObjectName(f"unload:{base}")
             action.setToolTip(UNLOAD_TIP)
             action.triggered.connect(lambda _c=False, e=base: self.actions.unload_model(e))
+        self._fill_agents()
         startable = library_starts(self.state)
         if startable:
             self.models_menu.addSection("Library")
@@ -234,6 +236,18 @@ class TrayController(QObject):
             action.setEnabled(not start.blocker)
             action.setToolTip(start.blocker or start.path)
             action.triggered.connect(lambda _c=False, x=start: self.actions.start_library(x))
+
+    def _fill_agents(self) -> None:
+        """Agent CLIs run in a terminal with `traylm launch` (a model that can call tools:
+        the loaded or last-used one); none where no terminal emulator is installed."""
+        if find_terminal() is None:
+            return
+        self.models_menu.addSection("Agents")
+        for agent, title in AGENTS:
+            action = self.models_menu.addAction(f"Open {title} in a terminal")
+            action.setObjectName(f"agent:{agent}")
+            action.setToolTip(f"traylm launch {agent}: {title} with a model that can call tools")
+            action.triggered.connect(lambda _c=False, a=agent: open_agent(a))
 
     # ----------------------------------------------------------------- refresh
 

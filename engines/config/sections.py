@@ -52,6 +52,11 @@ class GatewaySettings:
     api_key_sha256: tuple[str, ...] = setting(
         (), "SHA-256 digests of accepted API keys (add keys with `traylm keys add`)."
     )
+    api_key_names: dict[str, str] = setting(
+        {},
+        "Names of API keys by fingerprint (the first 8 hex digits of the digest, as `traylm "
+        "keys list` shows): the app or agent each was made for (`traylm keys add --name`).",
+    )
     keys_for: str = setting(
         "all",
         "Who must send an API key once one exists: 'all' clients, or only 'lan' clients (apps "

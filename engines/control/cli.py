@@ -119,6 +119,7 @@ def _keys_parser(sub: Any) -> None:
     k = sub.add_parser("keys", help="API keys for the gateway (needed for LAN sharing)")
     ksub = k.add_subparsers(title="keys commands", metavar="ACTION", required=True)
     s = ksub.add_parser("add", help="create a key (shown once; only its SHA-256 is stored)")
+    s.add_argument("--name", default="", help="who it is for (shown by `traylm keys list`)")
     s.set_defaults(func=cmd_keys_add)
     s = ksub.add_parser("list", help="list key fingerprints")
     s.set_defaults(func=cmd_keys_list)
@@ -425,8 +426,11 @@ async def cmd_keys_add(args: argparse.Namespace) -> int:
     from engines.gateway.security import hash_key, new_api_key
 
     key = new_api_key()
-    digests = load_settings(Paths.from_env().config_file).gateway.api_key_sha256
-    where = await _save_setting("gateway.api_key_sha256", [*digests, hash_key(key)])
+    gateway = load_settings(Paths.from_env().config_file).gateway
+    where = await _save_setting("gateway.api_key_sha256", [*gateway.api_key_sha256, hash_key(key)])
+    if args.name:
+        names = {**gateway.api_key_names, hash_key(key)[:8]: args.name}
+        await _save_setting("gateway.api_key_names", names)
     print(f"new API key (shown only now; {where}):\n{key}")
     print(f"fingerprint {hash_key(key)[:8]}. Clients send it as 'Authorization: Bearer KEY'.")
     return 0
@@ -435,11 +439,12 @@ async def cmd_keys_add(args: argparse.Namespace) -> int:
 async def cmd_keys_list(args: argparse.Namespace) -> int:
     from engines.config.sections import load_settings
 
-    digests = load_settings(Paths.from_env().config_file).gateway.api_key_sha256
-    if not digests:
+    gateway = load_settings(Paths.from_env().config_file).gateway
+    if not gateway.api_key_sha256:
         print("no API keys: the gateway serves loopback clients without one")
-    for digest in digests:
-        print(digest[:8])
+    for digest in gateway.api_key_sha256:
+        name = gateway.api_key_names.get(digest[:8], "")
+        print(f"{digest[:8]}  {name}" if name else digest[:8])
     return 0
 
 
@@ -451,5 +456,9 @@ async def cmd_keys_remove(args: argparse.Namespace) -> int:
     if len(keep) == len(digests):
         raise TraylmError(f"no key with fingerprint {args.fingerprint!r}; `traylm keys list`")
     where = await _save_setting("gateway.api_key_sha256", keep)
+    names = load_settings(Paths.from_env().config_file).gateway.api_key_names
+    kept = {fp: name for fp, name in names.items() if any(d.startswith(fp) for d in keep)}
+    if kept != names:
+        await _save_setting("gateway.api_key_names", kept)
     print(f"removed {len(digests) - len(keep)} key(s) ({where})")
     return 0

@@ -67,6 +67,9 @@ class ServableModel:
     state and GPUs; empty for a model served by one engine."""
     accepts_images: bool = False
     """Its config.json describes a vision encoder: a chat may send it images."""
+    tools_blocked: str = ""
+    """Why it cannot call tools, with the command that fixes it (a vLLM model without a tool
+    calling format); "" when it can (agents such as `traylm launch` need it)."""
 
 
 @dataclasses.dataclass(frozen=True)

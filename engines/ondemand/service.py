@@ -43,8 +43,10 @@ from engines.ondemand import proposals, views
 from engines.ondemand.attach import AttachedServers
 from engines.ondemand.catalog import Catalog, Entry, FolderSource, LibrarySource, ProfileSource
 from engines.ondemand.lifecycle import Engines, Flight, Lifecycle
+from engines.ondemand.occupancy import HOLDING
 from engines.ondemand.parts import Parts
 from engines.ondemand.placing import Placer
+from engines.ondemand.tools import tools_blocked
 from engines.ondemand.verdicts import StartVerdicts
 from engines.runtime.supervisor import ManagedEngine
 
@@ -409,19 +411,36 @@ class ModelsOnDemand:
         )
         found = [entries.get(m.engine_id) for m in models]
         images = await asyncio.to_thread(_accepts_images, found)
+        tools = await asyncio.to_thread(tools_blocked, self._runs(models, found), self.served_as)
         here = [
             dataclasses.replace(
                 m,
                 blocked=r.brief if r else "",
                 blocked_code=r.code if r else "",
                 accepts_images=takes,
+                tools_blocked=no_tools,
             )
-            for m, r, takes in zip(models, reasons, images, strict=True)
+            for m, r, takes, no_tools in zip(models, reasons, images, tools, strict=True)
         ]
         if self._boxes is None:
             return here
         known = {n for m in here for n in (m.name, *m.aliases, *m.names)}
         return [self._with_copies(m) for m in here] + self._boxes.listed(known)
+
+    def _runs(
+        self, models: list[ServableModel], found: list[Entry | None]
+    ) -> list[tuple[str, Profile | None]]:
+        """Each model's name and the profile it runs (its engine's, while it holds one) or
+        would start from."""
+        out = []
+        for model, entry in zip(models, found, strict=True):
+            engine = self._engines.engines.get(model.engine_id)
+            running = engine is not None and engine.state in HOLDING
+            profile = entry.profile if entry is not None else None
+            if engine is not None and running:
+                profile = engine.profile
+            out.append((model.name, profile if model.kind != "attached" else None))
+        return out
 
     def _with_copies(self, model: ServableModel) -> ServableModel:
         """A model paired boxes serve too: their copies listed among its replicas (after this

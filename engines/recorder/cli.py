@@ -93,12 +93,15 @@ async def cmd_show(args: argparse.Namespace) -> int:
     async with await DaemonClient.connect() as client:
         detail = await client.request_detail(args.id)
         prompt = await client.request_prompt(args.id) if args.prompt else None
+        names = (await client.settings())["settings"]["gateway"].get("api_key_names", {})
     if args.json:
         print(json.dumps({**detail, "prompt": prompt} if prompt else detail, indent=1))
         return 0
     print(_line(detail))
     who = detail["client"] + (f" {detail['peer']}" if detail["peer"] else "")
-    print(f"client: {who}{'  key ' + detail['key'] if detail['key'] else ''}")
+    key = detail["key"]
+    named = f" ({names[key]})" if key in names else ""  # the app the key was made for
+    print(f"client: {who}{f'  key {key}{named}' if key else ''}")
     print(f"engine: {detail['engine_id'] or '-'}  GPUs: {detail['gpus'] or '-'}")
     if detail["finish_reason"]:
         print(f"finish: {detail['finish_reason']}")

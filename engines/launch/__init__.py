@@ -1,0 +1,1 @@
+"""`traylm launch claude|codex|opencode`: an agent CLI run pointed at traylm."""
