@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from desktop.chat.images import Thumbnails
 from desktop.chat.markdown import Block, split_blocks
+from desktop.daemon.fixes import in_words
 from desktop.look.theme import text_label
 from engines.events import ChatMessage
 
@@ -263,7 +264,7 @@ class ErrorCard(QFrame):
     ) -> None:
         """``fixes``: (object name, label, slot) for each button; ``cli``: the same fix as a
         command, shown under them as a hint."""
-        self.message.setText(text)
+        self.message.setText(in_words(text))
         self.hint.setText(f"or in a terminal: {cli}" if cli else "")
         self.hint.setVisible(bool(cli))
         for button in self.buttons:

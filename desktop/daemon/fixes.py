@@ -45,6 +45,44 @@ class Fix:
     cli: str = ""  # the same fix as a command, shown as a secondary hint
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+_LEAD = r"(?:(?:run|use|with|try|add it with|add one with)\s+)?"  # a verb the words replace
+
+# the daemon speaks to the CLI and the app alike; in the app its commands become words (the
+# fix button beside them does it, and the command stays as the button's secondary hint)
+_IN_WORDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(_LEAD + r"`?traylm engines install (vllm|sglang|trtllm) --cpu`?"),
+        "install the {engine} engine (CPU build) in Engines ▸ Environments",
+    ),
+    (
+        re.compile(_LEAD + r"`?traylm engines install (vllm|sglang|trtllm)`?"),
+        "install the {engine} engine in Engines ▸ Environments",
+    ),
+    (
+        re.compile(_LEAD + r"`?traylm models add (?:PATH|FOLDER)`?"),
+        "add the folder in Models ▸ Library (Add a folder…)",
+    ),
+    (re.compile(_LEAD + r"`?traylm remote set-key`?"), "set the key in Engines ▸ Remote fallback"),
+    (re.compile(r"hub\.endpoint / HF_ENDPOINT"), "the Hub address in Settings"),
+    (re.compile(r"(?:give|use) --budget (\w+)"), "give a budget of {0}"),
+)
+
+
+def in_words(message: str) -> str:
+    """A daemon message for the app: the commands it names that the app does with a click
+    said as where to click instead (the CLI keeps the daemon's own words)."""
+    for pattern, words in _IN_WORDS:
+
+        def said(found: re.Match[str], words: str = words) -> str:
+            engine = ENGINE_NAMES.get(found.group(1), "") if found.groups() else ""
+            return words.format(*found.groups(), engine=engine)
+
+        message = pattern.sub(said, message)
+    return message
+
+
 def cli_hint(message: str) -> str:
     """The first ``traylm ...`` command a daemon message names (in backquotes), or ""."""
     found = _CLI.search(message)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop.daemon.fixes import Fix, fix_for
+from desktop.daemon.fixes import Fix, fix_for, in_words
 from desktop.daemon.state import AppState
 from desktop.look.formatting import fmt_bytes
 from engines.events import (
@@ -57,6 +57,7 @@ class Notifier(QObject):
     ) -> None:
         """Tell the user. A failed call and the daemon's own notice often say the same thing
         at once (a refused start): the second one is not shown again."""
+        message = in_words(message)
         now = time.time()
         for old in reversed(self.history):
             if now - old.ts_s > REPEAT_WINDOW_S:

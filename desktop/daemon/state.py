@@ -12,6 +12,7 @@ from types import MappingProxyType
 from PySide6.QtCore import QObject, Signal
 
 from desktop.daemon.boxes import Box, BoxReplica, box_replicas_of, boxes_of
+from desktop.daemon.fixes import in_words
 from desktop.daemon.gpu_state import GPUWatch
 from desktop.daemon.install_text import InstallPace, install_words
 from desktop.daemon.messages import (
@@ -186,7 +187,7 @@ class AppState(QObject):
         model's ``blocked``; a start is refused with the same words); "" when it can, or when
         the daemon has not listed it."""
         model = self.servable.get(name)
-        return model.blocked if model is not None else ""
+        return in_words(model.blocked) if model is not None else ""
 
     def blocked_code(self, name: str) -> str:
         """The error code of ``why_blocked`` (gpu_not_found, engine_env, hub_unavailable, ...)."""

@@ -255,7 +255,7 @@ class EnginesPage(Page):
         elif not remote.enabled:
             self.remote.setText(
                 "Remote fallback: off. With remote.enabled, requests for a model no local engine "
-                "serves go to an OpenAI-compatible API (key: `traylm remote set-key`)."
+                "serves go to an OpenAI-compatible API (its key: Settings ▸ Remote fallback)."
             )
         else:
             aliases = ", ".join(remote.aliases) or "every model"

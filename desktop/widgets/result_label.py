@@ -9,6 +9,8 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
+from desktop.daemon.fixes import in_words
+
 COLORS = {"ok": "#2f9e44", "warning": "#b7791f", "error": "#d62828", "": ""}
 
 
@@ -23,6 +25,7 @@ class ResultLabel(QLabel):
         self.message = ""  # the text as given (no markup)
 
     def say(self, state: str, text: str, *, rich: bool = False) -> None:
+        text = text if rich else in_words(text)  # the daemon's commands said as clicks
         self.state, self.message = state, text
         self.setProperty("state", state)
         body = text if rich else html.escape(text)

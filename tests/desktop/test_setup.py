@@ -207,7 +207,10 @@ def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
         assert app.tray.setup_action.isVisible() and not app.tray.start_action.isEnabled()
         preset = next(a for a in app.tray.profiles_menu.actions()
                       if a.objectName() == "profile:llama-3.1-8b-1gpu")  # fmt: skip
-        assert "(needs the vLLM engine (CUDA build): traylm engines install vllm)" in preset.text()
+        assert (
+            "(needs the vLLM engine (CUDA build): install the vLLM engine in Engines"
+            in preset.text()
+        )
     finally:
         d.stop()
 

@@ -265,3 +265,25 @@ def test_a_delete_confirmation_counts_down_then_goes_back(qtbot, monkeypatch) ->
     qtbot.waitUntil(lambda: button.text() == "Delete", timeout=3000)
     assert not confirm.second_click(button)  # asks again
     assert confirm.second_click(button) and button.text() == "Delete"
+
+
+def test_the_daemons_commands_are_said_as_clicks_in_the_app() -> None:
+    from desktop.daemon.fixes import in_words
+
+    cases = {
+        "needs the vLLM engine (CUDA build): traylm engines install vllm": (
+            "needs the vLLM engine (CUDA build): install the vLLM engine in Engines ▸ Environments"
+        ),
+        "run `traylm engines install sglang` first": (
+            "install the SGLang engine in Engines ▸ Environments first"
+        ),
+        "add it with `traylm models add PATH`": "add the folder in Models ▸ Library (Add a folder…)",
+        "no key (`traylm remote set-key`)": "no key (set the key in Engines ▸ Remote fallback)",
+        "the Hub (hub.endpoint / HF_ENDPOINT) cannot be reached": (
+            "the Hub (the Hub address in Settings) cannot be reached"
+        ),
+        "too small: give --budget 8m or more": "too small: give a budget of 8m or more",
+        "`traylm logs tiny` shows why": "`traylm logs tiny` shows why",  # no click does it
+    }
+    for message, words in cases.items():
+        assert in_words(message) == words
