@@ -22,7 +22,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from engines import __version__
-from engines.core.http import Handler, json_body, ok, openai_error, traylm_errors
+from engines.core.http import Handler, json_body, ok, openai_error, query_text, traylm_errors
 from engines.errors import ConfigError
 from engines.peers import tls
 from engines.peers.service import PeersFeature
@@ -47,7 +47,7 @@ def peers_routes() -> list[web.RouteDef]:
 
 
 async def list_peers(request: web.Request) -> web.Response:
-    check = request.query.get("check", "1") != "0"
+    check = query_text(request, "check", default="1", max_chars=5) != "0"
     return ok(await request.app[PEERS].view(check=check))
 
 
