@@ -222,15 +222,27 @@ def dataclass_body(defaults: T, body: Mapping[str, Any]) -> T:
     cls = type(defaults)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(body) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown fields {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
-        )
+    refuse_unknown(body, names)
     for name, value in body.items():
         _check_type(name, value, getattr(defaults, name), hints[name])
     merged = {**to_plain(defaults), **body}
     return from_plain(cls, merged)
+
+
+def refuse_unknown(body: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """ConfigError (400) naming the fields of ``body`` not in ``allowed``: a misspelt field is
+    an error, never silently a default."""
+    names = set(allowed)
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown fields {', '.join(_field_name(k) for k in unknown[:5])}"
+            f"{' …' if len(unknown) > 5 else ''}; allowed: {', '.join(sorted(names))}"
+        )
+
+
+def _field_name(key: str) -> str:
+    return key if key.isidentifier() and len(key) <= 40 else quoted(key, 40)
 
 
 def _check_type(name: str, value: Any, default: Any, hint: Any) -> None:

@@ -5,6 +5,7 @@ an error quotes only a short prefix of what the client sent."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any
@@ -12,8 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engines.config.sections import PeersSettings
+from engines.core.procs import free_loopback_port
 from engines.errors import quoted
-from tests.conftest import RunningDaemon
+from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
 
 HUGE = "9" * 5000
 
@@ -135,3 +138,21 @@ def test_quoted_shows_a_short_prefix_and_escapes() -> None:
     assert quoted("x" * 81) == repr("x" * 80) + "…"
     assert quoted("a\ud800") == "'a\\ud800'"
     assert quoted(["a"]) == "['a']" and quoted(-1) == "-1"
+
+
+async def test_pairing_refuses_unknown_fields_like_the_other_routes(
+    daemon_factory: DaemonFactory,
+) -> None:
+    settings = dataclasses.replace(
+        fast_settings(free_loopback_port()),
+        peers=PeersSettings(host="127.0.0.1", port=free_loopback_port()),
+    )
+    d = await daemon_factory(settings)
+    for path, body in (
+        ("/api/peers/pairing", {"expires_in_s": 60, "expires_in": 60}),
+        ("/api/peers/join", {"address": "127.0.0.1:1", "code": "ABCDE-FGHJK", "colour": 1}),
+    ):
+        status, answer = await _send(d, "POST", path, json.dumps(body).encode())
+        assert status == 400, answer
+        assert answer["error"]["message"].startswith("unknown fields "), answer
+    assert not (await d.client.pairing()).active
