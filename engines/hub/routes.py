@@ -158,25 +158,26 @@ def _repo(request: web.Request) -> str:
 
 async def model_info(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    return ok(await hub.details(_repo(request), request.query.get("revision")))
+    return ok(await hub.details(_repo(request), query_text(request, "revision") or None))
 
 
 async def model_fit(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    details = await hub.details(_repo(request), request.query.get("revision"))
-    q = request.query
+    details = await hub.details(_repo(request), query_text(request, "revision") or None)
     context = query_int(request, "context", default=None, lo=1, hi=MAX_CONTEXT)
     concurrency = query_int(request, "concurrency", default=1, lo=1, hi=MAX_CONCURRENCY)
-    kv = q.get("kv_cache_dtype", "auto")
+    kv = query_text(request, "kv_cache_dtype", default="auto")
     if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
         raise ConfigError("kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
-    if q.get("device") == "cpu":  # the CPU build: this computer's memory instead of GPUs
+    if (
+        query_text(request, "device") == "cpu"
+    ):  # the CPU build: this computer's memory instead of GPUs
         ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
         kv_bytes = hub.settings.current.engines.cpu_kv_cache_gib * fit.GIB
         return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
                                     context_len=context)])  # fmt: skip
     pool = await hub.inventory.gpus()
-    engine = q.get("engine")
+    engine = query_text(request, "engine") or None
     n_gpus = query_int(request, "gpus", default=None, lo=1, hi=1024)
     if engine is None and n_gpus is None:
         matrix = fit.fit_matrix(
@@ -211,7 +212,9 @@ async def _placed(hub: HubFeature, results: list[FitResult]) -> list[FitResult]:
 async def verify_model(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     repo_id = _repo(request)
-    found = await asyncio.to_thread(hub.library.verify, repo_id, request.query.get("revision"))
+    found = await asyncio.to_thread(
+        hub.library.verify, repo_id, query_text(request, "revision") or None
+    )
     for m in found:
         reason = "verified" if m.verified == "verified" else "corrupt"
         hub.publish(LibraryChanged(repo_id=repo_id, commit_sha=m.commit_sha, reason=reason))
@@ -246,7 +249,9 @@ async def delete_model(request: web.Request) -> web.Response:
             "retrying",
         ):
             raise ModelInUse(f"{repo_id} is downloading ({d.id}); cancel the download first")
-    freed = await asyncio.to_thread(hub.library.delete, repo_id, request.query.get("revision"))
+    freed = await asyncio.to_thread(
+        hub.library.delete, repo_id, query_text(request, "revision") or None
+    )
     hub.publish(LibraryChanged(repo_id=repo_id, commit_sha="", reason="deleted"))
     return ok({"repo_id": repo_id, "freed_bytes": freed})
 
