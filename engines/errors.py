@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+QUOTE_CHARS = 80
+"""The most characters of a client's text an error message quotes (then "…")."""
+
+
+def quoted(text: object, limit_chars: int = QUOTE_CHARS) -> str:
+    """``text`` as an error message quotes what a client sent (a name, a value): its first
+    ``limit_chars`` characters in quotes, then "…" when there was more, so a 3 MB name gives a
+    short message; text that is not valid Unicode (a lone surrogate) is shown escaped."""
+    if isinstance(text, str):
+        shown, more = repr(text[:limit_chars]), len(text) > limit_chars
+    else:  # a number, a list: as Python writes it, cut the same way
+        written = repr(text)
+        shown, more = written[:limit_chars], len(written) > limit_chars
+    return shown.encode("utf-8", "backslashreplace").decode() + ("…" if more else "")
+
 
 class TraylmError(Exception):
     """Root of every error traylm raises on purpose.

@@ -9,7 +9,15 @@ from aiohttp import web
 from engines.bench.report import render_report
 from engines.bench.runs import summary
 from engines.bench.service import BenchFeature, config_from_body
-from engines.core.http import json_body, ok, traylm_errors
+from engines.core.http import (
+    MAX_ID,
+    json_body,
+    ok,
+    query_int,
+    query_text,
+    traylm_errors,
+    whole_number,
+)
 from engines.errors import ConfigError
 
 routes = web.RouteTableDef()
@@ -30,20 +38,17 @@ def _feature(request: web.Request) -> BenchFeature:
 
 def _run_id(text: str) -> int:
     try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"{text!r} is not a run id; `traylm bench ls` lists them") from None
+        return whole_number(text.strip(), "a run id", lo=0, hi=MAX_ID)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.message}; `traylm bench ls` lists them") from None
 
 
 @routes.get("/api/bench/runs")
 @traylm_errors
 async def list_runs(request: web.Request) -> web.Response:
     f = _feature(request)
-    try:
-        limit = int(request.query.get("limit", "200"))
-    except ValueError:
-        raise ConfigError("limit must be a whole number of runs") from None
-    return ok(await asyncio.to_thread(f.runs.list, max(1, min(limit, 10_000))))
+    limit = query_int(request, "limit", default=200, lo=1, hi=MAX_ID)
+    return ok(await asyncio.to_thread(f.runs.list, min(limit, 10_000)))
 
 
 @routes.post("/api/bench/runs")
@@ -95,7 +100,7 @@ async def current(request: web.Request) -> web.Response:
 @traylm_errors
 async def report(request: web.Request) -> web.Response:
     f = _feature(request)
-    ids = [_run_id(x) for x in request.query.get("ids", "").split(",") if x.strip()]
+    ids = [_run_id(x) for x in query_text(request, "ids", max_chars=10_000).split(",") if x.strip()]
     if not ids or len(ids) > MAX_REPORT_RUNS:
         raise ConfigError(f"give ?ids=1 or ?ids=1,2 (at most {MAX_REPORT_RUNS} runs)")
     runs = [await asyncio.to_thread(f.runs.get, i) for i in ids]

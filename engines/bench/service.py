@@ -41,7 +41,7 @@ from engines.bench.runs import RunStore, summary
 from engines.config.live import SettingsView
 from engines.core.http import dataclass_body
 from engines.core.store import Store
-from engines.errors import BenchError, ConfigError, DiskFull
+from engines.errors import BenchError, ConfigError, DiskFull, quoted
 from engines.events.bench import (
     BenchConfig,
     BenchFinished,
@@ -182,10 +182,12 @@ class BenchFeature:
             if engine is None:
                 served = sorted({n for n, _ in self._routing.served_models()})
                 listing = ", ".join(served) or "none (start one with `traylm start PROFILE`)"
-                raise BenchError(f"the model {config.model!r} is not served; served: {listing}")
+                raise BenchError(
+                    f"the model {quoted(config.model)} is not served; served: {listing}"
+                )
             if engine.state != EngineState.READY:
                 raise BenchError(
-                    f"the engine for {config.model!r} is {engine.state}; benchmark it once "
+                    f"the engine for {quoted(config.model)} is {engine.state}; benchmark it once "
                     "`traylm status` shows it ready"
                 )
             target = f"http://127.0.0.1:{self._settings.current.gateway.port}/v1"
@@ -354,7 +356,7 @@ async def _preflight(target: str, model: str, api_key: str) -> None:
     ids = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
     if model not in ids:
         raise BenchError(
-            f"{target} does not serve {model!r}; it serves: {', '.join(ids) or 'nothing'}"
+            f"{target} does not serve {quoted(model)}; it serves: {', '.join(ids) or 'nothing'}"
         )
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from engines.chats.service import ChatsFeature
 from engines.chats.store import NewMessage
-from engines.core.http import json_body, ok, traylm_errors
+from engines.core.http import MAX_ID, json_body, ok, traylm_errors, whole_number
 from engines.errors import ConfigError
 
 CHATS: web.AppKey[ChatsFeature] = web.AppKey("chats", ChatsFeature)
@@ -34,10 +34,7 @@ def chats_routes() -> list[web.RouteDef]:
 
 
 def _chat_id(request: web.Request) -> int:
-    raw = request.match_info["chat_id"]
-    if not raw.isdigit():
-        raise ConfigError(f"conversation id must be a number, not {raw!r}")
-    return int(raw)
+    return whole_number(request.match_info["chat_id"], "conversation id", lo=0, hi=MAX_ID)
 
 
 async def list_chats(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
-from engines.errors import ConfigError
+from engines.errors import ConfigError, quoted
 
 # --------------------------------------------------------------------------- field metadata
 
@@ -78,8 +78,8 @@ def parse_duration(value: object, *, what: str) -> float:
         pos = m.end()
     if not body or pos != len(body):
         raise ConfigError(
-            f"{what} {value!r} is not a duration: write seconds (300) or a number with a unit "
-            "(90s, 10m, 1h, 1h30m)"
+            f"{what} {quoted(value)} is not a duration: write seconds (300) or a number with "
+            "a unit (90s, 10m, 1h, 1h30m)"
         )
     return sign * total
 
@@ -99,17 +99,19 @@ def build_dataclass(cls: type[C], data: Mapping[str, Any], where: str, problems:
     prefix = f"{where} " if where else ""
     for key, raw in data.items():
         if key not in fields:
-            problems.append(f"{prefix}'{key}' is not a known field{did_you_mean(key, fields)}")
+            problems.append(
+                f"{prefix}{quoted(key)} is not a known field{did_you_mean(key, fields)}"
+            )
             continue
         meta = fields[key].metadata
         try:
             value = _coerce(hints[key], raw)
         except (TypeError, ValueError) as exc:
-            problems.append(f"{prefix}{key} = {raw!r}: {exc}")
+            problems.append(f"{prefix}{key} = {quoted(raw)}: {exc}")
             continue
         bad = _check_bounds(value, meta)
         if bad:
-            problems.append(f"{prefix}{key} = {raw!r}: {bad}")
+            problems.append(f"{prefix}{key} = {quoted(raw)}: {bad}")
             continue
         kwargs[key] = value
     return cls(**kwargs)

@@ -27,13 +27,16 @@ from engines.config.replica_ids import replica_id as replica_id
 from engines.config.replica_ids import replica_index as replica_index
 from engines.config.sections import resources_dir
 from engines.config.tomlfile import read_toml, write_toml_atomic
-from engines.errors import ConfigError, ProfileNotFound
+from engines.errors import ConfigError, ProfileNotFound, quoted
 
 ENGINES = ("vllm", "trtllm", "sglang")
 """Engine names a profile may use (the adapter registry has one adapter per name)."""
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 """The form of a profile name: also of engine ids, model folders and attached servers."""
+MAX_NAME_CHARS = 256
+"""The longest model name a profile (model, served_name, aliases) or a request may give; a repo
+id is at most 193 characters, a local folder's path rarely longer."""
 AUTO = "auto"
 ACROSS_BOXES_WARNING = (
     "vLLM's traffic between the boxes (torch.distributed, Gloo/NCCL) is unencrypted and "
@@ -55,9 +58,9 @@ def check_name(name: str, what: str = "profile") -> str:
     """``name`` when it is a valid profile name; otherwise ConfigError (HTTP 400, code
     ``invalid_name``) that says the rule. ``what``: the kind of name, for the message."""
     if not valid_name(name):
-        shown = repr(name[:80]) + ("..." if len(name) > 80 else "")
         raise ConfigError(
-            f"{shown} is not a valid {what} name: use {NAME_RULE} (no spaces, '/' or other signs)",
+            f"{quoted(name)} is not a valid {what} name: use {NAME_RULE} (no spaces, '/' or "
+            "other signs)",
             code="invalid_name",
         )
     return name
@@ -244,9 +247,17 @@ def profile_to_mapping(profile: Profile) -> dict[str, Any]:
 def _check_profile(p: Profile) -> list[str]:
     problems: list[str] = []
     if not valid_name(p.name):
-        problems.append(f"name {p.name!r} must be {NAME_RULE} (no spaces or '/')")
+        problems.append(f"name {quoted(p.name)} must be {NAME_RULE} (no spaces or '/')")
     if not p.model:
         problems.append("model is required: a Hugging Face repo id (org/name) or a local folder")
+    for key, value in (("model", p.model), ("served_name", p.served_name or "")):
+        if len(value) > MAX_NAME_CHARS:
+            problems.append(f"{key} {quoted(value)} is longer than {MAX_NAME_CHARS} characters")
+    problems.extend(
+        f"aliases: {quoted(a)} is longer than {MAX_NAME_CHARS} characters"
+        for a in p.aliases
+        if len(a) > MAX_NAME_CHARS
+    )
     if p.gpu_count > len(p.gpus) and p.device != "cpu" and not p.gpus_auto:
         problems.append(
             f"tensor × pipeline × data parallel = {p.gpu_count} needs that many GPUs, "
@@ -332,7 +343,7 @@ class ProfileStore:
 
     def load(self, name: str) -> Profile:
         if not valid_name(name):
-            raise ProfileNotFound(f"no profile named {name!r}: names are {NAME_RULE}")
+            raise ProfileNotFound(f"no profile named {quoted(name)}: names are {NAME_RULE}")
         for folder in (self._dir, self._presets):
             path = folder / f"{name}.toml"
             if path.exists():

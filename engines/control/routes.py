@@ -24,13 +24,23 @@ from engines.config.profiles import (
 )
 from engines.config.sections import SECTIONS
 from engines.control.service import ControlAPI, adhoc_profile
-from engines.core.http import error_response, event_stream, json_body, ok, traylm_errors
+from engines.core.http import (
+    error_response,
+    event_stream,
+    json_body,
+    ok,
+    query_flag,
+    query_int,
+    query_text,
+    traylm_errors,
+)
 from engines.core.waiting import within
 from engines.envs.manager import env_summary
-from engines.errors import ConfigError, EngineEnvError, TraylmError
+from engines.errors import ConfigError, EngineEnvError, TraylmError, quoted
 from engines.events.codec import to_plain
 
 log = logging.getLogger(__name__)
+MAX_LOG_LINES = 1_000_000  # past any ring; 0 asks for all lines
 routes = web.RouteTableDef()
 SSE_KEEPALIVE_S = 15.0
 
@@ -132,11 +142,8 @@ async def restart_engine(request: web.Request) -> web.Response:
 @routes.get("/api/engines/{engine_id}/logs")
 @traylm_errors
 async def engine_logs(request: web.Request) -> web.Response:
+    tail = query_int(request, "tail", default=200, lo=0, hi=MAX_LOG_LINES)
     engine = _api(request).engines.engine(_name(request, "engine_id", "engine"))
-    try:
-        tail = int(request.query.get("tail", "200"))
-    except ValueError:
-        raise ConfigError("tail must be a whole number of lines") from None
     return ok(
         {
             "engine_id": engine.engine_id,
@@ -178,7 +185,7 @@ async def save_profile(request: web.Request) -> web.Response:
     body = await json_body(request)
     body.pop("name", None)
     p = profile_from_mapping(name, body)
-    if request.query.get("dry_run") not in ("1", "true"):
+    if not query_flag(request, "dry_run"):
         await asyncio.to_thread(d.profiles.save, p)
     warnings = [ACROSS_BOXES_WARNING] if p.boxes else []  # where it is turned on
     return ok({**_profile_view(d, p), "toml": profile_to_mapping(p), "warnings": warnings})
@@ -236,7 +243,7 @@ async def env_doctor(request: web.Request) -> web.Response:
     for env in await asyncio.to_thread(d.envs.list):
         if env.name == name:
             return ok({"env": env_summary(env), "checks": await d.envs.doctor(env)})
-    raise ConfigError(f"no engine environment named {name!r}")
+    raise ConfigError(f"no engine environment named {quoted(name)}")
 
 
 @routes.post("/api/envs")
@@ -276,7 +283,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events; ``?kinds=engine,notice`` filters by kind or kind prefix."""
     d = _api(request)
-    kinds_param = request.query.get("kinds")
+    kinds_param = query_text(request, "kinds", max_chars=4096)
     kinds = (
         frozenset(k.strip() for k in kinds_param.split(",") if k.strip()) if kinds_param else None
     )

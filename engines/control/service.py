@@ -32,6 +32,7 @@ from engines.errors import (
     GPUNotFound,
     ProfileNotFound,
     TraylmError,
+    quoted,
 )
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress, Notice
@@ -467,7 +468,7 @@ def resolve_model(profile: Profile) -> str:
         return str(path)
     if not REPO_ID_RE.match(model) or ".." in model or "--" in model:
         raise ConfigError(
-            f"model {model!r} is neither a local folder nor a Hugging Face repo id "
+            f"model {quoted(model)} is neither a local folder nor a Hugging Face repo id "
             "(org/name); fix the profile's model"
         )
     return model

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import HttpVersion11, web
 
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError, TraylmError, quoted
 from engines.events.codec import from_plain, to_plain
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,13 +103,116 @@ def parse_json_body(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 
 async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict[str, Any]:
-    """The request's JSON object; ConfigError says what is wrong. ``empty_ok``: no body is {}."""
+    """The request's JSON object, the one way every /api route reads a body; ConfigError (400)
+    says what is wrong: not JSON, not an object, or text that is not valid Unicode (a lone
+    surrogate such as ``"\\ud800"``, which JSON allows and nothing downstream can store or
+    encode), naming the field. ``empty_ok``: no body is {}."""
     if empty_ok and not request.can_read_body:
         return {}
     data, problem = parse_json_body(await request.read())
     if data is None:
         raise ConfigError(problem or "the request body must be a JSON object")
+    field = lone_surrogate_at(data)
+    if field is not None:
+        raise ConfigError(
+            f"{field} is not valid Unicode text (it holds a lone surrogate such as \\ud800): "
+            "send text as UTF-8"
+        )
     return data
+
+
+def lone_surrogate_at(value: Any) -> str | None:
+    """Where the first text in a decoded JSON value holds a lone surrogate (``messages[0].
+    content``; ``a key in params`` for a key), or None. Walked without recursion: the parser
+    already allows nesting as deep as Python's recursion limit."""
+    todo: list[tuple[str, Any]] = [("", value)]
+    while todo:
+        path, item = todo.pop()
+        if isinstance(item, str) and not _encodable(item):
+            return path or "the body"
+        if isinstance(item, dict):
+            for key, sub in reversed(item.items()):
+                if not _encodable(key):
+                    return f"a key in {path or 'the body'}"
+                todo.append((f"{path}.{key}" if path else key, sub))
+        elif isinstance(item, list):
+            todo.extend((f"{path}[{i}]", sub) for i, sub in reversed(list(enumerate(item))))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- query strings
+
+_WHOLE = re.compile(r"-?[0-9]+")
+_MAX_DIGITS = 30  # past any bound a route sets; longer (5,000 digits) is out of range unread
+
+
+MAX_ID = 2**63 - 1
+"""The largest id a path or query may name: SQLite's largest integer."""
+
+
+def whole_number(raw: str, name: str, *, lo: int, hi: int) -> int:
+    """``raw`` (a query parameter, a path's id) as a whole number from ``lo`` to ``hi``;
+    ConfigError (400) names it and the range otherwise: also for digits that are not ASCII
+    (``²``) and for numbers longer than Python parses (5,000 digits)."""
+    if _WHOLE.fullmatch(raw) is None:
+        raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, not {quoted(raw)}")
+    if len(raw.lstrip("-").lstrip("0")) > _MAX_DIGITS or not lo <= int(raw) <= hi:
+        raise ConfigError(f"{name} must be from {lo} to {hi}, not {quoted(raw, 20)}")
+    return int(raw)
+
+
+def query_int(request: web.Request, name: str, *, default: T, lo: int, hi: int) -> int | T:
+    """The query parameter ``name`` as a whole number from ``lo`` to ``hi`` (``whole_number``);
+    ``default`` when absent or empty."""
+    raw = request.query.get(name, "")
+    return default if raw == "" else whole_number(raw, name, lo=lo, hi=hi)
+
+
+def query_float(request: web.Request, name: str, *, default: float, lo: float, hi: float) -> float:
+    """The query parameter ``name`` as a number from ``lo`` to ``hi``; ``default`` when absent
+    or empty. ConfigError (400) names the parameter and the range otherwise (nan included)."""
+    raw = request.query.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw) if len(raw) <= 2 * _MAX_DIGITS else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be a number from {lo:g} to {hi:g}, not {quoted(raw, 20)}")
+    return value
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    """The query parameter ``name`` as on (``1``/``true``) or off (absent, empty, ``0``/
+    ``false``); ConfigError (400) for anything else."""
+    raw = request.query.get(name, "")
+    if raw in ("1", "true"):
+        return True
+    if raw in ("", "0", "false"):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (true or false), not {quoted(raw)}")
+
+
+def query_text(request: web.Request, name: str, *, default: str = "", max_chars: int = 256) -> str:
+    """The query parameter ``name`` as text of at most ``max_chars``; ``default`` when absent.
+    ConfigError (400) for longer text or text that is not valid Unicode."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if len(raw) > max_chars:
+        raise ConfigError(f"{name} must be at most {max_chars} characters, not {quoted(raw)}")
+    if not _encodable(raw):
+        raise ConfigError(f"{name} is not valid Unicode text: send it as UTF-8")
+    return raw
 
 
 def dataclass_body(defaults: T, body: Mapping[str, Any]) -> T:
@@ -118,15 +222,27 @@ def dataclass_body(defaults: T, body: Mapping[str, Any]) -> T:
     cls = type(defaults)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(body) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown fields {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
-        )
+    refuse_unknown(body, names)
     for name, value in body.items():
         _check_type(name, value, getattr(defaults, name), hints[name])
     merged = {**to_plain(defaults), **body}
     return from_plain(cls, merged)
+
+
+def refuse_unknown(body: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """ConfigError (400) naming the fields of ``body`` not in ``allowed``: a misspelt field is
+    an error, never silently a default."""
+    names = set(allowed)
+    unknown = sorted(set(body) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown fields {', '.join(_field_name(k) for k in unknown[:5])}"
+            f"{' …' if len(unknown) > 5 else ''}; allowed: {', '.join(sorted(names))}"
+        )
+
+
+def _field_name(key: str) -> str:
+    return key if key.isidentifier() and len(key) <= 40 else quoted(key, 40)
 
 
 def _check_type(name: str, value: Any, default: Any, hint: Any) -> None:

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from engines.config.profiles import Profile
 from engines.core.modelinfo import read_model_info
+from engines.errors import quoted
 from engines.gateway.shapes import api_error, error_message, is_anthropic
 from engines.runtime.adapters.base import EngineRuntime
 from engines.runtime.adapters.routeset import RouteSet
@@ -181,7 +182,7 @@ def route_problem(
         return api_error(
             path,
             404,
-            f"{caps.label} (engine {caps.engine_id!r}, serving {model!r}) does not serve "
+            f"{caps.label} (engine {caps.engine_id!r}, serving {quoted(model)}) does not serve "
             f"{method} {route}; a newer engine version may: `traylm engines install "
             f"{caps.label.split()[0]} --version NEWER`",
             type_="not_found",
@@ -202,7 +203,7 @@ def task_message(caps: Capabilities, route: str, model: str) -> str:
     wants = f": that needs {_KIND[needed]}" if needed else ""
     fix = _FIX.get(needed, "serve a model that supports it in another profile")
     return (
-        f"{model!r} is {kind}{arch} in engine {caps.engine_id!r}, so it cannot serve "
+        f"{quoted(model)} is {kind}{arch} in engine {caps.engine_id!r}, so it cannot serve "
         f"{route}{wants}. To fix: {fix.format(profile=caps.profile)}."
     )
 
@@ -227,7 +228,8 @@ def tools_message(caps: Capabilities, model: str) -> str:
         else " (FORMAT: llama3_json for Llama 3.x, hermes for Qwen, mistral for Mistral)"
     )
     said = (
-        f"{model!r} cannot call tools: engine {caps.engine_id!r} has no tool calling format set. "
+        f"{quoted(model)} cannot call tools: engine {caps.engine_id!r} has no tool calling "
+        "format set. "
     )
     if caps.served_as == "folder":
         return said + (
@@ -288,7 +290,7 @@ def explain_engine_error(
     if resp.status == 404 and message == "Not Found":
         text = (
             f"{caps.label} (engine {caps.engine_id!r}) does not serve {method} {route} for "
-            f"{model!r}: the engine mounts routes by the kind of model it runs"
+            f"{quoted(model)}: the engine mounts routes by the kind of model it runs"
         )
         if caps.routes is not None and caps.tasks is not None:
             text = task_message(caps, route, model)

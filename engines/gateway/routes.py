@@ -20,7 +20,7 @@ from aiohttp import web
 
 from engines.config.fields import parse_duration
 from engines.core.http import openai_error, parse_json_body
-from engines.errors import ConfigError
+from engines.errors import ConfigError, quoted
 from engines.events.codec import to_plain
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
@@ -111,7 +111,7 @@ async def retrieve_model(ctx: GatewayContext, request: web.Request) -> web.Respo
     served = ", ".join(sorted({str(item["id"]) for item in items})) or "none"
     return openai_error(
         404,
-        f"the model {model_id!r} is not served; served models: {served}",
+        f"the model {quoted(model_id)} is not served; served models: {served}",
         type_="model_not_found",
         code="model_not_found",
         param="model",

@@ -25,7 +25,7 @@ from engines.config.profiles import Profile
 from engines.config.sections import Settings
 from engines.core.http import error_response, openai_error
 from engines.core.metrics import MetricsRegistry
-from engines.errors import ModelUnavailable, TraylmError
+from engines.errors import ModelUnavailable, TraylmError, quoted
 from engines.events.codec import Event
 from engines.events.models import ServableModel
 from engines.gateway.admission import Admission
@@ -273,7 +273,7 @@ class GatewayContext:
         if up is None and for_box and not self.settings.peers.load_for_peers:
             return unavailable(
                 ModelUnavailable(
-                    f"{model!r} stopped on the box asked, which loads no model for a paired "
+                    f"{quoted(model)} stopped on the box asked, which loads no model for a paired "
                     "box (peers.load_for_peers is off there)",
                     code="model_not_loaded",
                     retry=False,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engines.errors import GPUNotFound
+from engines.errors import GPUNotFound, quoted
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 
 __all__ = [
@@ -93,7 +93,7 @@ def find_info(infos: Sequence[GPUInfo], gpu: str) -> GPUInfo:
     if len(matches) == 1:
         return matches[0]
     known = ", ".join(f"{i.index} ({i.uuid})" for i in infos) or "none"
-    raise GPUNotFound(f"no GPU {gpu!r}; GPUs: {known}")
+    raise GPUNotFound(f"no GPU {quoted(gpu)}; GPUs: {known}")
 
 
 def cuda_order(infos: Sequence[GPUInfo]) -> list[GPUInfo]:

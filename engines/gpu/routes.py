@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.core.http import json_body, ok, traylm_errors
+from engines.core.http import json_body, ok, query_flag, query_float, query_int, traylm_errors
 from engines.errors import ConfigError
 from engines.events.codec import to_plain
 from engines.events.gpu import (
@@ -66,7 +66,7 @@ def _feature(request: web.Request) -> GPUFeature:
 
 
 def _dry_run(request: web.Request) -> bool:
-    return request.query.get("dry_run") in ("1", "true")
+    return query_flag(request, "dry_run")
 
 
 def _check_keys(body: dict[str, Any], allowed: set[str]) -> None:
@@ -116,8 +116,8 @@ async def overview(request: web.Request) -> web.Response:
 @traylm_errors
 async def history(request: web.Request) -> web.Response:
     f = _feature(request)
-    seconds = _number(request, "seconds", 600, 1, MAX_HISTORY_S)
-    points = int(_number(request, "points", 600, 2, 5000))
+    seconds = query_float(request, "seconds", default=600, lo=1, hi=MAX_HISTORY_S)
+    points = query_int(request, "points", default=600, lo=2, hi=5000)
     now = time.time()
     since = now - seconds
     ring = list(f.sampler.ring)
@@ -135,19 +135,6 @@ async def history(request: web.Request) -> web.Response:
         simulated=f.backend.simulated,
     )
     return ok(result)
-
-
-def _number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number ({lo:g}-{hi:g})") from None
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name} must be {lo:g}-{hi:g}, not {raw}")
-    return value
 
 
 @routes.get("/api/gpus/presets")

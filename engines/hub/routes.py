@@ -40,9 +40,9 @@ from typing import Any
 import psutil
 from aiohttp import web
 
-from engines.core.http import json_body, loads, ok, traylm_errors
+from engines.core.http import json_body, ok, query_int, query_text, traylm_errors
 from engines.core.reach import reachable
-from engines.errors import ConfigError, HubError, HubUnavailable, ModelInUse
+from engines.errors import ConfigError, HubUnavailable, ModelInUse, quoted
 from engines.events.hub import FitResult, LibraryChanged
 from engines.gpu.inventory import RTX_4090
 from engines.hub import fit
@@ -51,6 +51,10 @@ from engines.hub.names import validate_repo_id
 from engines.hub.search import search_models
 from engines.hub.service import HubFeature
 from engines.hub.token import clear_token, save_token, token_status
+
+MAX_CONTEXT = 1 << 27
+"""The longest context ``fit`` estimates for, in tokens (the longest models have 10M)."""
+MAX_CONCURRENCY = 1 << 16
 
 HUB: web.AppKey[HubFeature] = web.AppKey("hub", HubFeature)
 """``request.app[HUB]``: the hub feature these routes act on (mounted by the daemon)."""
@@ -77,16 +81,6 @@ def hub_routes() -> list[web.RouteDef]:
         web.post("/api/downloads/{id}/{action}", traylm_errors(download_action)),
         web.delete("/api/downloads/{id}", traylm_errors(cancel_download)),
     ]
-
-
-def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
-    raw = request.query.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
 
 
 async def models_library(request: web.Request) -> web.Response:
@@ -139,7 +133,8 @@ async def clear_hf_token(request: web.Request) -> web.Response:
 
 async def search(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    q = request.query
+    query, sort = query_text(request, "q"), query_text(request, "sort", default="downloads")
+    quantization = query_text(request, "quant") or None
     access = hub.access()
     if not await reachable(access.endpoint):  # at once, not after the client's retries
         raise HubUnavailable(
@@ -149,10 +144,10 @@ async def search(request: web.Request) -> web.Response:
     found = await asyncio.to_thread(
         search_models,
         access,
-        query=q.get("q", ""),
-        sort=q.get("sort", "downloads"),
-        quantization=q.get("quant") or None,
-        limit=_int_param(request, "limit", 20) or 20,
+        query=query,
+        sort=sort,
+        quantization=quantization,
+        limit=query_int(request, "limit", default=20, lo=1, hi=1000),
     )
     return ok(list(found))
 
@@ -163,26 +158,27 @@ def _repo(request: web.Request) -> str:
 
 async def model_info(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    return ok(await hub.details(_repo(request), request.query.get("revision")))
+    return ok(await hub.details(_repo(request), query_text(request, "revision") or None))
 
 
 async def model_fit(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    details = await hub.details(_repo(request), request.query.get("revision"))
-    q = request.query
-    context = _int_param(request, "context", None)
-    concurrency = _int_param(request, "concurrency", 1) or 1
-    kv = q.get("kv_cache_dtype", "auto")
+    details = await hub.details(_repo(request), query_text(request, "revision") or None)
+    context = query_int(request, "context", default=None, lo=1, hi=MAX_CONTEXT)
+    concurrency = query_int(request, "concurrency", default=1, lo=1, hi=MAX_CONCURRENCY)
+    kv = query_text(request, "kv_cache_dtype", default="auto")
     if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
         raise ConfigError("kv_cache_dtype must be auto, fp8, fp8_e4m3 or fp8_e5m2")
-    if q.get("device") == "cpu":  # the CPU build: this computer's memory instead of GPUs
+    if (
+        query_text(request, "device") == "cpu"
+    ):  # the CPU build: this computer's memory instead of GPUs
         ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
         kv_bytes = hub.settings.current.engines.cpu_kv_cache_gib * fit.GIB
         return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
                                     context_len=context)])  # fmt: skip
     pool = await hub.inventory.gpus()
-    engine = q.get("engine")
-    n_gpus = _int_param(request, "gpus", None)
+    engine = query_text(request, "engine") or None
+    n_gpus = query_int(request, "gpus", default=None, lo=1, hi=1024)
     if engine is None and n_gpus is None:
         matrix = fit.fit_matrix(
             details, pool, context_len=context, concurrency=concurrency, kv_cache_dtype=kv
@@ -216,7 +212,9 @@ async def _placed(hub: HubFeature, results: list[FitResult]) -> list[FitResult]:
 async def verify_model(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     repo_id = _repo(request)
-    found = await asyncio.to_thread(hub.library.verify, repo_id, request.query.get("revision"))
+    found = await asyncio.to_thread(
+        hub.library.verify, repo_id, query_text(request, "revision") or None
+    )
     for m in found:
         reason = "verified" if m.verified == "verified" else "corrupt"
         hub.publish(LibraryChanged(repo_id=repo_id, commit_sha=m.commit_sha, reason=reason))
@@ -226,11 +224,7 @@ async def verify_model(request: web.Request) -> web.Response:
 async def trust_model(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     repo_id = _repo(request)
-    try:
-        body = loads(await request.read())
-    except ValueError:
-        raise ConfigError('the body must be JSON: {"trust_remote_code": true}') from None
-    value = body.get("trust_remote_code") if isinstance(body, dict) else None
+    value = (await json_body(request)).get("trust_remote_code")
     if not isinstance(value, bool):
         raise ConfigError("trust_remote_code must be true or false")
     await asyncio.to_thread(hub.records.set_trust, repo_id, value)
@@ -255,7 +249,9 @@ async def delete_model(request: web.Request) -> web.Response:
             "retrying",
         ):
             raise ModelInUse(f"{repo_id} is downloading ({d.id}); cancel the download first")
-    freed = await asyncio.to_thread(hub.library.delete, repo_id, request.query.get("revision"))
+    freed = await asyncio.to_thread(
+        hub.library.delete, repo_id, query_text(request, "revision") or None
+    )
     hub.publish(LibraryChanged(repo_id=repo_id, commit_sha="", reason="deleted"))
     return ok({"repo_id": repo_id, "freed_bytes": freed})
 
@@ -272,11 +268,8 @@ async def get_download(request: web.Request) -> web.Response:
 
 async def start_download(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    try:
-        body = loads(await request.read())
-    except ValueError:
-        raise ConfigError('the body must be JSON: {"repo_id": "org/name"}') from None
-    if not isinstance(body, dict) or not isinstance(body.get("repo_id"), str):
+    body = await json_body(request)
+    if not isinstance(body.get("repo_id"), str):
         raise ConfigError('the body must name a model: {"repo_id": "org/name"}')
     repo_id = validate_repo_id(body["repo_id"])
     revision = body.get("revision")
@@ -296,7 +289,7 @@ async def download_action(request: web.Request) -> web.Response:
         "cancel": hub.downloads.cancel,
     }
     if action not in ops:
-        raise HubError(f"unknown action {action!r}: pause, resume or cancel", code="not_found")
+        raise ConfigError(f"unknown action {quoted(action)}: pause, resume or cancel")
     return ok(await ops[action](request.match_info["id"]))
 
 

@@ -28,7 +28,7 @@ import aiohttp
 
 from engines.config.profiles import NAME_RULE, valid_name
 from engines.config.tomlfile import read_toml, write_toml_atomic
-from engines.errors import ConfigError
+from engines.errors import ConfigError, quoted
 from engines.events.codec import Event
 from engines.events.models import AttachedChanged, AttachedServer
 from engines.gateway.proxy import Upstream
@@ -88,7 +88,7 @@ class AttachedServers:
         """Check the server answers like OpenAI, then keep it. Raises AttachError with the
         reason (bad name or URL, down, not OpenAI, a public address)."""
         if not valid_name(name):
-            raise AttachError(f"name {name!r} must be {NAME_RULE}")
+            raise AttachError(f"name {quoted(name)} must be {NAME_RULE}")
         if key_env and not _ENV_RE.match(key_env):
             raise AttachError(f"--key-env {key_env!r} is not an environment variable name")
         base = await asyncio.to_thread(check_url, url)
@@ -111,7 +111,7 @@ class AttachedServers:
         server = self.servers.pop(name, None)
         if server is None:
             known = ", ".join(sorted(self.servers)) or "none"
-            raise AttachError(f"no attached server named {name!r}; attached: {known}")
+            raise AttachError(f"no attached server named {quoted(name)}; attached: {known}")
         self._keys.pop(name, None)
         await asyncio.to_thread(self._write)
         gone = replace(server, state="detached", detail="detached")

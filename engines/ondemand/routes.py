@@ -30,9 +30,9 @@ from typing import Any
 from aiohttp import web
 
 from engines.config.fields import parse_duration
-from engines.config.profiles import MAX_REPLICAS, check_name
-from engines.core.http import json_body, ok, traylm_errors
-from engines.errors import ConfigError
+from engines.config.profiles import MAX_NAME_CHARS, MAX_REPLICAS, check_name
+from engines.core.http import json_body, ok, query_text, traylm_errors
+from engines.errors import ConfigError, quoted
 from engines.ondemand.actions import load_model, unload_model
 from engines.ondemand.service import ModelsOnDemand
 
@@ -100,14 +100,20 @@ def _replicas(value: object) -> int | None:
 
 
 async def unload(request: web.Request) -> web.Response:
-    result = await unload_model(request.app[ONDEMAND], _model(request.query.get("model")))
+    result = await unload_model(
+        request.app[ONDEMAND], _model(query_text(request, "model", max_chars=MAX_NAME_CHARS))
+    )
     return ok(result, status=202 if result.deferred else 200)
 
 
 async def placement(request: web.Request) -> web.Response:
     feature = request.app[ONDEMAND]
-    gpus = feature.placer.check_gpus(parse_gpus(request.query.get("gpus")))
-    return ok(await feature.placement(_model(request.query.get("model")), gpus))
+    gpus = feature.placer.check_gpus(parse_gpus(query_text(request, "gpus", max_chars=4096)))
+    return ok(
+        await feature.placement(
+            _model(query_text(request, "model", max_chars=MAX_NAME_CHARS)), gpus
+        )
+    )
 
 
 async def attached(request: web.Request) -> web.Response:
@@ -163,7 +169,7 @@ def parse_gpus(value: Any) -> tuple[int, ...] | None:
     try:
         gpus = tuple(int(str(i).strip()) for i in items)
     except ValueError:
-        raise ConfigError(f"gpus {value!r} must be GPU indices such as 0, 1 or 0,1") from None
+        raise ConfigError(f"gpus {quoted(value)} must be GPU indices such as 0, 1 or 0,1") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise ConfigError(f"gpus {value!r} must be distinct GPU indices (0, 1, ...)")
+        raise ConfigError(f"gpus {quoted(value)} must be distinct GPU indices (0, 1, ...)")
     return gpus

@@ -22,7 +22,7 @@ from engines.config.live import SettingsView
 from engines.config.profiles import MAX_REPLICAS, Profile, ProfileStore, replica_id
 from engines.core.bus import EventBus
 from engines.core.modelinfo import read_model_info
-from engines.errors import ModelUnavailable, TraylmError
+from engines.errors import ModelUnavailable, TraylmError, quoted
 from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus, EnvInstallProgress
 from engines.events.gpu import GPUSnapshot
@@ -274,7 +274,7 @@ class ModelsOnDemand:
         entry = await self.find(model)
         if entry is None and self._boxes is not None and (away := self._boxes.away(model)):
             raise ModelUnavailable(
-                f"{model!r} is served only by another box, which is away: {away}",
+                f"{quoted(model)} is served only by another box, which is away: {away}",
                 code="box_away",
                 retry_after_s=self._settings.current.gateway.retry_after_s,
                 retry=True,
@@ -299,7 +299,7 @@ class ModelsOnDemand:
         starting = engine is not None and engine.state == EngineState.STARTING
         if not self._settings.current.engines.jit and not starting:
             raise ModelUnavailable(
-                f"{model!r} is not loaded (engines.jit is off); load it with "
+                f"{quoted(model)} is not loaded (engines.jit is off); load it with "
                 f"`traylm load {entry.name}`",
                 code="model_not_loaded",
                 http_status=404,
@@ -389,7 +389,7 @@ class ModelsOnDemand:
         names = sorted({n for e in self.catalog.index.entries for n in (e.name, *e.listed)})
         listing = ", ".join(names) if names else "none (add a profile or `traylm models pull`)"
         return ModelUnavailable(
-            f"the model {model!r} is not served; served models: {listing}",
+            f"the model {quoted(model)} is not served; served models: {listing}",
             code="model_not_found",
             http_status=404,
         )

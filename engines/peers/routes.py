@@ -22,7 +22,15 @@ from collections.abc import Callable
 from aiohttp import web
 
 from engines import __version__
-from engines.core.http import Handler, json_body, ok, openai_error, traylm_errors
+from engines.core.http import (
+    Handler,
+    json_body,
+    ok,
+    openai_error,
+    query_text,
+    refuse_unknown,
+    traylm_errors,
+)
 from engines.errors import ConfigError
 from engines.peers import tls
 from engines.peers.service import PeersFeature
@@ -47,12 +55,13 @@ def peers_routes() -> list[web.RouteDef]:
 
 
 async def list_peers(request: web.Request) -> web.Response:
-    check = request.query.get("check", "1") != "0"
+    check = query_text(request, "check", default="1", max_chars=5) != "0"
     return ok(await request.app[PEERS].view(check=check))
 
 
 async def begin_pairing(request: web.Request) -> web.Response:
     body = await json_body(request, empty_ok=True)
+    refuse_unknown(body, ("expires_in_s",))
     expires = body.get("expires_in_s")
     if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)):
         raise ConfigError("expires_in_s must be a number of seconds")
@@ -69,6 +78,7 @@ async def cancel_pairing(request: web.Request) -> web.Response:
 
 async def join(request: web.Request) -> web.Response:
     body = await json_body(request)
+    refuse_unknown(body, ("address", "code"))
     address, code = body.get("address"), body.get("code")
     if not isinstance(address, str) or not isinstance(code, str):
         raise ConfigError("give the other box's address and the code it shows (both text)")

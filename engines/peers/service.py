@@ -232,9 +232,12 @@ class PeersFeature:
 
     async def accept_pairing(self, body: Mapping[str, Any], remote: str) -> dict[str, str]:
         """The joining box's request (routes.py, on the listener): pins it when its proof
-        matches the code shown here; the answer carries this box's proof."""
-        name, port, cert, nonce, proof = exchange.parse_request(body)
-        client_fp = tls.fingerprint_pem(cert)
+        matches the code shown here; the answer carries this box's proof. The proof is
+        checked first, against the certificate's bytes as sent: a request without the code
+        is refused as a wrong code (a try spent) whatever else it holds, and only a request
+        with it has its other fields and its certificate read."""
+        client_fp = tls.claimed_fingerprint(body.get("cert"))
+        nonce, proof = (exchange.text(body.get(k)) for k in ("nonce", "proof"))
         server_fp = self.identity.fingerprint
 
         def expected(code: str) -> str:
@@ -244,12 +247,13 @@ class PeersFeature:
         if pairing is not None and asyncio.get_running_loop().time() >= pairing.deadline:
             self._end_pairing("expired")
             pairing = None
-        if pairing is None or not exchange.matches(expected(pairing.code), proof):
-            self._refuse(
-                pairing,
-                next((w for c, w in self._spent if exchange.matches(expected(c), proof)), None),
-            )
+        if not client_fp or pairing is None or not exchange.matches(expected(pairing.code), proof):
+            spent = (w for c, w in self._spent if exchange.matches(expected(c), proof))
+            self._refuse(pairing, next(spent, None) if client_fp else None)
         assert pairing is not None
+        name, port, cert, nonce, proof = exchange.parse_request(body)
+        if tls.fingerprint_pem(cert) != client_fp:
+            raise ConfigError("the pairing request's cert is not one PEM certificate")
         if client_fp == server_fp:
             raise PairingRefused("a box cannot pair with itself")
         known = self._peers.get(name)

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from engines.core.http import ok
+from engines.errors import quoted
 from engines.events.gpu import GPUInfo
 from engines.events.peers import BoxGPU, BoxModel, BoxServes
 from engines.gateway.app import served_for_box
@@ -94,8 +95,8 @@ async def serve(ctx: GatewayContext, shared: Shared, request: web.Request) -> we
         return api_error(
             request.path,
             503,
-            f"{out.model!r} is not loaded on box {box!r}, which loads no model for a paired box "
-            "(peers.load_for_peers is off there)",
+            f"{quoted(out.model)} is not loaded on box {box!r}, which loads no model for a "
+            "paired box (peers.load_for_peers is off there)",
             type_="model_not_loaded",
         )
     out = dataclasses.replace(out, boxes=False, for_box=caller, keep_alive_s=None)

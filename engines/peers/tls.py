@@ -41,6 +41,18 @@ def fingerprint_der(der: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def claimed_fingerprint(pem: object) -> str:
+    """The fingerprint of the DER bytes a PEM text holds, without reading them as a
+    certificate (the pairing's proof is checked against it before anything else of the
+    request is read); "" when it is not PEM at all."""
+    if not isinstance(pem, str) or not 0 < len(pem) < 16384:
+        return ""
+    try:
+        return fingerprint_der(ssl.PEM_cert_to_DER_cert(pem))
+    except ValueError:  # no PEM markers, or base64 that is not (binascii.Error)
+        return ""
+
+
 def fingerprint_pem(pem: str) -> str:
     """The fingerprint of a PEM certificate; ConfigError when it is not one."""
     try:

@@ -16,8 +16,8 @@ import re
 
 from aiohttp import web
 
-from engines.core.http import ok, traylm_errors
-from engines.errors import ConfigError
+from engines.core.http import MAX_ID, ok, query_int, query_text, traylm_errors
+from engines.errors import ConfigError, quoted
 from engines.events.gateway import CLIENTS
 from engines.recorder.service import RequestRecorder
 
@@ -25,6 +25,7 @@ REQUESTS: web.AppKey[RequestRecorder] = web.AppKey("requests", RequestRecorder)
 """``request.app[REQUESTS]``: the flight recorder (mounted by the daemon)."""
 
 _RID = re.compile(r"^req_[0-9a-f]{24}$")
+_STATUS = re.compile(r"[1-5][0-9][0-9]")
 MAX_LIST = 1000
 
 
@@ -41,37 +42,27 @@ def _rid(request: web.Request) -> str:
     rid = request.match_info["rid"]
     if not _RID.match(rid):
         raise ConfigError(
-            f"{rid[:80]!r} is not a request id (req_ and 24 hex digits, as x-request-id "
+            f"{quoted(rid)} is not a request id (req_ and 24 hex digits, as x-request-id "
             "and `traylm requests ls` show them)"
         )
     return rid
 
 
-def _int(request: web.Request, name: str, default: int | None) -> int | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit():
-        raise ConfigError(f"{name} must be a whole number, not {raw[:40]!r}")
-    return int(raw)
-
-
 async def list_requests(request: web.Request) -> web.Response:
-    q = request.query
-    status = q.get("status", "")
-    if status and status not in ("ok", "error") and not status.isdigit():
-        raise ConfigError(f"status must be an HTTP code, ok or error, not {status[:40]!r}")
-    client = q.get("client", "")
+    status = query_text(request, "status", max_chars=5)
+    if status and status not in ("ok", "error") and not _STATUS.fullmatch(status):
+        raise ConfigError(f"status must be an HTTP code, ok or error, not {quoted(status)}")
+    client = query_text(request, "client", max_chars=20)
     if client and client not in CLIENTS:
-        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, not {client[:40]!r}")
+        raise ConfigError(f"client must be one of {', '.join(CLIENTS)}, not {quoted(client)}")
     rows = await request.app[REQUESTS].summaries(
-        limit=min(_int(request, "limit", 100) or 100, MAX_LIST),
-        before_id=_int(request, "before", None),
-        after_id=_int(request, "after", None),
-        model=q.get("model", ""),
+        limit=min(query_int(request, "limit", default=100, lo=1, hi=MAX_ID), MAX_LIST),
+        before_id=query_int(request, "before", default=None, lo=0, hi=MAX_ID),
+        after_id=query_int(request, "after", default=None, lo=0, hi=MAX_ID),
+        model=query_text(request, "model"),
         status=status,
         client=client,
-        text=q.get("text", "")[:500],
+        text=query_text(request, "text", max_chars=100_000)[:500],
     )
     return ok(rows)
 

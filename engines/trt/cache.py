@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.config.tomlfile import write_bytes_atomic
-from engines.errors import ConfigError, EngineError
+from engines.errors import ConfigError, EngineError, quoted
 from engines.events.trt import TRTCacheEntry
 
 META = "meta.json"
@@ -162,10 +162,11 @@ class EngineCache:
 
     def remove(self, entry_id: str, in_use: Mapping[str, Iterable[str]]) -> TRTCacheEntry:
         folder = self.root / entry_id
-        entry = self._read(folder, in_use) if folder.is_dir() and "/" not in entry_id else None
+        plain = "/" not in entry_id and entry_id not in ("", ".", "..") and len(entry_id) <= 255
+        entry = self._read(folder, in_use) if plain and folder.is_dir() else None
         if entry is None:
             known = ", ".join(e.id for e in self.entries()) or "none"
-            raise ConfigError(f"no cached engine {entry_id!r}; cached: {known}")
+            raise ConfigError(f"no cached engine {quoted(entry_id)}; cached: {known}")
         if entry.in_use_by:
             raise EngineError(
                 f"engine {entry_id} is in use by {', '.join(entry.in_use_by)}; stop it first"

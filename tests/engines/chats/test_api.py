@@ -148,7 +148,7 @@ async def test_bad_params_and_ids(daemon: RunningDaemon) -> None:
         aiohttp.ClientSession(headers={"Authorization": f"Bearer {daemon.daemon.token}"}) as http,
         http.get(f"{daemon.url}/api/chats/abc") as r,
     ):
-        assert r.status == 400 and "must be a number" in (await r.json())["error"]["message"]
+        assert r.status == 400 and "must be a whole number" in (await r.json())["error"]["message"]
 
 
 async def test_changes_are_published(daemon: RunningDaemon) -> None:
