@@ -15,7 +15,7 @@ import pytest
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.test_daemon_gateway import sdk, start_fake
 
 HI = [{"role": "user", "content": "hi"}]
 ANTHROPIC_TYPES = {
@@ -158,5 +158,44 @@ async def test_a_failed_load_ends_a_messages_stream_with_the_same_type_as_unstre
     finally:
         await client.close()
     kind = plain.value.body["error"]["type"]  # type: ignore[index]
-    assert plain.value.status_code == 503 and kind == "overloaded_error"
+    assert plain.value.status_code == 503 and kind == "api_error"  # not retried as overload
     assert streamed.value.body["error"]["type"] == kind  # type: ignore[index]
+
+
+NO_GPU = "needs an NVIDIA GPU (this computer has none)"
+
+
+async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_once(
+    daemon: RunningDaemon,
+) -> None:
+    """On a computer without a GPU the GPU presets are not in /v1/models, and a request for
+    one is a permanent refusal: Anthropic's invalid_request_error (Claude Code retried the
+    503 overloaded_error ten times) and OpenAI's 400; each SDK, with its default retries,
+    makes one request."""
+    await start_fake(daemon)
+    lister = sdk(daemon)
+    listed = {m.id for m in (await lister.models.list()).data}
+    await lister.close()
+    assert "fake" in listed and "llama-3.1-8b" not in listed
+    blocked = {m.name: m.blocked for m in await daemon.client.servable_models()}
+    assert blocked["llama-3.1-8b"] == NO_GPU  # still known, with the reason (ps --all, the app)
+    claude = anthropic.AsyncAnthropic(base_url=daemon.url, api_key="unused")  # default retries
+    try:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await claude.messages.create(model="llama-3.1-8b", max_tokens=1, messages=HI)
+    finally:
+        await claude.close()
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert NO_GPU in str(refused.value)
+    assert seen(daemon, "/v1/messages", "400") == 1
+    client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    try:
+        with pytest.raises(openai.BadRequestError) as plain:
+            await client.chat.completions.create(model="llama-3.1-8b", messages=HI)
+        with pytest.raises(openai.NotFoundError) as retrieved:
+            await client.models.retrieve("llama-3.1-8b")
+    finally:
+        await client.close()
+    assert plain.value.type == "invalid_request_error" and plain.value.code == "gpu_not_found"
+    assert seen(daemon, "/v1/chat/completions", "400") == 1
+    assert f"cannot start on this computer: {NO_GPU}" in str(retrieved.value)
