@@ -28,7 +28,6 @@ from aiohttp import web
 from engines.core.http import event_stream, openai_error
 from engines.gateway.chunked import DirectChunks
 from engines.gateway.metrics import GatewayMetrics
-from engines.gateway.shapes import is_anthropic
 from engines.gateway.sse import (
     EVENT_ENDS,
     count_usage,
@@ -259,7 +258,8 @@ async def _reply(
     counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
     s.record(upstream_resp.status, *count_usage(counts, s.model, s.metrics, chunks=0))
     if s.prepared is not None:  # an answer that is not a stream, after the stream began
-        return await end_with_error(request, s.prepared, error_text(data, upstream_resp.status))
+        message = error_text(data, upstream_resp.status)
+        return await end_with_error(request, s.prepared, message, status=upstream_resp.status)
     resp = engine_answer(s.upstream, upstream_resp, data)
     if s.upstream.box and upstream_resp.status in BOX_REFUSALS:
         resp[NOT_SENT] = True  # the box's gateway refused it before any engine there began
@@ -476,7 +476,7 @@ async def _end_with_error(
     type_: str = ENGINE_ERROR,
 ) -> None:
     s.metrics.errors.inc(status="502")
-    event = sse_error(message, type_=type_, anthropic=is_anthropic(request.path))
+    event = sse_error(message, type_=type_, path=request.path)
     if s.tap is not None:
         s.tap.feed(event)
     if s.flow is not None:  # a client that reads nothing is ended by the sweep, also here
@@ -485,12 +485,18 @@ async def _end_with_error(
 
 
 async def end_with_error(
-    request: web.Request, resp: web.StreamResponse, message: str, *, type_: str = "engine_error"
+    request: web.Request,
+    resp: web.StreamResponse,
+    message: str,
+    *,
+    type_: str = "engine_error",
+    status: int = 502,
 ) -> web.StreamResponse:
     """End a stream that already began (SSE comments while the model loaded) with an error
-    event in the shape of the request's API; a client that is gone is only noted."""
+    event in the shape of the request's API, carrying the ``status`` the same refusal has
+    unstreamed; a client that is gone is only noted."""
     try:
-        await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
+        await resp.write(sse_error(message, type_=type_, code=status, path=request.path))
         await resp.write_eof()
     except CLIENT_WRITE_ERRORS:
         request[CLIENT_GONE] = True
@@ -512,7 +518,10 @@ async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
     """The answer of a request ended from outside before its reply began."""
     assert s.flow is not None
     if s.prepared is not None:
-        return await end_with_error(request, s.prepared, s.flow.why, type_="engine_unavailable")
+        why = s.flow.why
+        return await end_with_error(
+            request, s.prepared, why, type_="engine_unavailable", status=503
+        )
     resp = openai_error(503, s.flow.why, type_="engine_unavailable", headers={"Retry-After": "5"})
     resp[NOT_SENT] = True  # its engine died or stopped before a byte of reply: nothing happened
     return resp

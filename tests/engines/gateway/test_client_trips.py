@@ -199,3 +199,30 @@ async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_once(
     assert plain.value.type == "invalid_request_error" and plain.value.code == "gpu_not_found"
     assert seen(daemon, "/v1/chat/completions", "400") == 1
     assert f"cannot start on this computer: {NO_GPU}" in str(retrieved.value)
+
+
+async def test_a_failed_load_ends_a_responses_stream_with_response_failed(
+    daemon: RunningDaemon,
+) -> None:
+    """Codex reads a Responses stream's end from ``response.failed``: the real openai SDK
+    yields that event with ``response.error`` saying why (the chat shape's error data and
+    [DONE] left Codex with "stream closed before response.completed"); the stream carries
+    the status the same refusal has unstreamed."""
+    broken = "--print 'ValueError: No available memory for the cache blocks.' --exit-after-print 1"
+    await start_fake(daemon, "broken", args=broken, wait=False)
+    client = sdk(daemon)
+    try:
+        with pytest.raises(openai.APIStatusError) as plain:
+            await client.responses.create(model="broken", input="hi")
+        stream = await client.responses.create(model="broken", input="hi", stream=True)
+        events = [event async for event in stream]
+    finally:
+        await client.close()
+    assert [e.type for e in events] == ["response.failed"]
+    failed = events[0]
+    assert isinstance(failed, openai.types.responses.ResponseFailedEvent)
+    assert failed.response.status == "failed" and failed.response.error is not None
+    assert failed.response.error.message == plain.value.body["message"]  # type: ignore[index]
+    assert "No memory left for the KV cache" in failed.response.error.message
+    assert failed.response.error.code == "server_error"
+    assert failed.response.error.status == plain.value.status_code  # type: ignore[attr-defined]

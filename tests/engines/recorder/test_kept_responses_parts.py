@@ -62,7 +62,14 @@ async def test_only_finished_responses_are_kept(tmp_path: Path) -> None:
         created = {"type": "response.created", "response": response(4, status="in_progress")}
         broke_off = f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()
         rec.responses.keep(
-            NewResponse("me", "fake", [], "", broke_off + sse_error("engine went away"), True)
+            NewResponse(
+                "me",
+                "fake",
+                [],
+                "",
+                broke_off + sse_error("engine went away", path="/v1/responses"),
+                True,
+            )
         )
         rec.responses.keep(dataclasses.replace(new(5), reply=b'{"error": {"message": "no"}}'))
         found = [n for n in range(1, 6) if await rec.responses.find(f"resp_{n}", "me")]
