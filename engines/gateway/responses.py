@@ -1,8 +1,9 @@
 """The Responses API's state: a new response is kept (response_keep.py: the flight recorder's
 store, bounded and persisted, on every engine) for the caller that made it, and a request with
 ``previous_response_id`` goes to the engine self-contained. Retrieve, delete and input_items
-are answered from what is kept; cancel (a background response, which only an engine with its
-own store runs), and a response traylm did not keep, go to the engine that made it
+and cancel are answered from what is kept (a kept response has ended: cancel is OpenAI's 400,
+as for any response not made in the background); a background response (which only an engine
+with its own store runs), and a response traylm did not keep, go to the engine that made it
 (response_owners.py). An id the caller did not make (another API key; another computer when
 keys are off) gets the same clear 404 as one never made.
 """
@@ -120,7 +121,7 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
     response_id = request.match_info["response_id"]
     caller = caller_of(ctx, request)
     store = _store(ctx)
-    if store is not None and request.method != "POST":
+    if store is not None:
         answer = await _from_store(store, request, response_id, caller)
         if answer is not None:
             if request.method == "DELETE":
@@ -170,9 +171,25 @@ async def _from_store(
     found = await store.find(response_id, caller)
     if found is None:
         return None
+    if request.method == "POST":
+        return _cancel(response_id, found["response"])
     if not request.path.endswith("/input_items"):
         return web.json_response(found["response"])
     return _input_items_page(request, response_id, found["input_items"])
+
+
+def _cancel(response_id: str, response: Any) -> web.Response:
+    """Cancel of a kept response, which has ended: OpenAI's answers (only a background
+    response can be cancelled; one that has ended is returned as it is)."""
+    if isinstance(response, dict) and response.get("background") is True:
+        return web.json_response(response)
+    return openai_error(
+        400,
+        f"Responses can only be cancelled if they were created with background=true; "
+        f"{response_id!r} was not, and it has ended (status "
+        f"{response.get('status') if isinstance(response, dict) else None!r})",
+        param="response_id",
+    )
 
 
 def _input_items_page(request: web.Request, response_id: str, items: list[Any]) -> web.Response:

@@ -196,4 +196,22 @@ async def test_none_kept_when_set_to_zero(daemon_factory: DaemonFactory, fake_en
     client = client_of(d)
     made = await client.responses.create(model="fake", input="hi", max_output_tokens=2)
     body = await not_found(client.responses.retrieve(made.id))  # the engine keeps none either
-    assert "requests.responses_keep" in body["message"], body
+    assert "`traylm config set requests.responses_keep 10000`" in body["message"], body
+    assert "in profile 'fake'" in body["message"], body
+
+
+async def test_cancel_of_a_kept_response_is_answered_in_openais_words(
+    daemon: RunningDaemon,
+) -> None:
+    """A kept response has ended and was not made in the background: OpenAI's 400, from
+    traylm (the engine, which keeps none, answered 404 with advice for a missing store)."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.cancel(made.id)
+    message = str(err.value.message)
+    assert "Responses can only be cancelled if they were created with background=true" in message
+    assert "'completed'" in message and "traylm" not in message
+    assert err.value.body["param"] == "response_id"  # type: ignore[index]
+    assert (await client.responses.retrieve(made.id)).status == "completed"  # unchanged
