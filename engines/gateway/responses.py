@@ -21,7 +21,8 @@ from engines.events.core import EngineState
 from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.connections import is_loopback
 from engines.gateway.forward import route_of
-from engines.gateway.proxy import ReplySink, Upstream, relay
+from engines.gateway.proxy import ReplySink, Rewrite, Upstream, relay
+from engines.gateway.response_ids import ReplyIds, new_id
 from engines.gateway.response_keep import (
     NewResponse,
     ResponseStore,
@@ -66,6 +67,13 @@ class Creating:
         self._input = input_items(payload)
         previous = payload.get("previous_response_id")
         self._previous = previous if isinstance(previous, str) else ""
+        # a background response is the engine's to run, retrieve and cancel: its own id
+        self._own = store is not None and payload.get("background") is not True
+
+    def rewriter(self) -> Rewrite | None:
+        """A kept response's ids: a new one of traylm's each time the reply begins (a
+        request moved to another replica starts over)."""
+        return ReplyIds(new_id(), self._previous) if self._own else None
 
     def first_events(self, engine_id: str, data: bytes) -> None:
         self._ctx.responses.record(engine_id, data, caller=self._caller)

@@ -215,3 +215,42 @@ async def test_cancel_of_a_kept_response_is_answered_in_openais_words(
     assert "'completed'" in message and "traylm" not in message
     assert err.value.body["param"] == "response_id"  # type: ignore[index]
     assert (await client.responses.retrieve(made.id)).status == "completed"  # unchanged
+
+
+async def test_a_reply_carries_its_previous_response_id(daemon: RunningDaemon) -> None:
+    """The engine got a self-contained request (no previous_response_id) and says null; the
+    client gets back the id it chained to, streamed or not, and so does a retrieve."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    first = await client.responses.create(model="fake", input="first", max_output_tokens=1)
+    assert first.previous_response_id is None
+    second = await client.responses.create(
+        model="fake", input="second", previous_response_id=first.id, max_output_tokens=1
+    )
+    assert second.previous_response_id == first.id
+    stream = await client.responses.create(
+        model="fake", input="third", previous_response_id=second.id, stream=True
+    )
+    events = [e async for e in stream]
+    assert events[0].type == "response.created"
+    assert events[0].response.previous_response_id == second.id  # type: ignore[union-attr]
+    third = events[-1].response  # type: ignore[union-attr]
+    assert third.previous_response_id == second.id
+    assert (await client.responses.retrieve(third.id)).previous_response_id == second.id
+
+
+async def test_kept_responses_have_traylms_own_ids(daemon: RunningDaemon) -> None:
+    """An engine's ids repeat (the FAKE counts from 1 again once restarted): a kept response
+    has an id of traylm's, so one conversation never overwrites another."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    before = await client.responses.create(model="fake", input="one", max_output_tokens=1)
+    await daemon.client.stop("fake")
+    await start_fake(daemon)  # a new engine process: its count starts over
+    after = await client.responses.create(model="fake", input="two", max_output_tokens=2)
+    assert before.id != after.id and not before.id.startswith("resp_fake")
+    assert (await client.responses.retrieve(before.id)).output_text == "w0"
+    assert (await client.responses.retrieve(after.id)).output_text == "w0 w1"
+    events = [e async for e in await client.responses.create(model="fake", input="x", stream=True)]
+    ids = {e.response.id for e in events if hasattr(e, "response")}  # created, completed
+    assert len(ids) == 1 and not ids.pop().startswith("resp_fake")
