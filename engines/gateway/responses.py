@@ -31,6 +31,7 @@ from engines.gateway.response_keep import (
     input_items,
 )
 from engines.gateway.response_owners import MAX_REMEMBERED
+from engines.gateway.response_replay import replay, replayable
 from engines.gateway.service import GatewayContext
 
 INPUT_ITEMS_MAX_LIMIT = 100
@@ -181,9 +182,32 @@ async def _from_store(
         return None
     if request.method == "POST":
         return _cancel(response_id, found["response"])
-    if not request.path.endswith("/input_items"):
-        return web.json_response(found["response"])
-    return _input_items_page(request, response_id, found["input_items"])
+    if request.path.endswith("/input_items"):
+        return _input_items_page(request, response_id, found["input_items"])
+    if request.query.get("stream", "").lower() in ("true", "1"):
+        return _replayed(request, response_id, found["response"])
+    return web.json_response(found["response"])
+
+
+def _replayed(request: web.Request, response_id: str, response: Any) -> web.Response:
+    """A kept response as its stream's events (retrieve with ``stream=true``), or the 400
+    saying why it cannot be."""
+    why = replayable(response)
+    if why is not None:
+        return openai_error(
+            400, f"response {response_id!r} cannot be replayed as a stream: {why}", param="stream"
+        )
+    try:
+        after = int(request.query.get("starting_after", "-1"))
+    except ValueError:
+        return openai_error(
+            400, "starting_after must be an event's sequence number", param="starting_after"
+        )
+    return web.Response(
+        body=replay(response, after),
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
 def _cancel(response_id: str, response: Any) -> web.Response:

@@ -254,3 +254,21 @@ async def test_kept_responses_have_traylms_own_ids(daemon: RunningDaemon) -> Non
     events = [e async for e in await client.responses.create(model="fake", input="x", stream=True)]
     ids = {e.response.id for e in events if hasattr(e, "response")}  # created, completed
     assert len(ids) == 1 and not ids.pop().startswith("resp_fake")
+
+
+async def test_retrieve_with_stream_replays_the_kept_responses_events(
+    daemon: RunningDaemon,
+) -> None:
+    """The openai SDK's ``responses.retrieve(id, stream=True)`` yields the events of the kept
+    response (it got JSON and yielded none), resumable with ``starting_after``."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", max_output_tokens=3)
+    events = [e async for e in await client.responses.retrieve(made.id, stream=True)]
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == made.output_text == "w0 w1 w2"
+    assert same(events[-1].response, made)  # type: ignore[union-attr]
+    later = await client.responses.retrieve(made.id, stream=True, starting_after=2)
+    assert [e.sequence_number async for e in later] == list(range(3, len(events)))
