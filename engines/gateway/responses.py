@@ -18,6 +18,7 @@ from aiohttp import web
 
 from engines.core.http import openai_error
 from engines.events.core import EngineState
+from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.connections import is_loopback
 from engines.gateway.forward import route_of
@@ -122,6 +123,27 @@ async def on_create(
     if payload.get("store") is False:
         return None, request_now
     return Creating(ctx, caller, payload, store), request_now
+
+
+def stays_here(ctx: GatewayContext, model: str) -> web.Response | None:
+    """For a Responses request whose model is not served here: the 404 saying why when a
+    paired box serves it (the Responses API is never passed to another box: its kept
+    responses, and so every ``previous_response_id`` chain, live on this box); None else."""
+    if ctx.routing.upstream(model) is not None:
+        return None
+    elsewhere = ctx.routing.upstream(model, Affinity(boxes=True))
+    if elsewhere is None or not elsewhere.box:
+        return None
+    return openai_error(
+        404,
+        f"{model!r} is served here only by the paired box {elsewhere.box!r}, and the Responses "
+        "API stays on this box: the responses it keeps, which previous_response_id and "
+        "retrieve read, live here, so it is never passed to another box. Use "
+        f"/v1/chat/completions for {model!r} (paired boxes serve it), or load the model here "
+        f"(`traylm load {model}`)",
+        param="model",
+        code="model_not_found",
+    )
 
 
 async def stored_response(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:

@@ -25,7 +25,7 @@ from engines.events.codec import to_plain
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
-from engines.gateway.responses import on_create, stored_response
+from engines.gateway.responses import on_create, stays_here, stored_response
 from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
 
@@ -146,7 +146,10 @@ async def forward_json(ctx: GatewayContext, request: web.Request) -> web.StreamR
         if self_contained is not None:
             body = json.dumps(self_contained).encode()
             out = dataclasses.replace(out, body=body, payload=self_contained)
-    return await dispatch(ctx, request, out, watch=watch)
+    resp = await dispatch(ctx, request, out, watch=watch)
+    if request.path == RESPONSES_ROUTE and resp.status == 404 and not resp.prepared:
+        return stays_here(ctx, out.model) or resp
+    return resp
 
 
 async def checked_json(ctx: GatewayContext, request: web.Request) -> Outbound | web.Response:
