@@ -5,6 +5,7 @@ error types, also when the engine answered with vLLM's own ("BadRequestError")."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -16,6 +17,7 @@ from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.traylm_cli import traylm
 
 HI = [{"role": "user", "content": "hi"}]
 ANTHROPIC_TYPES = {
@@ -226,3 +228,40 @@ async def test_a_failed_load_ends_a_responses_stream_with_response_failed(
     assert "No memory left for the KV cache" in failed.response.error.message
     assert failed.response.error.code == "server_error"
     assert failed.response.error.status == plain.value.status_code  # type: ignore[attr-defined]
+
+
+async def test_refusals_on_get_and_head_are_logged_once_counted_and_recorded(
+    keyed: RunningDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Open WebUI with a wrong key shows an empty model list: the refusal is in the log (once
+    per client and kind, not at every retry), in /metrics and in `traylm requests` beside the
+    POST refusals."""
+    d = keyed
+    wrong = {"Authorization": "Bearer wrong", "User-Agent": "open-webui-ish"}
+    rids = []
+    caplog.set_level(logging.WARNING, logger="engines.gateway.refusals")
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(d.url + "/v1/models", headers=wrong) as r:
+                assert r.status == 401
+                rids.append(r.headers["x-request-id"])
+        async with http.head(d.url + "/", headers={"User-Agent": "probe"}) as r:
+            assert r.status == 401
+            rids.append(r.headers["x-request-id"])
+        ok = {"Authorization": "Bearer sekret"}
+        async with http.put(d.url + "/v1/models", headers=ok) as r:
+            assert r.status == 405
+            rids.append(r.headers["x-request-id"])
+        async with http.get(d.url + "/metrics", headers=ok) as r:
+            metrics = await r.text()
+    told = [rec.getMessage() for rec in caplog.records if "refused" in rec.getMessage()]
+    assert len(told) == 3, told  # GET 401 once for the three, HEAD 401, PUT 405
+    assert "refused GET /v1/models" in told[0] and "missing or wrong API key" in told[0]
+    assert "open-webui-ish" in told[0] and "refused HEAD /" in told[1]
+    assert 'route="/v1/models",status="401"} 3' in metrics
+    await d.daemon.requests.flush()
+    rows = {r["id"]: r for r in await d.client.requests_list(limit=20)}
+    assert [rows[rid]["status"] for rid in rids] == [401, 401, 401, 401, 405]
+    assert [rows[rid]["method"] for rid in rids] == ["GET"] * 3 + ["HEAD", "PUT"]
+    code, out = await traylm("requests", "ls")
+    assert code == 0 and f"{rids[0]}" in out and "GET /v1/models" in out, out
