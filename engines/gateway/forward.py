@@ -35,7 +35,7 @@ from engines.gateway.exchange import EXCHANGE, ReplyCapture
 from engines.gateway.loading import ColdStream
 from engines.gateway.proxy import NOT_SENT, ReplySink, Rewrite, Upstream, UsageSink, relay
 from engines.gateway.service import GatewayContext
-from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
+from engines.gateway.shapes import api_error, as_anthropic, as_openai, is_anthropic
 from engines.runtime.supervisor import ManagedEngine
 from engines.runtime.traffic import Flow
 
@@ -116,7 +116,8 @@ def route_of(request: web.Request) -> str:
 
 
 def shaped(request: web.Request, resp: web.Response) -> web.Response:
-    return as_anthropic(resp) if is_anthropic(request.path) else resp
+    """An error in the request's API's shape and types (the engines' included)."""
+    return as_anthropic(resp) if is_anthropic(request.path) else as_openai(resp)
 
 
 async def dispatch(

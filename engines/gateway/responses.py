@@ -34,6 +34,7 @@ from engines.gateway.response_keep import (
 from engines.gateway.response_owners import MAX_REMEMBERED
 from engines.gateway.response_replay import replay, replayable
 from engines.gateway.service import GatewayContext
+from engines.gateway.shapes import as_openai
 
 INPUT_ITEMS_MAX_LIMIT = 100
 
@@ -180,7 +181,7 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
     resp = await _relay_stored(request, ctx, upstream)
     if resp.prepared or not isinstance(resp, web.Response) or resp.status < 400:
         return resp
-    return explain_engine_error(
+    explained = explain_engine_error(
         caps,
         resp,
         method=request.method,
@@ -188,6 +189,7 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
         path=request.path,
         model=model,
     )
+    return as_openai(explained)
 
 
 async def _from_store(

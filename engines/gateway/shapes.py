@@ -145,6 +145,48 @@ def as_anthropic(resp: web.Response) -> web.Response:
     return anthropic_error(resp.status, message, headers=keep)
 
 
+# vLLM's error types are its exception names; OpenAI's clients read OpenAI's types
+_OPENAI_TYPES = {
+    "BadRequestError": "invalid_request_error",
+    "ValidationError": "invalid_request_error",
+    "UnprocessableEntityError": "invalid_request_error",
+    "NotFoundError": "not_found_error",
+    "AuthenticationError": "authentication_error",
+    "PermissionDeniedError": "permission_error",
+    "RateLimitError": "rate_limit_error",
+    "InternalServerError": "server_error",
+    "ServiceUnavailableError": "server_error",
+}
+
+
+def openai_type(status: int) -> str:
+    """OpenAI's error type for an engine error of ``status`` named by an exception only."""
+    if status == 404:
+        return "not_found_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def as_openai(resp: web.Response) -> web.Response:
+    """An engine's error in OpenAI's shape with vLLM's exception name as its type
+    ("BadRequestError") given OpenAI's type instead; anything else unchanged."""
+    if resp.status < 400 or not isinstance(resp.body, bytes) or b"Error" not in resp.body:
+        return resp
+    try:
+        data = json.loads(resp.body)
+    except (ValueError, UnicodeDecodeError):
+        return resp
+    error = data.get("error") if isinstance(data, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if not isinstance(kind, str) or not kind.endswith("Error") or not kind[:1].isupper():
+        return resp
+    assert isinstance(error, dict)
+    error["type"] = _OPENAI_TYPES.get(kind, openai_type(resp.status))
+    if error.get("code") == resp.status:  # vLLM puts the status there
+        error["code"] = None
+    headers = {k: v for k, v in resp.headers.items() if k.lower() != "content-length"}
+    return web.Response(body=json.dumps(data).encode(), status=resp.status, headers=headers)
+
+
 def body_too_slow(path: str, timeout_s: float) -> web.Response:
     """408 for a body that stopped arriving (a slow client holds a connection and a task)."""
     resp = api_error(

@@ -265,3 +265,20 @@ async def test_refusals_on_get_and_head_are_logged_once_counted_and_recorded(
     assert [rows[rid]["method"] for rid in rids] == ["GET"] * 3 + ["HEAD", "PUT"]
     code, out = await traylm("requests", "ls")
     assert code == 0 and f"{rids[0]}" in out and "GET /v1/models" in out, out
+
+
+async def test_the_engines_errors_carry_openais_types(daemon: RunningDaemon) -> None:
+    """vLLM types its errors with its exception names ("BadRequestError", "NotFoundError");
+    OpenAI's clients get OpenAI's types on chat, completions and Responses."""
+    await start_fake(daemon)
+    client = sdk(daemon)
+    try:
+        with pytest.raises(openai.BadRequestError) as chat:
+            await client.chat.completions.create(model="fake", messages=HI, max_tokens=2_000_000)
+        with pytest.raises(openai.BadRequestError) as completion:
+            await client.completions.create(model="fake", prompt="x", max_tokens=2_000_000)
+    finally:
+        await client.close()
+    for err in (chat.value, completion.value):
+        assert err.type == "invalid_request_error", err.body
+        assert "max_tokens" in err.message
