@@ -282,3 +282,23 @@ async def test_the_engines_errors_carry_openais_types(daemon: RunningDaemon) -> 
     for err in (chat.value, completion.value):
         assert err.type == "invalid_request_error", err.body
         assert "max_tokens" in err.message
+
+
+async def test_a_refusal_has_one_status_streamed_or_not(daemon: RunningDaemon) -> None:
+    """A failed load is a 503 unstreamed; the stream that began while it loaded ends with an
+    error event carrying 503 too (it said 502)."""
+    broken = "--print 'ValueError: No available memory for the cache blocks.' --exit-after-print 1"
+    await start_fake(daemon, "broken", args=broken, wait=False)
+    client = sdk(daemon)
+    try:
+        with pytest.raises(openai.APIStatusError) as plain:
+            await client.chat.completions.create(model="broken", messages=HI)
+        with pytest.raises(openai.APIError) as streamed:
+            stream = await client.chat.completions.create(model="broken", messages=HI, stream=True)
+            async for _ in stream:
+                pass
+    finally:
+        await client.close()
+    assert plain.value.status_code == 503
+    assert streamed.value.body["code"] == 503  # type: ignore[index]
+    assert streamed.value.message == plain.value.body["message"]  # type: ignore[index]
