@@ -181,6 +181,8 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
     resp = await _relay_stored(request, ctx, upstream)
     if resp.prepared or not isinstance(resp, web.Response) or resp.status < 400:
         return resp
+    if store is not None and resp.status == 404:  # traylm keeps responses, not this one
+        return _not_found(ctx, response_id, param="response_id")
     explained = explain_engine_error(
         caps,
         resp,

@@ -272,3 +272,16 @@ async def test_retrieve_with_stream_replays_the_kept_responses_events(
     assert same(events[-1].response, made)  # type: ignore[union-attr]
     later = await client.responses.retrieve(made.id, stream=True, starting_after=2)
     assert [e.sequence_number async for e in later] == list(range(3, len(events)))
+
+
+async def test_a_response_made_with_store_false_is_a_404_in_traylms_words(
+    daemon: RunningDaemon,
+) -> None:
+    """traylm keeps responses, but not one made with store: false: its 404 says so (and never
+    that traylm keeps none)."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", store=False)
+    body = await not_found(client.responses.retrieve(made.id))
+    assert "none made with store: false" in body["message"], body
+    assert "nor does traylm" not in body["message"]
