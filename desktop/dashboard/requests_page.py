@@ -41,6 +41,7 @@ COLUMNS = (
     "Model",
     "Engine",
     "Tokens in → out",
+    "Cache",
     "TTFT",
     "Duration",
     "Client",
@@ -71,10 +72,20 @@ def _cells(r: Mapping[str, Any]) -> tuple[str, ...]:
         str(r["model"]),
         str(r["engine_id"]) or "-",
         f"{r.get('prompt_tokens') or 0} → {r.get('completion_tokens') or 0}",
+        _cache(r),
         ttft,
         f"{float(r['duration_s']):.2f} s",
         str(r["client"]),
     )
+
+
+def _cache(r: Mapping[str, Any]) -> str:
+    """The conversation's prefix-cache hit rate ("97% of 3": of its 3 requests' prompt
+    tokens), "-" where the engine said nothing."""
+    rate = r.get("cache_hit_rate")
+    if rate is None:
+        return "-"
+    return f"{float(rate):.0%} of {r.get('conversation_requests') or 1}"
 
 
 class RequestsPage(Page):

@@ -27,6 +27,7 @@ from engines.gateway.exchange import (
     new_request_id,
 )
 from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
+from engines.gateway.refusals import REFUSALS, RefusalLog
 from engines.gateway.routes import OPEN_ROUTES, SERVED_ROUTES, gateway_routes
 from engines.gateway.security import Guard, header_bytes
 from engines.gateway.service import GATEWAY, TOKEN_HEADER, GatewayContext
@@ -81,10 +82,16 @@ def gateway_middleware(ctx: GatewayContext) -> Middleware:
             if resp.status >= 400:
                 ctx.metrics.errors.inc(status=str(resp.status))
             ctx.metrics.requests.inc(route=_route_label(request), status=str(resp.status))
+        refusals.note(request, resp)
+        if exchange is None and resp.status in REFUSALS and ctx.exchanges is not None:
+            local = is_loopback(request.remote)
+            settings = ctx.settings.requests
+            exchange = begin(request, rid, settings, ctx.guard, local=local, refused=True)
         if exchange is not None:
             _record_answer(ctx, exchange, request, resp)
         return resp
 
+    refusals = RefusalLog()
     return middleware
 
 

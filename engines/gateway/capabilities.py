@@ -302,10 +302,28 @@ def explain_engine_error(
             path,
             404,
             f"{message} Engine {caps.engine_id!r} does not keep responses, nor does "
-            "traylm now: `traylm settings set requests.responses_keep 10000` has traylm keep "
-            f'them (bounded, on disk), or set env = {{ {RESPONSES_STORE_ENV} = "1" }} in profile '
-            f"{caps.profile!r} (vLLM then holds every response in memory until it stops).",
+            "traylm now: `traylm config set requests.responses_keep 10000` has traylm keep "
+            f'them (bounded, on disk), or set env = {{ {RESPONSES_STORE_ENV} = "1" }} '
+            f"{_where_settings(caps)} (vLLM then holds every response in memory until it "
+            "stops).",
             param="response_id",
             code="response_not_found",
         )
     return resp
+
+
+_SERVED_AS_WORDS = {
+    "preset": "a shipped preset",
+    "folder": "a registered model folder",
+    "library": "a downloaded model",
+    "": "started from a model",
+}
+
+
+def _where_settings(caps: Capabilities) -> str:
+    """Where a setting of this engine goes: its own profile, or a profile saved for its name
+    when it runs from a preset, a folder or a downloaded model."""
+    if caps.served_as == "profile":
+        return f"in profile {caps.profile!r}"
+    kind = _SERVED_AS_WORDS.get(caps.served_as, caps.served_as)
+    return f"in a profile of your own serving {caps.served_name!r} (it is {kind} now)"

@@ -163,10 +163,15 @@ EXCHANGE = web.RequestKey("traylm.exchange", Exchange)
 
 def recorded(request: web.Request) -> bool:
     """The model routes: every POST outside the control API, and a Response's retrieve."""
-    path = request.path
-    if path.startswith("/api/") or path == "/api":
+    if not _model_side(request):
         return False
-    return request.method == "POST" or path.startswith("/v1/responses/")
+    return request.method == "POST" or request.path.startswith("/v1/responses/")
+
+
+def _model_side(request: web.Request) -> bool:
+    """Outside the control API (/api), which traylm's own tools call."""
+    path = request.path
+    return not (path.startswith("/api/") or path == "/api")
 
 
 def begin(
@@ -177,11 +182,14 @@ def begin(
     *,
     local: bool,
     box: str = "",
+    refused: bool = False,
 ) -> Exchange | None:
     """The exchange of a request the ``requests.capture`` settings record, or None. ``box``: a
-    paired box's request (its name), recorded as another computer's."""
+    paired box's request (its name), recorded as another computer's; ``refused``: a request
+    of any method outside the control API that the gateway refused (a wrong key on GET
+    /v1/models), recorded though its method is not."""
     capture = settings.capture if local else settings.capture_lan
-    if capture == CAPTURE_OFF or not recorded(request):
+    if capture == CAPTURE_OFF or not (recorded(request) or (refused and _model_side(request))):
         return None
     key = ""
     internal = guard.internal(

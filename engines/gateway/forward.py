@@ -33,9 +33,9 @@ from engines.gateway.capabilities import (
 )
 from engines.gateway.exchange import EXCHANGE, ReplyCapture
 from engines.gateway.loading import ColdStream
-from engines.gateway.proxy import NOT_SENT, ReplySink, Upstream, UsageSink, relay
+from engines.gateway.proxy import NOT_SENT, ReplySink, Rewrite, Upstream, UsageSink, relay
 from engines.gateway.service import GatewayContext
-from engines.gateway.shapes import api_error, as_anthropic, is_anthropic
+from engines.gateway.shapes import api_error, as_anthropic, as_openai, is_anthropic
 from engines.runtime.supervisor import ManagedEngine
 from engines.runtime.traffic import Flow
 
@@ -59,6 +59,10 @@ class ReplyWatch(Protocol):
 
     def tap(self, engine_id: str, inner: ReplySink | None) -> ReplySink | None:
         """The sink that sees a stream's events (wrapping ``inner``)."""
+        ...
+
+    def rewriter(self) -> Rewrite | None:
+        """What changes the reply before anything sees it (the ids of a kept response)."""
         ...
 
 
@@ -112,7 +116,8 @@ def route_of(request: web.Request) -> str:
 
 
 def shaped(request: web.Request, resp: web.Response) -> web.Response:
-    return as_anthropic(resp) if is_anthropic(request.path) else resp
+    """An error in the request's API's shape and types (the engines' included)."""
+    return as_anthropic(resp) if is_anthropic(request.path) else as_openai(resp)
 
 
 async def dispatch(
@@ -240,10 +245,11 @@ async def _relay_in_slot(
 
     async def to(target: Upstream, flow: Flow | None = None) -> web.StreamResponse:
         mine = flow is not None  # an engine of the model's, not the remote fallback
-        seen, sink = None, None  # what watches the reply: for the engine that gives it
+        seen, sink, rewrite = None, None, None  # what watches the reply: its engine's
         if mine:
             sink = watch.tap(target.name, tap) if watch is not None else tap
             seen = functools.partial(watch.first_events, target.name) if watch else None
+            rewrite = watch.rewriter() if watch is not None else None
         if exchange is not None:  # the recorder keeps every reply, the remote fallback's too
             sink = ReplyCapture(exchange, sink)
         return await relay(
@@ -260,6 +266,7 @@ async def _relay_in_slot(
             flow=flow,
             tap=sink,
             prepared=cold.response if cold is not None else None,
+            rewrite=rewrite,
         )
 
     try:

@@ -81,4 +81,6 @@ class ColdStream:
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             type_ = str(json.loads(body)["error"]["type"])
         message = error_text(body, error.status)
-        return await end_with_error(self.request, self.response, message, type_=type_)
+        return await end_with_error(
+            self.request, self.response, message, type_=type_, status=error.status
+        )

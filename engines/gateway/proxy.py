@@ -28,7 +28,6 @@ from aiohttp import web
 from engines.core.http import event_stream, openai_error
 from engines.gateway.chunked import DirectChunks
 from engines.gateway.metrics import GatewayMetrics
-from engines.gateway.shapes import is_anthropic
 from engines.gateway.sse import (
     EVENT_ENDS,
     count_usage,
@@ -153,6 +152,11 @@ class Upstream:
     attached server asked for by its attach name): the route rewrites the body's ``model``."""
 
 
+Rewrite = Callable[[bytes], bytes]
+"""What changes a successful reply on its way (whole events of a stream, or the whole body):
+the Responses API's ids (response_ids.py)."""
+
+
 @dataclass
 class _Stream:
     """What a relay needs besides the request and the engine's response."""
@@ -166,6 +170,7 @@ class _Stream:
     flow: Flow | None
     tap: ReplySink | None
     prepared: web.StreamResponse | None
+    rewrite: Rewrite | None = None
 
     def record(self, status: int, prompt: int | None = None, completion: int | None = None) -> None:
         if self.usage is not None:
@@ -187,15 +192,26 @@ async def relay(
     flow: Flow | None = None,
     tap: ReplySink | None = None,
     prepared: web.StreamResponse | None = None,
+    rewrite: Rewrite | None = None,
 ) -> web.StreamResponse:
     """Relay ``request`` (method, path, query) with ``body``; ``on_first_events`` sees the first
     whole events of a stream (the Responses route reads the response id there). ``flow``: the
     request in flight (its engine's progress; when it is ended from outside, its client is told
     why); ``tap``: sees every event relayed (a chat reply kept as it streams); ``prepared``: a
     stream already answered with 200 and SSE comments while the model loaded (``ColdStream``):
-    the reply, or an error event, goes into it."""
+    the reply, or an error event, goes into it; ``rewrite``: changes a successful reply before
+    anything else sees it."""
     s = _Stream(
-        upstream, model, time.perf_counter(), metrics, usage, on_first_events, flow, tap, prepared
+        upstream,
+        model,
+        time.perf_counter(),
+        metrics,
+        usage,
+        on_first_events,
+        flow,
+        tap,
+        prepared,
+        rewrite,
     )
     headers = {
         "Content-Type": content_type,
@@ -259,7 +275,10 @@ async def _reply(
     counts = b"" if request.path.endswith("/count_tokens") else data  # no generation
     s.record(upstream_resp.status, *count_usage(counts, s.model, s.metrics, chunks=0))
     if s.prepared is not None:  # an answer that is not a stream, after the stream began
-        return await end_with_error(request, s.prepared, error_text(data, upstream_resp.status))
+        message = error_text(data, upstream_resp.status)
+        return await end_with_error(request, s.prepared, message, status=upstream_resp.status)
+    if s.rewrite is not None and upstream_resp.status < 400:
+        data = s.rewrite(data)
     resp = engine_answer(s.upstream, upstream_resp, data)
     if s.upstream.box and upstream_resp.status in BOX_REFUSALS:
         resp[NOT_SENT] = True  # the box's gateway refused it before any engine there began
@@ -306,6 +325,7 @@ async def _stream(
         flow=s.flow,
         tap=s.tap,
         on_first_events=s.on_first_events,
+        rewrite=s.rewrite,
     )
     try:
         try:
@@ -349,6 +369,7 @@ class Relayed:
         "_model",
         "_on_first_events",
         "_progress",
+        "_rewrite",
         "_started",
         "_tap",
         "_utf8",
@@ -367,6 +388,7 @@ class Relayed:
         flow: Flow | None,
         tap: ReplySink | None = None,
         on_first_events: Callable[[bytes], None] | None = None,
+        rewrite: Rewrite | None = None,
     ) -> None:
         self.chunks = 0  # events relayed
         self.counted = b""  # the last events that carried token counts (usage)
@@ -376,6 +398,7 @@ class Relayed:
         self._metrics, self._model, self._started = metrics, model, started
         self._progress = flow.engine if flow is not None else None
         self._tap, self._on_first_events = tap, on_first_events
+        self._rewrite = rewrite
         self._utf8 = Utf8Events()
 
     def feed(self, chunk: bytes) -> bytes:
@@ -392,6 +415,8 @@ class Relayed:
                 return b""
         if not chunk.isascii() or self._utf8.held:  # usually ASCII: one check, no copy
             chunk = self._utf8.clean(chunk)
+        if self._rewrite is not None:
+            chunk = self._rewrite(chunk)
         if self._on_first_events is not None:
             self._on_first_events(chunk)
             self._on_first_events = None
@@ -476,7 +501,7 @@ async def _end_with_error(
     type_: str = ENGINE_ERROR,
 ) -> None:
     s.metrics.errors.inc(status="502")
-    event = sse_error(message, type_=type_, anthropic=is_anthropic(request.path))
+    event = sse_error(message, type_=type_, path=request.path)
     if s.tap is not None:
         s.tap.feed(event)
     if s.flow is not None:  # a client that reads nothing is ended by the sweep, also here
@@ -485,12 +510,18 @@ async def _end_with_error(
 
 
 async def end_with_error(
-    request: web.Request, resp: web.StreamResponse, message: str, *, type_: str = "engine_error"
+    request: web.Request,
+    resp: web.StreamResponse,
+    message: str,
+    *,
+    type_: str = "engine_error",
+    status: int = 502,
 ) -> web.StreamResponse:
     """End a stream that already began (SSE comments while the model loaded) with an error
-    event in the shape of the request's API; a client that is gone is only noted."""
+    event in the shape of the request's API, carrying the ``status`` the same refusal has
+    unstreamed; a client that is gone is only noted."""
     try:
-        await resp.write(sse_error(message, type_=type_, anthropic=is_anthropic(request.path)))
+        await resp.write(sse_error(message, type_=type_, code=status, path=request.path))
         await resp.write_eof()
     except CLIENT_WRITE_ERRORS:
         request[CLIENT_GONE] = True
@@ -512,7 +543,10 @@ async def _answer_ended(request: web.Request, s: _Stream) -> web.StreamResponse:
     """The answer of a request ended from outside before its reply began."""
     assert s.flow is not None
     if s.prepared is not None:
-        return await end_with_error(request, s.prepared, s.flow.why, type_="engine_unavailable")
+        why = s.flow.why
+        return await end_with_error(
+            request, s.prepared, why, type_="engine_unavailable", status=503
+        )
     resp = openai_error(503, s.flow.why, type_="engine_unavailable", headers={"Retry-After": "5"})
     resp[NOT_SENT] = True  # its engine died or stopped before a byte of reply: nothing happened
     return resp

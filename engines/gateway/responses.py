@@ -1,8 +1,9 @@
 """The Responses API's state: a new response is kept (response_keep.py: the flight recorder's
 store, bounded and persisted, on every engine) for the caller that made it, and a request with
 ``previous_response_id`` goes to the engine self-contained. Retrieve, delete and input_items
-are answered from what is kept; cancel (a background response, which only an engine with its
-own store runs), and a response traylm did not keep, go to the engine that made it
+and cancel are answered from what is kept (a kept response has ended: cancel is OpenAI's 400,
+as for any response not made in the background); a background response (which only an engine
+with its own store runs), and a response traylm did not keep, go to the engine that made it
 (response_owners.py). An id the caller did not make (another API key; another computer when
 keys are off) gets the same clear 404 as one never made.
 """
@@ -17,10 +18,12 @@ from aiohttp import web
 
 from engines.core.http import openai_error
 from engines.events.core import EngineState
+from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.connections import is_loopback
 from engines.gateway.forward import route_of
-from engines.gateway.proxy import ReplySink, Upstream, relay
+from engines.gateway.proxy import ReplySink, Rewrite, Upstream, relay
+from engines.gateway.response_ids import ReplyIds, new_id
 from engines.gateway.response_keep import (
     NewResponse,
     ResponseStore,
@@ -29,7 +32,9 @@ from engines.gateway.response_keep import (
     input_items,
 )
 from engines.gateway.response_owners import MAX_REMEMBERED
+from engines.gateway.response_replay import replay, replayable
 from engines.gateway.service import GatewayContext
+from engines.gateway.shapes import as_openai
 
 INPUT_ITEMS_MAX_LIMIT = 100
 
@@ -65,6 +70,13 @@ class Creating:
         self._input = input_items(payload)
         previous = payload.get("previous_response_id")
         self._previous = previous if isinstance(previous, str) else ""
+        # a background response is the engine's to run, retrieve and cancel: its own id
+        self._own = store is not None and payload.get("background") is not True
+
+    def rewriter(self) -> Rewrite | None:
+        """A kept response's ids: a new one of traylm's each time the reply begins (a
+        request moved to another replica starts over)."""
+        return ReplyIds(new_id(), self._previous) if self._own else None
 
     def first_events(self, engine_id: str, data: bytes) -> None:
         self._ctx.responses.record(engine_id, data, caller=self._caller)
@@ -114,13 +126,34 @@ async def on_create(
     return Creating(ctx, caller, payload, store), request_now
 
 
+def stays_here(ctx: GatewayContext, model: str) -> web.Response | None:
+    """For a Responses request whose model is not served here: the 404 saying why when a
+    paired box serves it (the Responses API is never passed to another box: its kept
+    responses, and so every ``previous_response_id`` chain, live on this box); None else."""
+    if ctx.routing.upstream(model) is not None:
+        return None
+    elsewhere = ctx.routing.upstream(model, Affinity(boxes=True))
+    if elsewhere is None or not elsewhere.box:
+        return None
+    return openai_error(
+        404,
+        f"{model!r} is served here only by the paired box {elsewhere.box!r}, and the Responses "
+        "API stays on this box: the responses it keeps, which previous_response_id and "
+        "retrieve read, live here, so it is never passed to another box. Use "
+        f"/v1/chat/completions for {model!r} (paired boxes serve it), or load the model here "
+        f"(`traylm load {model}`)",
+        param="model",
+        code="model_not_found",
+    )
+
+
 async def stored_response(ctx: GatewayContext, request: web.Request) -> web.StreamResponse:
     """GET /v1/responses/{response_id}, POST /v1/responses/{response_id}/cancel, DELETE
     /v1/responses/{response_id} and GET /v1/responses/{response_id}/input_items."""
     response_id = request.match_info["response_id"]
     caller = caller_of(ctx, request)
     store = _store(ctx)
-    if store is not None and request.method != "POST":
+    if store is not None:
         answer = await _from_store(store, request, response_id, caller)
         if answer is not None:
             if request.method == "DELETE":
@@ -148,7 +181,9 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
     resp = await _relay_stored(request, ctx, upstream)
     if resp.prepared or not isinstance(resp, web.Response) or resp.status < 400:
         return resp
-    return explain_engine_error(
+    if store is not None and resp.status == 404:  # traylm keeps responses, not this one
+        return _not_found(ctx, response_id, param="response_id")
+    explained = explain_engine_error(
         caps,
         resp,
         method=request.method,
@@ -156,6 +191,7 @@ async def stored_response(ctx: GatewayContext, request: web.Request) -> web.Stre
         path=request.path,
         model=model,
     )
+    return as_openai(explained)
 
 
 async def _from_store(
@@ -170,9 +206,48 @@ async def _from_store(
     found = await store.find(response_id, caller)
     if found is None:
         return None
-    if not request.path.endswith("/input_items"):
-        return web.json_response(found["response"])
-    return _input_items_page(request, response_id, found["input_items"])
+    if request.method == "POST":
+        return _cancel(response_id, found["response"])
+    if request.path.endswith("/input_items"):
+        return _input_items_page(request, response_id, found["input_items"])
+    if request.query.get("stream", "").lower() in ("true", "1"):
+        return _replayed(request, response_id, found["response"])
+    return web.json_response(found["response"])
+
+
+def _replayed(request: web.Request, response_id: str, response: Any) -> web.Response:
+    """A kept response as its stream's events (retrieve with ``stream=true``), or the 400
+    saying why it cannot be."""
+    why = replayable(response)
+    if why is not None:
+        return openai_error(
+            400, f"response {response_id!r} cannot be replayed as a stream: {why}", param="stream"
+        )
+    try:
+        after = int(request.query.get("starting_after", "-1"))
+    except ValueError:
+        return openai_error(
+            400, "starting_after must be an event's sequence number", param="starting_after"
+        )
+    return web.Response(
+        body=replay(response, after),
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+def _cancel(response_id: str, response: Any) -> web.Response:
+    """Cancel of a kept response, which has ended: OpenAI's answers (only a background
+    response can be cancelled; one that has ended is returned as it is)."""
+    if isinstance(response, dict) and response.get("background") is True:
+        return web.json_response(response)
+    return openai_error(
+        400,
+        f"Responses can only be cancelled if they were created with background=true; "
+        f"{response_id!r} was not, and it has ended (status "
+        f"{response.get('status') if isinstance(response, dict) else None!r})",
+        param="response_id",
+    )
 
 
 def _input_items_page(request: web.Request, response_id: str, items: list[Any]) -> web.Response:

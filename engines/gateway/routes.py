@@ -25,7 +25,7 @@ from engines.events.codec import to_plain
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
-from engines.gateway.responses import on_create, stored_response
+from engines.gateway.responses import on_create, stays_here, stored_response
 from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, body_too_slow, is_anthropic
 
@@ -65,17 +65,30 @@ OPEN_ROUTES = frozenset({"/health"})
 """Routes served without an API key."""
 
 
+PASSING_BLOCKS = frozenset({"hub_unavailable", "gpu_unavailable", "gpu_lost"})
+"""Why a model cannot start now that may pass by itself: it stays listed. Any other reason (no
+GPU here, too few, an engine env not installed) keeps it out of GET /v1/models (``traylm ps
+--all`` and the app show it with the reason): a client that picks a listed model must be able
+to use it."""
+
+
 async def list_models(ctx: GatewayContext, request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": await _model_list(ctx)})
+    data, _ = await _model_list(ctx)
+    return web.json_response({"object": "list", "data": data})
 
 
-async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
+async def _model_list(ctx: GatewayContext) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every servable model (loaded or not) with traylm's extras: ``status`` (loaded |
     loading | unloaded), ``gpus`` (where it is, or would go now), and for a model served by
-    several engines ``traylm.replicas`` (each one's engine id, state, GPUs, requests)."""
+    several engines ``traylm.replicas`` (each one's engine id, state, GPUs, requests); and
+    the names left out because they cannot start here, with why."""
     data = []
+    hidden: dict[str, str] = {}
     models = await ctx.routing.listing()
     for m in models:
+        if m.blocked and m.blocked_code not in PASSING_BLOCKS:
+            hidden.update((name, m.blocked) for name in (m.name, *m.aliases))
+            continue
         extras = {
             "engine_id": m.engine_id,
             "engine": m.engine,
@@ -98,20 +111,21 @@ async def _model_list(ctx: GatewayContext) -> list[dict[str, Any]]:
                     "traylm": extras,
                 }
             )
-    return data
+    return data, hidden
 
 
 async def retrieve_model(ctx: GatewayContext, request: web.Request) -> web.Response:
     """GET /v1/models/{model_id}: the openai SDK's ``models.retrieve``."""
     model_id = request.match_info["model_id"]
-    items = await _model_list(ctx)
+    items, hidden = await _model_list(ctx)
     for item in items:
         if item["id"] == model_id:
             return web.json_response(item)
     served = ", ".join(sorted({str(item["id"]) for item in items})) or "none"
+    why = f"cannot start on this computer: {hidden[model_id]}" if model_id in hidden else None
     return openai_error(
         404,
-        f"the model {quoted(model_id)} is not served; served models: {served}",
+        f"the model {quoted(model_id)} {why or 'is not served'}; served models: {served}",
         type_="model_not_found",
         code="model_not_found",
         param="model",
@@ -132,7 +146,10 @@ async def forward_json(ctx: GatewayContext, request: web.Request) -> web.StreamR
         if self_contained is not None:
             body = json.dumps(self_contained).encode()
             out = dataclasses.replace(out, body=body, payload=self_contained)
-    return await dispatch(ctx, request, out, watch=watch)
+    resp = await dispatch(ctx, request, out, watch=watch)
+    if request.path == RESPONSES_ROUTE and resp.status == 404 and not resp.prepared:
+        return stays_here(ctx, out.model) or resp
+    return resp
 
 
 async def checked_json(ctx: GatewayContext, request: web.Request) -> Outbound | web.Response:

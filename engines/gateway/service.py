@@ -386,7 +386,7 @@ def unavailable(exc: ModelUnavailable) -> web.Response:
     return openai_error(
         exc.http_status,
         exc.message,
-        type_=exc.code,
+        type_="invalid_request_error" if exc.http_status == 400 else exc.code,
         code=exc.code,
         param="model" if exc.http_status == 404 else None,
         headers=headers,

@@ -27,11 +27,16 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
-    503: "overloaded_error",
+    503: "api_error",
     504: "timeout_error",
     529: "overloaded_error",
 }
-ANTHROPIC_TYPE_NAMES = frozenset(_ANTHROPIC_TYPES.values())
+OVERLOADED = "overloaded_error"
+"""Anthropic's type for a server that is busy for a while: Claude Code retries it ten times
+whatever ``x-should-retry`` says, so only a 503 that names its wait (Retry-After: a full queue
+on the GPUs, a thermal pause) is typed so; a 503 that will fail again (a load that failed, a
+Hub that cannot be reached) is ``api_error``."""
+ANTHROPIC_TYPE_NAMES = frozenset((*_ANTHROPIC_TYPES.values(), OVERLOADED))
 
 FINAL_STATUSES = (401, 403)
 """Refusals that the same request will meet again (a wrong key, a Host or Origin not allowed):
@@ -48,7 +53,11 @@ def is_anthropic(path: str) -> bool:
     return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 
-def anthropic_type(status: int) -> str:
+def anthropic_type(status: int, headers: Mapping[str, str] | None = None) -> str:
+    """Anthropic's error type for ``status``; a 503 whose ``headers`` carry Retry-After is
+    the transient overload (OVERLOADED)."""
+    if status == 503 and headers is not None and _retry_after(headers):
+        return OVERLOADED
     if status in _ANTHROPIC_TYPES:
         return _ANTHROPIC_TYPES[status]
     return "invalid_request_error" if status < 500 else "api_error"
@@ -57,8 +66,13 @@ def anthropic_type(status: int) -> str:
 def anthropic_error(
     status: int, message: str, *, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    body = {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
+    kind = anthropic_type(status, headers)
+    body = {"type": "error", "error": {"type": kind, "message": message}}
     return web.json_response(body, status=status, headers=_final(status, headers))
+
+
+def _retry_after(headers: Mapping[str, str]) -> bool:
+    return any(k.lower() == "retry-after" for k in headers)
 
 
 def _final(status: int, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
@@ -129,6 +143,48 @@ def as_anthropic(resp: web.Response) -> web.Response:
     kept = ("retry-after", "x-traylm-engine", "x-should-retry")
     keep = {k: v for k, v in resp.headers.items() if k.lower() in kept}
     return anthropic_error(resp.status, message, headers=keep)
+
+
+# vLLM's error types are its exception names; OpenAI's clients read OpenAI's types
+_OPENAI_TYPES = {
+    "BadRequestError": "invalid_request_error",
+    "ValidationError": "invalid_request_error",
+    "UnprocessableEntityError": "invalid_request_error",
+    "NotFoundError": "not_found_error",
+    "AuthenticationError": "authentication_error",
+    "PermissionDeniedError": "permission_error",
+    "RateLimitError": "rate_limit_error",
+    "InternalServerError": "server_error",
+    "ServiceUnavailableError": "server_error",
+}
+
+
+def openai_type(status: int) -> str:
+    """OpenAI's error type for an engine error of ``status`` named by an exception only."""
+    if status == 404:
+        return "not_found_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def as_openai(resp: web.Response) -> web.Response:
+    """An engine's error in OpenAI's shape with vLLM's exception name as its type
+    ("BadRequestError") given OpenAI's type instead; anything else unchanged."""
+    if resp.status < 400 or not isinstance(resp.body, bytes) or b"Error" not in resp.body:
+        return resp
+    try:
+        data = json.loads(resp.body)
+    except (ValueError, UnicodeDecodeError):
+        return resp
+    error = data.get("error") if isinstance(data, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if not isinstance(kind, str) or not kind.endswith("Error") or not kind[:1].isupper():
+        return resp
+    assert isinstance(error, dict)
+    error["type"] = _OPENAI_TYPES.get(kind, openai_type(resp.status))
+    if error.get("code") == resp.status:  # vLLM puts the status there
+        error["code"] = None
+    headers = {k: v for k, v in resp.headers.items() if k.lower() != "content-length"}
+    return web.Response(body=json.dumps(data).encode(), status=resp.status, headers=headers)
 
 
 def body_too_slow(path: str, timeout_s: float) -> web.Response:

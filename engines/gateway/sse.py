@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
+import uuid
 
 from engines.gateway.metrics import GatewayMetrics
-from engines.gateway.shapes import ANTHROPIC_TYPE_NAMES
+from engines.gateway.shapes import ANTHROPIC_TYPE_NAMES, is_anthropic
+
+RESPONSES_PATH = "/v1/responses"
 
 EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 # OpenAI's chat/completions usage, and the Responses and Anthropic Messages APIs' names
@@ -40,18 +44,49 @@ def ends_reply(events: bytes) -> bool:
 
 
 def sse_error(
-    message: str, *, type_: str = "engine_error", code: int = 502, anthropic: bool = False
+    message: str, *, type_: str = "engine_error", code: int = 502, path: str = ""
 ) -> bytes:
-    """The event that ends a broken stream, as the client's SDK raises it: OpenAI's error data
-    and [DONE], or Anthropic's ``error`` event (its SDK ignores events it does not know), typed
-    ``type_`` when that is one of Anthropic's types (a failed load's, already shaped), else
-    ``api_error``."""
-    if anthropic:
+    """The event that ends a broken stream to ``path``, as the client's SDK reads it, with the
+    status ``code`` the same refusal has unstreamed:
+
+    - Anthropic's ``error`` event (its SDK ignores events it does not know), typed ``type_``
+      when that is one of Anthropic's types (a failed load's, already shaped), else
+      ``api_error``;
+    - the Responses API's ``response.failed``, whose ``response.error`` Codex shows (it said
+      only "stream closed before response.completed" of the chat shape);
+    - elsewhere OpenAI's error data, then [DONE].
+    """
+    if is_anthropic(path):
         kind = type_ if type_ in ANTHROPIC_TYPE_NAMES else "api_error"
         data = {"type": "error", "error": {"type": kind, "message": message}}
         return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+    if path == RESPONSES_PATH:
+        return _response_failed(message, type_, code)
     payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def _response_failed(message: str, type_: str, status: int) -> bytes:
+    """``response.failed`` (openai's ResponseFailedEvent): a response whose status is failed
+    and whose ``error`` (ResponseError) says why; ``code`` is one of OpenAI's codes, the
+    original type and status ride along."""
+    code = "rate_limit_exceeded" if status == 429 else "server_error"
+    error = {"code": code, "message": message, "type": type_, "param": None, "status": status}
+    response = {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": "",
+        "status": "failed",
+        "error": error,
+        "output": [],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "incomplete_details": None,
+    }
+    data = {"type": "response.failed", "sequence_number": 0, "response": response}
+    return b"event: response.failed\ndata: " + json.dumps(data).encode() + b"\n\n"
 
 
 def error_text(data: bytes, status: int) -> str:

@@ -70,8 +70,9 @@ def folder_routes(key: web.AppKey[HubFeature]) -> list[web.RouteDef]:
         hub = request.app[key]
         name = check_name(request.match_info["name"], "model folder")
         folder = await asyncio.to_thread(hub.folders.get, name)
-        served = hub.served()
-        users = served.get(folder.path, []) + served.get(name, [])
+        # only the name's own engines: another name for the same folder (its files stay)
+        # serves on when this one is forgotten
+        users = hub.serving_name(name)
         if users:
             raise ModelInUse(
                 f"{name} is being served by engine {', '.join(users)}; stop it first "

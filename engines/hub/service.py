@@ -164,6 +164,16 @@ class HubFeature:
             out.setdefault(repo, []).append(engine.engine_id)
         return out
 
+    def serving_name(self, name: str) -> list[str]:
+        """The engines (not stopped or failed) that serve ``name`` itself: their id or a
+        served name; not one serving another name for the same folder."""
+        return [
+            engine.engine_id
+            for engine in self._engines.engines.values()
+            if engine.state not in (EngineState.STOPPED, EngineState.FAILED)
+            and (engine.engine_id == name or name in engine.served_names)
+        ]
+
     def remember_folder(self, path: str, name: str) -> None:
         """A model folder served with --model joins the library (once; a name another entry
         has, or a folder that is not a model, is left alone)."""

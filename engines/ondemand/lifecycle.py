@@ -236,8 +236,11 @@ class Lifecycle:
         try:
             await self._check_start(f.entry.profile)
         except TraylmError as exc:
+            # what this computer lacks (a GPU, an engine env) fails the same way next time:
+            # a 400, which no client retries; a Hub that did not answer may answer later
+            status = 400 if exc.http_status < 500 else 503
             raise ModelUnavailable(
-                f"{f.entry.name} cannot load: {exc.message}", code=exc.code
+                f"{f.entry.name} cannot load: {exc.message}", code=exc.code, http_status=status
             ) from exc
 
     async def _until_ready(self, f: Flight, engine: ManagedEngine) -> ManagedEngine:

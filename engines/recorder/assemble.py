@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.gateway.balance import affinity_key
 from engines.gateway.exchange import CAPTURE_FULL, Exchange
 
 CUT_MARKER = "…[cut by traylm: {size} bytes in all, {kept} kept]"
@@ -90,6 +91,8 @@ def row_of(ex: Exchange) -> dict[str, Any]:
         "duration_s": ex.duration_s,
         "prompt_tokens": prompt,
         "completion_tokens": completion,
+        "cached_tokens": _cached(reply.usage),
+        "conversation": (affinity_key(payload) or "") if isinstance(payload, dict) else "",
         "finish_reason": reply.finish_reason,
         "cut_by": _cut_by(reply.finish_reason, payload, completion),
         "capture": ex.capture,
@@ -129,6 +132,17 @@ def _int(data: dict[str, Any], *names: str) -> int | None:
         if isinstance(data.get(name), int):
             return int(data[name])
     return None
+
+
+def _cached(usage: dict[str, Any]) -> int | None:
+    """The prompt tokens the engine's prefix cache served: OpenAI's
+    ``prompt_tokens_details.cached_tokens`` (vLLM's with --enable-prompt-tokens-details), the
+    Responses API's ``input_tokens_details``, Anthropic's ``cache_read_input_tokens``."""
+    for key in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(key)
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            return int(details["cached_tokens"])
+    return _int(usage, "cache_read_input_tokens")
 
 
 def _cut_by(finish: str, payload: Any, completion: int | None) -> str:

@@ -69,8 +69,13 @@ def _line(r: dict[str, Any]) -> str:
     tokens = f"{r['prompt_tokens'] or 0}→{r['completion_tokens'] or 0}"
     ttft = f"{r['ttft_s'] * 1000:.0f}ms" if r["ttft_s"] is not None else "-"
     cut = f" cut:{r['cut_by']}" if r["cut_by"] else ""
+    # a GET or HEAD is recorded when it was refused (a wrong key on GET /v1/models)
+    path = r["path"] if r.get("method", "POST") == "POST" else f"{r['method']} {r['path']}"
+    rate = r.get("cache_hit_rate")
+    if rate is not None:  # the conversation's share of prompt tokens from the prefix cache
+        cut += f" cache {rate:.0%} of {r.get('conversation_requests', 1)}"
     return (
-        f"{r['id']}  {when}  {r['status']:>3}  {r['path']:<22} {r['model'][:28]:<28} "
+        f"{r['id']}  {when}  {r['status']:>3}  {path:<22} {r['model'][:28]:<28} "
         f"{r['engine_id'][:16]:<16} {tokens:>11} ttft {ttft:>6} {r['duration_s']:.2f}s "
         f"{r['client']}{cut}"
     )

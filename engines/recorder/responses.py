@@ -10,15 +10,20 @@ off must not break clients; each response is its caller's alone, deleted by DELE
 write. A conversation whose earlier turns were dropped goes on from the oldest one kept.
 
 ``keep`` only queues; the recorder's writer parses and writes the queue with its batch, and a
-read writes what is queued first, so a next turn sent the moment a reply ends finds it.
+read writes what is queued first, so a next turn sent the moment a reply ends finds it. A write
+the disk refused (full) leaves its responses held in memory (``held``, bounded as the queue is):
+retrieve and ``previous_response_id`` read them there, and the next write, once there is room,
+writes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -47,7 +52,18 @@ class KeptResponses:
         self._queued: list[NewResponse] = []
         self._queued_bytes = 0
         self._writing = asyncio.Lock()
+        # rows a full disk refused, by (response_id, caller): read and written from threads
+        self._held: collections.OrderedDict[tuple[str, str], tuple[Any, ...]] = (
+            collections.OrderedDict()
+        )
+        self._held_bytes = 0
+        self._held_lock = threading.Lock()
         self.dropped = 0
+
+    @property
+    def held(self) -> int:
+        """Responses kept in memory until the disk has room."""
+        return len(self._held)
 
     @property
     def enabled(self) -> bool:
@@ -64,11 +80,13 @@ class KeptResponses:
     async def flush(self) -> None:
         """Write what is queued (the recorder's writer, and every read first)."""
         async with self._writing:
-            if not self._queued:
+            if not self._queued and not self._held:
                 return
             batch, self._queued, self._queued_bytes = self._queued, [], 0
             try:
                 await asyncio.to_thread(self._write, batch, time.time())
+            except sqlite3.Error:
+                raise  # held in memory: written by the next flush
             except BaseException:
                 self.dropped += len(batch)
                 raise
@@ -106,9 +124,34 @@ class KeptResponses:
             log.warning("keeping Responses API responses failed: %s", exc)
 
     def _write(self, batch: list[NewResponse], now_s: float) -> None:
-        rows = [row for new in batch if (row := _row_of(new, now_s)) is not None]
+        for new in batch:
+            if (row := _row_of(new, now_s)) is not None:
+                self._hold(row)
+        with self._held_lock:
+            rows = list(self._held.values())
         if not rows:
             return
+        self._insert(rows, now_s)
+        with self._held_lock:
+            for row in rows:
+                if self._held.pop((row[0], row[1]), None) is not None:
+                    self._held_bytes -= row[-1]
+
+    def _hold(self, row: tuple[Any, ...]) -> None:
+        """``row`` in memory until it is written; past the queue's bounds the oldest held
+        goes (counted)."""
+        with self._held_lock:
+            key = (row[0], row[1])
+            if (old := self._held.pop(key, None)) is not None:
+                self._held_bytes -= old[-1]
+            self._held[key] = row
+            self._held_bytes += row[-1]
+            while len(self._held) > MAX_QUEUED or self._held_bytes > MAX_QUEUED_BYTES:
+                _, gone = self._held.popitem(last=False)
+                self._held_bytes -= gone[-1]
+                self.dropped += 1
+
+    def _insert(self, rows: list[tuple[Any, ...]], now_s: float) -> None:
         with self._store.connection() as db:
             db.execute("BEGIN")
             try:
@@ -145,6 +188,10 @@ class KeptResponses:
         return int(gone)
 
     def _row(self, response_id: str, caller: str) -> tuple[str, str, str] | None:
+        with self._held_lock:
+            held = self._held.get((response_id, caller))
+        if held is not None:  # kept in memory while the disk is full
+            return (str(held[4]), str(held[5]), str(held[6]))
         with self._store.connection() as db:
             row = db.execute(
                 "SELECT previous_id, input_json, response_json FROM responses "
@@ -171,12 +218,16 @@ class KeptResponses:
         return items
 
     def _delete(self, response_id: str, caller: str) -> bool:
+        with self._held_lock:
+            held = self._held.pop((response_id, caller), None)
+            if held is not None:
+                self._held_bytes -= held[-1]
         with self._store.connection() as db:
             cur = db.execute(
                 "DELETE FROM responses WHERE response_id = ? AND caller = ?",
                 (response_id, caller),
             )
-            return cur.rowcount > 0
+            return cur.rowcount > 0 or held is not None
 
 
 def _row_of(new: NewResponse, now_s: float) -> tuple[Any, ...] | None:

@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS requests (
     duration_s REAL NOT NULL,
     prompt_tokens INTEGER,
     completion_tokens INTEGER,
+    cached_tokens INTEGER,
+    conversation TEXT NOT NULL DEFAULT '',
     finish_reason TEXT NOT NULL DEFAULT '',
     cut_by TEXT NOT NULL DEFAULT '',
     capture TEXT NOT NULL,
@@ -87,6 +89,8 @@ COLUMNS = (
     "duration_s",
     "prompt_tokens",
     "completion_tokens",
+    "cached_tokens",
+    "conversation",
     "finish_reason",
     "cut_by",
     "capture",
@@ -100,6 +104,11 @@ COLUMNS = (
     "reply_cut",
 )
 SUMMARY_COLUMNS = tuple(c for c in COLUMNS if c not in ("request_body", "reply_json", "reply_body"))
+ADDED_COLUMNS = {
+    "cached_tokens": "INTEGER",
+    "conversation": "TEXT NOT NULL DEFAULT ''",
+}
+"""Columns newer than the first requests.db: added to one made before them."""
 ROW_ERRORS = (sqlite3.InterfaceError, sqlite3.IntegrityError, OverflowError, ValueError)
 """What one row's values can fail a batch with (a full disk is an OperationalError: not one
 row's fault, so the batch waits for room instead)."""
@@ -150,6 +159,14 @@ class RecorderStore:
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
         conn.executescript(SCHEMA)
+        have = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+        for name, kind in ADDED_COLUMNS.items():
+            if name not in have:
+                conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
+        conn.execute(
+            "CREATE INDEX IF NOT EXISTS requests_conversation ON requests(conversation) "
+            "WHERE conversation != ''"
+        )
         for suffix in ("", "-wal", "-shm"):
             f = Path(str(self.path) + suffix)
             if f.exists():
@@ -258,7 +275,9 @@ class RecorderStore:
         with self.connection() as db:
             cur = db.execute(sql, (*params, limit))
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            _with_cache_rates(db, rows)
+            return rows
 
     def get(self, rid: str) -> dict[str, Any] | None:
         with self.connection() as db:
@@ -314,3 +333,28 @@ def _storable(value: Any) -> Any:
         except UnicodeEncodeError:
             return value.encode("utf-8", "backslashreplace").decode()
     return value
+
+
+def _with_cache_rates(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+    """Each row's conversation's prefix-cache hit rate: ``cache_hit_rate``, the share of its
+    requests' prompt tokens the engine's cache served (None where the engine said nothing),
+    and ``conversation_requests``, how many requests it holds."""
+    convs = sorted({r["conversation"] for r in rows if r.get("conversation")})
+    rates: dict[str, tuple[float | None, int]] = {}
+    for start in range(0, len(convs), 500):
+        part = convs[start : start + 500]
+        marks = ",".join("?" * len(part))
+        where = f"WHERE conversation IN ({marks}) GROUP BY conversation"  # placeholders only
+        sql = (
+            "SELECT conversation, SUM(cached_tokens), SUM(CASE WHEN cached_tokens IS NOT NULL "  # noqa: S608
+            "THEN prompt_tokens END), COUNT(*) FROM requests " + where
+        )
+        for conv, cached, prompt, count in db.execute(sql, part):
+            rate = cached / prompt if cached is not None and prompt else None
+            rates[conv] = (rate, int(count))
+    for r in rows:
+        rate, count = rates.get(r.get("conversation") or "", (None, 1))
+        if not r.get("conversation") and r.get("cached_tokens") is not None:
+            rate = r["cached_tokens"] / r["prompt_tokens"] if r.get("prompt_tokens") else None
+        r["cache_hit_rate"] = rate
+        r["conversation_requests"] = count

@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtGui import QGuiApplication
 
 from desktop.app import DesktopApp
-from desktop.dashboard.requests_page import RequestsPage
+from desktop.dashboard.requests_page import COLUMNS, RequestsPage
 from tests.desktop.conftest import ThreadedDaemon
 
 pytestmark = pytest.mark.slow
@@ -47,6 +47,8 @@ def test_live_list_filters_detail_curl_and_replay(qtbot, app: DesktopApp, daemon
     assert send(d, "fake", 3) == 200 and send(d, "nope", 3) == 404
     qtbot.waitUntil(lambda: len(page.rows) == 2, timeout=10000)  # the live list
     assert {page.table.item(i, 1).text() for i in range(2)} == {"200", "404"}
+    cache = COLUMNS.index("Cache")  # the conversation's prefix-cache hit rate
+    assert {page.table.item(i, cache).text() for i in range(2)} == {"0% of 1", "-"}
     page.status_filter.setCurrentIndex(page.status_filter.findData("error"))
     qtbot.waitUntil(lambda: [r["status"] for r in page.rows] == [404], timeout=10000)
     page.status_filter.setCurrentIndex(page.status_filter.findData("ok"))

@@ -6,15 +6,18 @@ what they could not write in memory, and write it once there is room."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from engines.config.live import LiveSettings
@@ -262,3 +265,42 @@ def test_telemetry_history_goes_on_without_its_rows_while_the_disk_is_full(
         assert history.add(sim.sample()) == 1 and store.full is None
     finally:
         store.close()
+
+
+async def test_a_response_made_while_the_disk_is_full_is_held_then_written(
+    served: RunningDaemon, data_disk: DataDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Responses API on a full disk: the reply's id exists (retrieve and
+    previous_response_id read it from memory), and it is written once there is room (it was
+    a 200 with an id that never existed, then or after)."""
+    await start_fake(served)
+    client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        data_disk.fill()
+        made = await client.responses.create(model="fake", input="hi", max_output_tokens=2)
+        assert (await client.responses.retrieve(made.id)).output_text == "w0 w1"
+        chained = await client.responses.create(
+            model="fake", input="more", previous_response_id=made.id, max_output_tokens=1
+        )
+        assert chained.previous_response_id == made.id
+        assert (await client.responses.retrieve(chained.id)).previous_response_id == made.id
+        kept = served.daemon.requests.responses
+        assert kept.held == 2 and kept.dropped == 0
+        data_disk.free()
+        await served.daemon.requests.responses.flush()
+        assert kept.held == 0
+        rows = await asyncio.to_thread(
+            _kept_ids, served.daemon.requests.store.path, (made.id, chained.id)
+        )
+        assert rows == {made.id, chained.id}
+        assert (await client.responses.retrieve(chained.id)).output_text == "w0"
+    finally:
+        await client.close()
+    assert tracebacks(caplog) == []
+
+
+def _kept_ids(db_path: Path, ids: tuple[str, ...]) -> set[str]:
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        marks = ",".join("?" * len(ids))
+        found = db.execute(f"SELECT response_id FROM responses WHERE response_id IN ({marks})", ids)
+        return {str(row[0]) for row in found}

@@ -179,6 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--enable-auto-tool-choice",
         "--no-enable-prefix-caching",
         "--no-enable-chunked-prefill",
+        "--enable-prompt-tokens-details",  # then usage says the prefix cache's hits
     ):
         p.add_argument(flag, action="store_true")
     extra = os.environ.get("FAKE_ENGINE_ARGS", "")
@@ -199,6 +200,7 @@ class FakeEngine:
         self.requests = 0
         self.aborted = 0
         self.generated = 0
+        self.prefixes: set[str] = set()  # prompt starts seen (the prefix cache)
         self.core: asyncio.subprocess.Process | None = None
         self.streaming = 0
         self.core_lock = asyncio.Lock()
@@ -388,10 +390,22 @@ class FakeEngine:
                         "prompt_tokens": 3,
                         "completion_tokens": max_tokens,
                         "total_tokens": 3 + max_tokens,
+                        **self._cache_details(body),
                     },
                 }
             )
         return await self._stream(request, body, max_tokens, chat)
+
+    def _cache_details(self, body: dict[str, object]) -> dict[str, object]:
+        """vLLM's ``prompt_tokens_details`` (with --enable-prompt-tokens-details): a prompt
+        whose first message was seen before hits the prefix cache for 2 of its 3 tokens."""
+        if not self.args.enable_prompt_tokens_details:
+            return {}
+        messages = body.get("messages")
+        start = json.dumps(messages[:1] if isinstance(messages, list) else body.get("prompt"))
+        cached = 2 if start in self.prefixes else 0
+        self.prefixes.add(start)
+        return {"prompt_tokens_details": {"cached_tokens": cached}}
 
     async def _stream(
         self, request: web.Request, body: dict[str, object], max_tokens: int, chat: bool
@@ -439,7 +453,12 @@ class FakeEngine:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.args.token_delay:
                     await asyncio.sleep(self.args.token_delay)
-            usage = {"prompt_tokens": 3, "completion_tokens": sent, "total_tokens": 3 + sent}
+            usage = {
+                "prompt_tokens": 3,
+                "completion_tokens": sent,
+                "total_tokens": 3 + sent,
+                **self._cache_details(body),
+            }
             stream_options = body.get("stream_options")
             if isinstance(stream_options, dict) and stream_options.get("include_usage"):
                 tail = {

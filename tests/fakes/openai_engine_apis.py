@@ -109,6 +109,7 @@ class FakeAPIs:
             )
         words = [f"w{i}" for i in range(int(body.get("max_output_tokens") or 8))]
         response = _response(body["model"], words)
+        response["previous_response_id"] = previous if isinstance(previous, str) else None
         if self.store and body.get("store", True):
             self.responses[response["id"]] = response
         if not body.get("stream"):

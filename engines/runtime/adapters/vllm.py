@@ -40,6 +40,9 @@ CLI_SERVE_SINCE = (0, 33)
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
 BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
 SLEEP_FLAG = "--enable-sleep-mode"
+PROMPT_DETAILS_FLAG = "--enable-prompt-tokens-details"
+"""Usage then says how many prompt tokens the prefix cache served (``cached_tokens``): the
+flight recorder keeps them, and shows a conversation's cache hit rate."""
 
 
 def _suggest_len(m: re.Match[str]) -> dict[str, str]:
@@ -275,6 +278,9 @@ class VLLMAdapter:
                 argv.append("--disable-custom-all-reduce")
             if can_sleep(profile, runtime):
                 argv.append(SLEEP_FLAG)
+        no_details = "--no-" + PROMPT_DETAILS_FLAG[2:]
+        if PROMPT_DETAILS_FLAG in runtime.flags.flags and no_details not in profile.extra_flags:
+            argv.append(PROMPT_DETAILS_FLAG)
         return argv
 
     @staticmethod

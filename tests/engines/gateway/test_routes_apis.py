@@ -72,8 +72,8 @@ async def test_responses_create_stream_retrieve_and_cancel(daemon: RunningDaemon
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     streamed_id = events[-1].response.id
     assert (await client.responses.retrieve(streamed_id)).id == streamed_id
-    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
-        await client.responses.cancel(made.id)  # the engine's own answer, relayed
+    with pytest.raises(openai.BadRequestError, match="created with background=true"):
+        await client.responses.cancel(made.id)  # kept by traylm, answered by traylm
     with pytest.raises(
         openai.NotFoundError, match="no response 'resp_nope' is known for this caller"
     ):
@@ -114,11 +114,10 @@ async def test_a_response_belongs_to_the_key_that_made_it(daemon_factory, fake_e
         assert await refused(b.responses.input_items.list(rid), rid) == never
         chained = b.responses.create(model="fake", input="more", previous_response_id=rid)
         assert await refused(chained, rid) == never
-    # A still has its responses: traylm answers retrieve, input_items and delete itself;
-    # cancel reaches the engine (only its own store runs background responses)
+    # A still has its responses: traylm answers retrieve, input_items, delete and cancel
     assert (await a.responses.retrieve(made.id)).output_text == "w0 w1 w2"
     assert (await a.responses.retrieve(streamed_id)).id == streamed_id
-    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+    with pytest.raises(openai.BadRequestError, match="created with background=true"):
         await a.responses.cancel(made.id)
     items = await a.responses.input_items.list(made.id)
     assert [item.model_dump()["content"][0]["text"] for item in items.data] == ["hi"]

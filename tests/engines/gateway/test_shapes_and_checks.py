@@ -56,9 +56,11 @@ def test_errors_take_the_shape_of_the_path_they_answer() -> None:
         "code": 429,
     }
     assert body(api_error("/v1/messages/count_tokens", 503, "x"))["error"] == {
-        "type": "overloaded_error",
+        "type": "api_error",  # a 503 that names no wait is not an overload (not retried)
         "message": "x",
     }
+    busy = api_error("/v1/messages", 503, "x", headers={"Retry-After": "30"})
+    assert body(busy)["error"] == {"type": "overloaded_error", "message": "x"}
 
 
 def test_engine_errors_in_any_shape_become_anthropic_ones() -> None:

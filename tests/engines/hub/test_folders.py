@@ -80,6 +80,11 @@ async def test_add_then_start_by_name_then_delete_the_folder(
     assert engine.served_names == ("tiny",)
     code, out = await traylm("models", "rm", "tiny")
     assert code == 1 and "being served by engine tiny" in out
+    # another name for the same folder is not served itself: it may go
+    code, out = await traylm("models", "add", str(model), "--name", "tiny2")
+    assert code == 0, out
+    code, out = await traylm("models", "rm", "tiny2")
+    assert code == 0 and "removed tiny2" in out, out
     await daemon.client.stop("tiny")
 
     # deleted while registered: listed with what is missing, never started

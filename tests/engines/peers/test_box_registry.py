@@ -365,3 +365,19 @@ async def test_an_unpaired_box_is_forgotten_and_its_requests_ended(box: Any) -> 
     await _until(lambda: not replicas.serving("chat"))
     assert replicas.rows() == []
     assert ended == [("chat@box-b", "box 'box-b' is no longer paired")]
+
+
+async def test_responses_for_a_model_only_a_box_serves_say_they_stay_here(
+    daemon: RunningDaemon,
+) -> None:
+    """Chat for "chat" goes to the paired box; the Responses API does not (its kept responses
+    live on this box): the 404 says so and why, not "not served"."""
+    daemon.daemon.ondemand._boxes = StubBoxes(Upstream("chat@box-b", "https://x", {}, box="box-b"))
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "chat", "input": "hi"}
+        async with http.post(daemon.url + "/v1/responses", json=body) as r:
+            assert r.status == 404
+            error = (await r.json())["error"]
+    assert "served here only by the paired box 'box-b'" in error["message"], error
+    assert "the Responses API stays on this box" in error["message"]
+    assert "/v1/chat/completions" in error["message"] and error["param"] == "model"

@@ -196,4 +196,92 @@ async def test_none_kept_when_set_to_zero(daemon_factory: DaemonFactory, fake_en
     client = client_of(d)
     made = await client.responses.create(model="fake", input="hi", max_output_tokens=2)
     body = await not_found(client.responses.retrieve(made.id))  # the engine keeps none either
-    assert "requests.responses_keep" in body["message"], body
+    assert "`traylm config set requests.responses_keep 10000`" in body["message"], body
+    assert "in profile 'fake'" in body["message"], body
+
+
+async def test_cancel_of_a_kept_response_is_answered_in_openais_words(
+    daemon: RunningDaemon,
+) -> None:
+    """A kept response has ended and was not made in the background: OpenAI's 400, from
+    traylm (the engine, which keeps none, answered 404 with advice for a missing store)."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.cancel(made.id)
+    message = str(err.value.message)
+    assert "Responses can only be cancelled if they were created with background=true" in message
+    assert "'completed'" in message and "traylm" not in message
+    assert err.value.body["param"] == "response_id"  # type: ignore[index]
+    assert (await client.responses.retrieve(made.id)).status == "completed"  # unchanged
+
+
+async def test_a_reply_carries_its_previous_response_id(daemon: RunningDaemon) -> None:
+    """The engine got a self-contained request (no previous_response_id) and says null; the
+    client gets back the id it chained to, streamed or not, and so does a retrieve."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    first = await client.responses.create(model="fake", input="first", max_output_tokens=1)
+    assert first.previous_response_id is None
+    second = await client.responses.create(
+        model="fake", input="second", previous_response_id=first.id, max_output_tokens=1
+    )
+    assert second.previous_response_id == first.id
+    stream = await client.responses.create(
+        model="fake", input="third", previous_response_id=second.id, stream=True
+    )
+    events = [e async for e in stream]
+    assert events[0].type == "response.created"
+    assert events[0].response.previous_response_id == second.id  # type: ignore[union-attr]
+    third = events[-1].response  # type: ignore[union-attr]
+    assert third.previous_response_id == second.id
+    assert (await client.responses.retrieve(third.id)).previous_response_id == second.id
+
+
+async def test_kept_responses_have_traylms_own_ids(daemon: RunningDaemon) -> None:
+    """An engine's ids repeat (the FAKE counts from 1 again once restarted): a kept response
+    has an id of traylm's, so one conversation never overwrites another."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    before = await client.responses.create(model="fake", input="one", max_output_tokens=1)
+    await daemon.client.stop("fake")
+    await start_fake(daemon)  # a new engine process: its count starts over
+    after = await client.responses.create(model="fake", input="two", max_output_tokens=2)
+    assert before.id != after.id and not before.id.startswith("resp_fake")
+    assert (await client.responses.retrieve(before.id)).output_text == "w0"
+    assert (await client.responses.retrieve(after.id)).output_text == "w0 w1"
+    events = [e async for e in await client.responses.create(model="fake", input="x", stream=True)]
+    ids = {e.response.id for e in events if hasattr(e, "response")}  # created, completed
+    assert len(ids) == 1 and not ids.pop().startswith("resp_fake")
+
+
+async def test_retrieve_with_stream_replays_the_kept_responses_events(
+    daemon: RunningDaemon,
+) -> None:
+    """The openai SDK's ``responses.retrieve(id, stream=True)`` yields the events of the kept
+    response (it got JSON and yielded none), resumable with ``starting_after``."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", max_output_tokens=3)
+    events = [e async for e in await client.responses.retrieve(made.id, stream=True)]
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == made.output_text == "w0 w1 w2"
+    assert same(events[-1].response, made)  # type: ignore[union-attr]
+    later = await client.responses.retrieve(made.id, stream=True, starting_after=2)
+    assert [e.sequence_number async for e in later] == list(range(3, len(events)))
+
+
+async def test_a_response_made_with_store_false_is_a_404_in_traylms_words(
+    daemon: RunningDaemon,
+) -> None:
+    """traylm keeps responses, but not one made with store: false: its 404 says so (and never
+    that traylm keeps none)."""
+    await start_fake(daemon)
+    client = client_of(daemon)
+    made = await client.responses.create(model="fake", input="hi", store=False)
+    body = await not_found(client.responses.retrieve(made.id))
+    assert "none made with store: false" in body["message"], body
+    assert "nor does traylm" not in body["message"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.gateway.response_keep import NewResponse
+from engines.gateway.response_replay import replayable
 from engines.gateway.sse import sse_error
 from engines.recorder.service import RequestRecorder
 from tests.engines.recorder.test_recorder_parts import settings
@@ -62,7 +63,14 @@ async def test_only_finished_responses_are_kept(tmp_path: Path) -> None:
         created = {"type": "response.created", "response": response(4, status="in_progress")}
         broke_off = f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()
         rec.responses.keep(
-            NewResponse("me", "fake", [], "", broke_off + sse_error("engine went away"), True)
+            NewResponse(
+                "me",
+                "fake",
+                [],
+                "",
+                broke_off + sse_error("engine went away", path="/v1/responses"),
+                True,
+            )
         )
         rec.responses.keep(dataclasses.replace(new(5), reply=b'{"error": {"message": "no"}}'))
         found = [n for n in range(1, 6) if await rec.responses.find(f"resp_{n}", "me")]
@@ -86,3 +94,9 @@ async def test_a_history_goes_on_from_the_oldest_turn_kept(tmp_path: Path) -> No
         ]
     finally:
         await rec.stop()
+
+
+def test_a_response_without_its_items_or_not_ended_is_not_replayed() -> None:
+    assert replayable({"status": "completed", "output": []}) is None
+    assert replayable({"status": "completed"}) == "it was kept without its output items"
+    assert "'in_progress'" in str(replayable({"status": "in_progress", "output": []}))

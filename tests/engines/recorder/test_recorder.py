@@ -376,3 +376,27 @@ async def test_a_stream_read_to_its_last_event_is_a_success(daemon: RunningDaemo
         text = await r.text()
     assert 'traylm_requests_total{route="/v1/chat/completions",status="200"} 1' in text
     assert 'status="499"' not in text
+
+
+async def test_cached_prompt_tokens_and_a_conversations_cache_hit_rate(
+    daemon: RunningDaemon,
+) -> None:
+    """traylm starts vLLM with --enable-prompt-tokens-details, the recorder keeps each
+    request's cached prompt tokens, and `traylm requests ls` shows each conversation's cache
+    hit rate (an agent user sees at once when a client breaks the prefix cache)."""
+    d = daemon
+    await start_fake(d)  # the FAKE engine says cached tokens only when traylm asks
+    turn = [{"role": "user", "content": "the same first message"}]
+    rids = []
+    for messages in (turn, [*turn, {"role": "assistant", "content": "w0"}], HI):
+        _, rid, _ = await post(d, "/v1/chat/completions", {"model": "fake", "messages": messages})
+        rids.append(rid)
+    await recorded(d, rids[-1])
+    rows = {r["id"]: r for r in await d.client.requests_list(limit=10)}
+    first, second, other = (rows[rid] for rid in rids)
+    assert (first["cached_tokens"], second["cached_tokens"], other["cached_tokens"]) == (0, 2, 0)
+    assert first["conversation"] == second["conversation"] != other["conversation"]
+    assert second["cache_hit_rate"] == pytest.approx(2 / 6)  # 2 of the conversation's 6
+    assert second["conversation_requests"] == 2 and other["cache_hit_rate"] == 0
+    code, out = await traylm("requests", "ls")
+    assert code == 0 and "cache 33% of 2" in out and "cache 0% of 1" in out, out

@@ -5,7 +5,9 @@ warning, retention by age and size, and replies assembled from every API's strea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from engines.gateway.exchange import Exchange, ReplyCapture
 from engines.recorder import service
 from engines.recorder.assemble import row_of
 from engines.recorder.service import RequestRecorder
-from engines.recorder.store import WAL_LIMIT_BYTES, RecorderStore
+from engines.recorder.store import ADDED_COLUMNS, SCHEMA, WAL_LIMIT_BYTES, RecorderStore
 
 
 def settings(tmp_path: Path, **requests: object) -> LiveSettings:
@@ -319,3 +321,21 @@ async def test_status_says_resumed_once_the_disk_has_room(
         assert rec.status()["warning"] == ""
     finally:
         await rec.stop()
+
+
+def test_a_requests_db_made_before_cached_tokens_gets_the_new_columns(tmp_path: Path) -> None:
+    old = SCHEMA.replace("    cached_tokens INTEGER,\n", "").replace(
+        "    conversation TEXT NOT NULL DEFAULT '',\n", ""
+    )
+    path = tmp_path / "requests.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(old)
+    store = RecorderStore(path)
+    store.open()
+    try:
+        with store.connection() as db:
+            have = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+        assert set(ADDED_COLUMNS) <= have
+        assert store.rows() == []
+    finally:
+        store.close()
