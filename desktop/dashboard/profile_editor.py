@@ -26,7 +26,9 @@ from desktop.widgets.confirm import second_click
 from desktop.widgets.result_label import COLORS
 
 VALIDATE_AFTER_MS = 300
+PRESET_NOTE = "Shipped preset: saving writes your own copy under this name (it takes precedence)."
 NAME_ROLE = Qt.ItemDataRole.UserRole
+FOLDER_ROLE = Qt.ItemDataRole.UserRole + 1  # a library folder's path (the item is no profile)
 
 
 class ProfileEditor(QWidget):
@@ -47,6 +49,7 @@ class ProfileEditor(QWidget):
         self._timer.timeout.connect(self.validate_now)
         ctx.state.profiles_changed.connect(self.on_profiles_changed)
         ctx.state.servable_changed.connect(self.on_servable_changed)
+        ctx.state.library_changed.connect(self.on_profiles_changed)
         self.on_profiles_changed()
 
     def _list_column(self) -> QVBoxLayout:
@@ -76,9 +79,8 @@ class ProfileEditor(QWidget):
         self.name.textChanged.connect(self.schedule_validation)
         top.addWidget(self.name, 1)
         right.addLayout(top)
-        self.preset_note = QLabel(
-            "Shipped preset: saving writes your own copy under this name (it takes precedence)."
-        )
+        self.preset_note = QLabel(PRESET_NOTE)
+        self.preset_note.setWordWrap(True)
         self.preset_note.setObjectName("presetNote")
         self.preset_note.setVisible(False)
         right.addWidget(self.preset_note)
@@ -123,6 +125,16 @@ class ProfileEditor(QWidget):
             self.list.addItem(item)
             if entry.name == selected:
                 self.list.setCurrentItem(item)
+        for folder in self.ctx.state.folders:  # servable too: listed, to make a profile of
+            item = QListWidgetItem(f"{folder.name}  (model folder)")
+            item.setData(NAME_ROLE, folder.name)
+            item.setData(FOLDER_ROLE, folder.path)
+            served = folder.served_name
+            item.setToolTip(
+                f"{folder.path}: a library folder served as {served}; pick it to "
+                "make a profile of your own from it"
+            )
+            self.list.addItem(item)
         self.list.blockSignals(False)
         broken = self.ctx.state.broken_profiles
         self.broken.setText("Broken profile files:\n" + "\n".join(broken) if broken else "")
@@ -130,8 +142,29 @@ class ProfileEditor(QWidget):
             self.list.setCurrentRow(0)
 
     def on_profile_selected(self, item: QListWidgetItem | None, _old: object = None) -> None:
-        if item is not None:
+        if item is None:
+            return
+        folder = item.data(FOLDER_ROLE)
+        if folder:
+            self.load_folder(str(item.data(NAME_ROLE)), str(folder))
+        else:
             self.load_profile(str(item.data(NAME_ROLE)))
+
+    def load_folder(self, name: str, path: str) -> None:
+        """A library folder: a new profile from it, named so it never clashes with the name
+        the folder is served as (saving makes it; the folder stays as it is)."""
+        taken = {p.name for p in self.ctx.state.profiles} | {f.name for f in self.ctx.state.folders}
+        new = next(n for n in (f"{name}-custom{i or ''}" for i in range(100)) if n not in taken)
+        self.loaded_name = ""
+        self.name.setText(new)
+        self.form.load({"device": "auto", "model": path, "served_name": new})
+        self.preset_note.setText(
+            f"Model folder {name}: saving makes the profile {new} from it (served as {new}); "
+            "the folder keeps serving as it is."
+        )
+        self.preset_note.setVisible(True)
+        self.delete_button.setEnabled(False)
+        self.validate_now()
 
     def load_profile(self, name: str) -> None:
         entry = self.ctx.state.profile(name)
@@ -142,6 +175,7 @@ class ProfileEditor(QWidget):
         self.name.setText(name)
         self.name.blockSignals(False)
         self.form.load(entry.fields)
+        self.preset_note.setText(PRESET_NOTE)
         self.preset_note.setVisible(entry.preset)
         self.delete_button.setEnabled(not entry.preset)
         self.validate_now()

@@ -426,3 +426,29 @@ def test_without_a_gpu_the_engines_page_greys_the_gpu_presets_and_offers_the_loc
     picker.setCurrentIndex(tiny)
     page.start_button.click()
     qtbot.waitUntil(lambda: daemon_thread.engine_state("tiny") == EngineState.READY, timeout=30000)
+
+
+def test_the_profiles_tab_lists_a_folder_model_and_makes_a_profile_of_it(
+    qtbot, daemon_thread: ThreadedDaemon, app_factory, tmp_path
+) -> None:
+    model = make_tiny_hf_model(tmp_path / "tiny-chat")
+    daemon_thread.run(lambda c: c.add_local_folder(str(model), name="tiny"))
+    app = app_factory()
+    _dash, page = _engines_page(app)
+    editor = page.profiles
+    qtbot.waitUntil(
+        lambda: any(
+            editor.list.item(i).text() == "tiny  (model folder)" for i in range(editor.list.count())
+        ),
+        timeout=15000,
+    )
+    row = next(
+        i for i in range(editor.list.count()) if editor.list.item(i).text().startswith("tiny ")
+    )
+    editor.list.setCurrentRow(row)
+    assert editor.name.text() == "tiny-custom"  # never the folder's own name: no clash
+    assert "saving makes the profile tiny-custom" in editor.preset_note.text()
+    qtbot.waitUntil(lambda: editor.validation.text().startswith("✓ valid"), timeout=10000)
+    editor.save_button.click()
+    qtbot.waitUntil(lambda: app.state.profile("tiny-custom") is not None, timeout=10000)
+    assert app.state.profile("tiny-custom").fields["model"] == str(model)
