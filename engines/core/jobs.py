@@ -84,6 +84,11 @@ class Job(Generic[R]):
         self.progress = event
         self.kind.publish(event)
 
+    def interrupt(self) -> None:
+        """Cancel the job's task (what a cancel does without ``on_cancel``)."""
+        if self._task is not None:
+            self._task.cancel()
+
     def status(self) -> JobStatus[R]:
         return JobStatus(self.kind.name, self.id, self.state, self.record, self.message)
 
@@ -130,7 +135,7 @@ class Job(Generic[R]):
             if isinstance(pending, Awaitable):
                 await pending
         else:
-            self._task.cancel()
+            self.interrupt()
         await self._ended.wait()
 
 
