@@ -98,7 +98,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print the stored run as JSON")
     s.set_defaults(func=cmd_run)
 
-    s = bsub.add_parser("ls", help="stored benchmark runs")
+    s = bsub.add_parser("ls", aliases=["list"], help="stored benchmark runs")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
@@ -117,7 +117,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("run_id", type=int, nargs="?", help="default: the running one")
     s.set_defaults(func=cmd_cancel)
 
-    s = bsub.add_parser("rm", help="delete a stored run")
+    s = bsub.add_parser("rm", aliases=["remove"], help="delete a stored run")
     s.add_argument("run_id", type=int, help="a run id (`traylm bench ls`)")
     s.set_defaults(func=cmd_rm)
 

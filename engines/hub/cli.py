@@ -79,11 +79,13 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--detach", action="store_true", help="queue it and return")
     s.set_defaults(func=cmd_pull)
 
-    s = msub.add_parser("ls", help="models in the local Hugging Face cache")
+    s = msub.add_parser("ls", aliases=["list"], help="models in the local Hugging Face cache")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
-    s = msub.add_parser("rm", help="delete a model from the cache, or forget a model folder")
+    s = msub.add_parser(
+        "rm", aliases=["remove"], help="delete a model from the cache, or forget a model folder"
+    )
     s.add_argument("repo_id", help="org/name (deleted from the cache) or a folder's name")
     s.add_argument("--revision", help="one revision only (default: all)")
     s.set_defaults(func=cmd_rm)
