@@ -33,7 +33,7 @@ from pathlib import Path
 
 from engines.config.profiles import Profile, ProfileStore
 from engines.control.service import EngineControl, auto_device, resolve_device
-from engines.core.jobs import Job, JobKind
+from engines.core.jobs import Job, JobKind, JobState
 from engines.envs.manager import ENGINE_NAMES, RECIPES, EnvInfo, EnvManager
 from engines.errors import ConfigError, TraylmError, UpgradeError
 from engines.events.codec import Event
@@ -254,13 +254,14 @@ class UpgradeFeature:
         job = r.job
         self._progress(r, "install", f"installing {_name(job)} {job.new_version} beside "
                        f"{job.old_version}")  # fmt: skip
-        task = self._control.begin_install(
+        install = self._control.begin_install(
             job.engine, device=job.device, version=job.new_version, held=TRIAL
         )
-        try:
-            env = await task
-        except TraylmError as exc:
-            raise _Kept(f"{job.new_version} did not install: {exc.message}") from None
+        env = await install.result()
+        if install.state == JobState.CANCELLED:
+            raise asyncio.CancelledError  # the install cancelled (`traylm engines install`)
+        if env is None:
+            raise _Kept(f"{job.new_version} did not install: {install.message}")
         await asyncio.to_thread(self._envs.hold, env, TRIAL)  # one installed before, too
 
     async def _compared(self, r: _Run) -> tuple[State, str, TuneJob | None]:
