@@ -176,7 +176,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "attach": "engines.ondemand.cli:add_parsers",
     "detach": "engines.ondemand.cli:add_parsers",
     "bench": "engines.bench.cli:add_parsers",  # traylm bench run|ls|show|compare|cancel|rm
-    "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo|--cancel]
+    "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo], tune cancel
     "requests": "engines.recorder.cli:add_parsers",  # flight recorder: ls|show|tail|export|...
     "doctor": "engines.doctor:add_parser",  # driver, CUDA, NVML, P2P, disk, port, engines, ...
 }

@@ -278,7 +278,7 @@ class UpgradeFeature:
                        f"{job.new_version} ({job.workload})")  # fmt: skip
         tune = await self._tune.run_planned(r.tune, plan)
         if tune.state == TuneState.CANCELLED:
-            raise asyncio.CancelledError  # `traylm tune --cancel` stopped the measurement
+            raise asyncio.CancelledError  # `traylm tune cancel` stopped the measurement
         verdict = judge(tune, other.key)
         r.job = dataclasses.replace(r.job, changes=verdict.changes, worse=verdict.worse)
         self._progress(r, "decide", verdict.words)
