@@ -190,7 +190,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0 if final.state == BenchState.DONE else 1
 
 
-def followed(c: DaemonClient) -> Followed[BenchRun]:
+def followed(c: DaemonClient) -> Followed[BenchRun, int]:
     """How `bench run` follows its run (engines/client/follow.py); Ctrl-C stops the run and
     keeps what finished."""
     return Followed(

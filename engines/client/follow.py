@@ -24,30 +24,35 @@ from engines.errors import TraylmError
 from engines.events.codec import Event
 
 J = TypeVar("J")
+K = TypeVar("K", int, str)  # a job's id: a run's number, a download's name
 SUBSCRIBE_WAIT_S = 10.0
 PLAIN_EVERY_S = 5.0  # off a terminal, a line that changes often at most this often
 
 
 @dataclasses.dataclass(frozen=True)
-class Followed(Generic[J]):
-    """What following one kind of job takes. ``J``: the job's record as the client reads it.
+class Followed(Generic[J, K]):
+    """What following one kind of job takes. ``J``: the job's record as the client reads it;
+    ``K``: its id.
 
     ``line``: an event's progress line for the job ("" for none; ``frequent`` lines are kept
     on one line of a terminal, and thinned out elsewhere); ``ends``: whether the event is the
     job's end; ``now``: the job as the daemon has it now (None: it is gone); ``running``:
-    whether a record is still running; ``cancel``: cancel the job in the daemon."""
+    whether a record is still running; ``cancel``: what Ctrl-C does to the job in the daemon
+    (a cancel; a download's pause); ``show``: draws an event itself instead of ``line`` (a
+    download's bar)."""
 
     kinds: tuple[str, ...]
-    job_id: Callable[[J], int]
-    line: Callable[[Event, int], tuple[str, bool]]
-    ends: Callable[[Event, int], bool]
-    now: Callable[[int], Awaitable[J | None]]
+    job_id: Callable[[J], K]
+    line: Callable[[Event, K], tuple[str, bool]]
+    ends: Callable[[Event, K], bool]
+    now: Callable[[K], Awaitable[J | None]]
     running: Callable[[J], bool]
-    cancel: Callable[[int], Awaitable[object]]
-    stopping: str  # said on Ctrl-C, e.g. "stopping the benchmark..."
+    cancel: Callable[[K], Awaitable[object]]
+    stopping: str  # said on Ctrl-C, e.g. "stopping the benchmark..."; {id}: the job's id
     cancel_answer_s: float
     poll_s: float = 5.0
     disown: str = ""  # said when the cancel is not confirmed in time
+    show: Callable[[Event, K], None] | None = None
 
 
 class ProgressPrinter:
@@ -81,7 +86,7 @@ class ProgressPrinter:
 
 async def follow(
     c: DaemonClient,
-    spec: Followed[J],
+    spec: Followed[J, K],
     start: Callable[[], Awaitable[J]],
     *,
     started: Callable[[J], None] = lambda _: None,
@@ -110,7 +115,7 @@ async def follow(
             return await _until_ended(spec, job_id, queue, printer)
         except asyncio.CancelledError:  # Ctrl-C: the job is cancelled in the daemon
             printer.close()
-            print(f"\n{spec.stopping}", file=sys.stderr, flush=True)
+            print(f"\n{spec.stopping.format(id=job_id)}", file=sys.stderr, flush=True)
             try:
                 await within(spec.cancel_answer_s, spec.cancel(job_id))
             except (TraylmError, TimeoutError):
@@ -125,7 +130,7 @@ async def follow(
 
 
 async def _until_ended(
-    spec: Followed[J], job_id: int, queue: asyncio.Queue[Event], printer: ProgressPrinter
+    spec: Followed[J, K], job_id: K, queue: asyncio.Queue[Event], printer: ProgressPrinter
 ) -> J:
     while True:
         try:
@@ -133,6 +138,9 @@ async def _until_ended(
         except TimeoutError:
             event = None
         if event is not None and not spec.ends(event, job_id):
+            if spec.show is not None:
+                spec.show(event, job_id)
+                continue
             line, frequent = spec.line(event, job_id)
             if line:
                 printer(line, frequent=frequent)

@@ -118,7 +118,7 @@ async def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if final.state == TuneState.DONE else 1
 
 
-def followed(c: DaemonClient) -> Followed[TuneJob]:
+def followed(c: DaemonClient) -> Followed[TuneJob, int]:
     """How `traylm tune` follows its job (engines/client/follow.py); Ctrl-C cancels the tune
     in the daemon, which stops the candidate and starts again what ran before."""
 

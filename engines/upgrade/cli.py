@@ -103,7 +103,7 @@ async def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0 if job.state in GOOD else 1
 
 
-def followed(c: DaemonClient) -> Followed[UpgradeJob]:
+def followed(c: DaemonClient) -> Followed[UpgradeJob, int]:
     """How `traylm engines upgrade` follows its job (engines/client/follow.py): its steps, the
     install's lines, the measurement's; Ctrl-C cancels it and what ran before runs again."""
 
