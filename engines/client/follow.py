@@ -47,7 +47,7 @@ class Followed(Generic[J, K]):
     ends: Callable[[Event, K], bool]
     now: Callable[[K], Awaitable[J | None]]
     running: Callable[[J], bool]
-    cancel: Callable[[K], Awaitable[object]]
+    cancel: Callable[[K], Awaitable[object]] | None  # None: Ctrl-C only stops following
     stopping: str  # said on Ctrl-C, e.g. "stopping the benchmark..."; {id}: the job's id
     cancel_answer_s: float
     poll_s: float = 5.0
@@ -90,9 +90,11 @@ async def follow(
     start: Callable[[], Awaitable[J]],
     *,
     started: Callable[[J], None] = lambda _: None,
+    timeout_s: float | None = None,
 ) -> J:
     """Start the job (``start``), follow it to its end and return it as it ended; ``started``
-    says what was started. Ctrl-C cancels the job (within ``spec.cancel_answer_s``)."""
+    says what was started. Ctrl-C cancels the job (within ``spec.cancel_answer_s``).
+    TimeoutError when it has not ended ``timeout_s`` after it started (None: no limit)."""
     queue: asyncio.Queue[Event] = asyncio.Queue()
     opened = asyncio.Event()
 
@@ -112,10 +114,13 @@ async def follow(
             return job
         job_id = spec.job_id(job)
         try:
-            return await _until_ended(spec, job_id, queue, printer)
+            return await within(timeout_s, _until_ended(spec, job_id, queue, printer))
         except asyncio.CancelledError:  # Ctrl-C: the job is cancelled in the daemon
             printer.close()
-            print(f"\n{spec.stopping.format(id=job_id)}", file=sys.stderr, flush=True)
+            if spec.stopping:
+                print(f"\n{spec.stopping.format(id=job_id)}", file=sys.stderr, flush=True)
+            if spec.cancel is None:
+                raise
             try:
                 await within(spec.cancel_answer_s, spec.cancel(job_id))
             except (TraylmError, TimeoutError):
