@@ -52,8 +52,13 @@ def _walk(
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help or "" for a in action._choices_actions}
+            names: dict[int, list[str]] = {}  # a command's names: its own, then its aliases
             for name, child in action.choices.items():
-                yield from _walk(child, (*path, name), helps.get(name, ""))
+                names.setdefault(id(child), []).append(name)
+            for name, *aliases in names.values():
+                also = f" (also `{'`, `'.join(aliases)}`)" if aliases else ""
+                child = action.choices[name]
+                yield from _walk(child, (*path, name), helps.get(name, "") + also)
 
 
 def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:

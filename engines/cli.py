@@ -176,7 +176,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "attach": "engines.ondemand.cli:add_parsers",
     "detach": "engines.ondemand.cli:add_parsers",
     "bench": "engines.bench.cli:add_parsers",  # traylm bench run|ls|show|compare|cancel|rm
-    "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo|--cancel]
+    "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo], tune cancel
     "launch": "engines.launch.cli:add_parsers",  # an agent CLI pointed at traylm
     "requests": "engines.recorder.cli:add_parsers",  # flight recorder: ls|show|tail|export|...
     "doctor": "engines.doctor:add_parser",  # driver, CUDA, NVML, P2P, disk, port, engines, ...
@@ -244,13 +244,13 @@ def _engines_parser(sub: Any) -> Any:
         "--version", dest="engine_version", help="a release to install (default: the newest)"
     )
     s.set_defaults(func=cmd_engines_install)
-    s = esub.add_parser("list", help="installed engine environments")
+    s = esub.add_parser("ls", aliases=["list"], help="installed engine environments")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_engines_list)
     s = esub.add_parser("doctor", help="check that engine environments work")
     s.add_argument("name", nargs="?", help="environment name (default: all)")
     s.set_defaults(func=cmd_engines_doctor)
-    s = esub.add_parser("remove", help="delete an engine environment")
+    s = esub.add_parser("rm", aliases=["remove"], help="delete an engine environment")
     s.add_argument("engine", help="vllm, trtllm or sglang")
     s.add_argument("--cpu", action="store_true", help="the CPU build's environment")
     s.add_argument(

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from engines.bench.compare import cell, compare, format_table
 from engines.bench.metrics import DEFINITIONS
 from engines.client import DaemonClient
+from engines.client.follow import Followed, follow
 from engines.client.model_wait import load_and_wait
-from engines.core.waiting import within
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError
 from engines.events.bench import (
     BenchConfig,
     BenchFinished,
@@ -36,14 +34,13 @@ from engines.events.bench import (
     BenchRun,
     BenchState,
 )
-from engines.events.codec import to_plain
+from engines.events.codec import Event, to_plain
 
 API_KEY_ENV = "TRAYLM_API_KEY"
 FILE_CONCURRENCY = 256
 """Most requests of a workload file in flight at once (its recorded pace decides the rest)."""
 FINISH_POLL_S = 2.0
 CANCEL_ANSWER_S = 20.0  # the daemon's stop grace for its worker (8 s, then SIGKILL) and a margin
-PLAIN_PROGRESS_EVERY_S = 5.0
 LOAD_TIMEOUT_S = 900.0  # a cold model first: its start (a first compile) may take minutes
 
 
@@ -101,7 +98,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--json", action="store_true", help="print the stored run as JSON")
     s.set_defaults(func=cmd_run)
 
-    s = bsub.add_parser("ls", help="stored benchmark runs")
+    s = bsub.add_parser("ls", aliases=["list"], help="stored benchmark runs")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
@@ -120,7 +117,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("run_id", type=int, nargs="?", help="default: the running one")
     s.set_defaults(func=cmd_cancel)
 
-    s = bsub.add_parser("rm", help="delete a stored run")
+    s = bsub.add_parser("rm", aliases=["remove"], help="delete a stored run")
     s.add_argument("run_id", type=int, help="a run id (`traylm bench ls`)")
     s.set_defaults(func=cmd_rm)
 
@@ -178,30 +175,44 @@ async def cmd_run(args: argparse.Namespace) -> int:
     async with await _client() as c:
         if not config.url:
             await _load_if_cold(c, config.model)
-        queue: asyncio.Queue[BenchProgress | BenchFinished] = asyncio.Queue()
-        follower = asyncio.create_task(_follow(c, queue))
-        try:
-            run = await c.bench_start(config, api_key=os.environ.get(API_KEY_ENV, ""))
-            print(f"benchmark run #{run.id} started against {run.target}", file=sys.stderr)
-            try:
-                await _wait(c, run.id, queue)
-            except asyncio.CancelledError:  # Ctrl-C: stop the run, keep what finished
-                print("\nstopping the benchmark...", file=sys.stderr, flush=True)
-                try:  # the daemon stops its worker within its grace (then kills it)
-                    await within(CANCEL_ANSWER_S, c.bench_cancel(run.id))
-                except (TraylmError, TimeoutError):
-                    print("the daemon did not confirm in time; `traylm bench cancel` stops "
-                          "the run if it still goes on", file=sys.stderr)  # fmt: skip
-                raise
-        finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TraylmError):
-                await follower
-        final = await c.bench_run(run.id)
+        api_key = os.environ.get(API_KEY_ENV, "")
+        final = await follow(
+            c,
+            followed(c),
+            lambda: c.bench_start(config, api_key=api_key),
+            started=lambda run: print(
+                f"benchmark run #{run.id} started against {run.target}", file=sys.stderr
+            ),
+        )
         _print_or_json(final, args.json)
         if args.html:
             await _write_html(c, [final.id], args.html)
     return 0 if final.state == BenchState.DONE else 1
+
+
+def followed(c: DaemonClient) -> Followed[BenchRun, int]:
+    """How `bench run` follows its run (engines/client/follow.py); Ctrl-C stops the run and
+    keeps what finished."""
+    return Followed(
+        kinds=("bench",),
+        job_id=lambda run: run.id,
+        line=_line,
+        ends=lambda e, run_id: isinstance(e, BenchFinished) and e.summary.id == run_id,
+        now=c.bench_run,
+        running=lambda run: run.state == BenchState.RUNNING,
+        cancel=c.bench_cancel,  # the daemon stops its worker within its grace, then kills it
+        stopping="stopping the benchmark...",
+        cancel_answer_s=CANCEL_ANSWER_S,
+        poll_s=FINISH_POLL_S,
+        disown="the daemon did not confirm in time; `traylm bench cancel` stops the run if "
+        "it still goes on",
+    )
+
+
+def _line(event: Event, run_id: int) -> tuple[str, bool]:
+    if isinstance(event, BenchProgress) and event.run_id == run_id:
+        return _progress_line(event), event.phase == "measure"
+    return "", False
 
 
 async def _load_if_cold(c: DaemonClient, model: str) -> None:
@@ -215,44 +226,6 @@ async def _load_if_cold(c: DaemonClient, model: str) -> None:
     await load_and_wait(
         c, model, timeout_s=LOAD_TIMEOUT_S, say=lambda line: print(line, file=sys.stderr)
     )
-
-
-async def _follow(c: DaemonClient, queue: asyncio.Queue[BenchProgress | BenchFinished]) -> None:
-    async for event in c.events(kinds=("bench",)):
-        if isinstance(event, BenchProgress | BenchFinished):
-            queue.put_nowait(event)
-
-
-async def _wait(
-    c: DaemonClient, run_id: int, queue: asyncio.Queue[BenchProgress | BenchFinished]
-) -> None:
-    """Print progress until the run ends (events, with a poll in case the end was missed): one
-    line kept up to date on a terminal, a line every few seconds otherwise."""
-    tty = sys.stderr.isatty()
-    last, next_s = "", 0.0
-    while True:
-        try:
-            event = await within(FINISH_POLL_S, queue.get())
-        except TimeoutError:
-            current, _ = await c.bench_current()
-            if current is None or current.id != run_id:
-                return
-            continue
-        if isinstance(event, BenchFinished):
-            if event.summary.id == run_id:
-                if tty:
-                    print(file=sys.stderr)
-                return
-            continue
-        if event.run_id != run_id:
-            continue
-        line = _progress_line(event)
-        if tty:
-            print(f"\r{line:<100}", end="", file=sys.stderr, flush=True)
-        elif line != last and (event.phase != "measure" or time.monotonic() >= next_s):
-            print(line, file=sys.stderr, flush=True)
-            next_s = time.monotonic() + PLAIN_PROGRESS_EVERY_S
-        last = line
 
 
 def _progress_line(p: BenchProgress) -> str:

@@ -15,7 +15,8 @@ Events: bench.progress (BenchProgress), bench.finished (BenchFinished). /api/sta
 
 A run is a worker process (engines/bench/worker.py) that sends the load and reads GPU telemetry
 back from this daemon; this feature checks the request, resolves where the requests go, stores the
-run and relays the worker's progress as events.
+run and relays the worker's progress as events. Runs are jobs of one kind (engines/core/jobs.py),
+one at a time; a cancel signals the worker, which keeps what finished.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from engines.bench.runner import check_config
 from engines.bench.runs import RunStore, summary
 from engines.config.live import SettingsView
 from engines.core.http import dataclass_body
+from engines.core.jobs import Job, JobKind, JobState, JobStatus
 from engines.core.store import Store
 from engines.errors import BenchError, ConfigError, DiskFull, quoted
 from engines.events.bench import (
@@ -48,6 +50,7 @@ from engines.events.bench import (
     BenchLevel,
     BenchProgress,
     BenchRun,
+    BenchRunSummary,
     BenchState,
 )
 from engines.events.codec import Event, from_plain, to_plain
@@ -64,11 +67,10 @@ WORKER_LINE_LIMIT = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass
-class _Job:
+class _Worker:
     run: BenchRun
     proc: asyncio.subprocess.Process
     log_path: Path
-    watcher: asyncio.Task[BenchRun] | None = None
     stop_state: BenchState | None = None  # set by a cancel or the daemon stopping
 
 
@@ -96,14 +98,28 @@ class BenchFeature:
         self._token = control_token
         self._internal_key = internal_key
         self._logs_dir = logs_dir
-        self._publish = publish
-        self._job: _Job | None = None
-        self.progress: BenchProgress | None = None
+        self.jobs: JobKind[BenchRun] = JobKind(
+            "benchmark run",
+            publish=publish,
+            finished=_finished,
+            busy=lambda s: (
+                f"benchmark run {s.id} is still running; wait for it, or stop it "
+                f"with `traylm bench cancel {s.id}`"
+            ),
+            error=BenchError,
+        )
+        self._worker: _Worker | None = None
         self._starting = asyncio.Lock()
 
-    def status(self) -> Any:
+    def status(self) -> BenchRunSummary | None:
         """The running run's summary, or None (/api/status "bench")."""
-        return to_plain(summary(self._job.run)) if self._job is not None else None
+        run = self.current
+        return summary(run) if run is not None else None
+
+    @property
+    def progress(self) -> BenchProgress | None:
+        job = self.jobs.current
+        return job.progress if job is not None and isinstance(job.progress, BenchProgress) else None
 
     async def start(self) -> None:
         count = await asyncio.to_thread(self.runs.mark_interrupted)
@@ -111,12 +127,14 @@ class BenchFeature:
             log.info("%d benchmark run(s) were left running by a stopped daemon", count)
 
     async def stop(self) -> None:
-        if self._job is not None:
-            await self._end(self._job, BenchState.INTERRUPTED)
+        if self._worker is not None:
+            self._worker.stop_state = BenchState.INTERRUPTED
+        await self.jobs.stop()
 
     @property
     def current(self) -> BenchRun | None:
-        return self._job.run if self._job is not None else None
+        job = self.jobs.current
+        return job.record if job is not None else None
 
     # ----------------------------------------------------------------- start
 
@@ -124,12 +142,7 @@ class BenchFeature:
         """Check, resolve the target, store the run and start the worker (returns at once)."""
         check_config(config)
         async with self._starting:
-            if self._job is not None:
-                run_id = self._job.run.id
-                raise BenchError(
-                    f"benchmark run {run_id} is still running; wait for it, or stop it with "
-                    f"`traylm bench cancel {run_id}`"
-                )
+            self.jobs.refuse_if_running()
             target, tokenize_root, engine = self._resolve(config)
             await _preflight(target, config.model, api_key)
             run = await asyncio.to_thread(self.runs.create, config, target=target, engine=engine)
@@ -149,7 +162,7 @@ class BenchFeature:
                 },
             }
             try:
-                self._job = await self._spawn(run, job_spec)
+                worker = await self._spawn(run, job_spec)
             except OSError as exc:
                 failed = dataclasses.replace(
                     run,
@@ -159,7 +172,9 @@ class BenchFeature:
                 )
                 await asyncio.to_thread(self.runs.save, failed)
                 raise BenchError(failed.detail) from None
-            self._job.watcher = asyncio.create_task(self._watch(self._job), name="bench run")
+            self._worker = worker
+            job = self.jobs.start(run, lambda job: self._watch(job, worker), job_id=run.id)
+            job.on_cancel = lambda: self._end(worker, BenchState.CANCELLED)
             return run
 
     async def run_to_end(self, config: BenchConfig) -> BenchRun:
@@ -167,13 +182,7 @@ class BenchFeature:
         the run (its worker stopped, what finished kept) before the CancelledError goes on:
         the tuner measures its candidates through this."""
         run = await self.start_run(config, api_key=self._internal_key())
-        job = self._job
-        assert job is not None and job.watcher is not None and job.run.id == run.id
-        try:
-            return await asyncio.shield(job.watcher)
-        except asyncio.CancelledError:
-            await self._end(job, BenchState.CANCELLED)
-            raise
+        return await self.jobs.get(run.id).result()
 
     def _resolve(self, config: BenchConfig) -> tuple[str, str | None, dict[str, str]]:
         """(OpenAI base URL, server root for /tokenize or None, engine facts)."""
@@ -204,7 +213,7 @@ class BenchFeature:
                 facts = _engine_facts(engine)
         return url, root, facts
 
-    async def _spawn(self, run: BenchRun, job_spec: dict[str, Any]) -> _Job:
+    async def _spawn(self, run: BenchRun, job_spec: dict[str, Any]) -> _Worker:
         log_path = self._logs_dir / "bench" / f"run-{run.id}.log"
         log_fh = await asyncio.to_thread(_open_log, log_path)
         try:
@@ -224,15 +233,15 @@ class BenchFeature:
         proc.stdin.write(json.dumps(job_spec).encode())
         await proc.stdin.drain()
         proc.stdin.close()
-        return _Job(run, proc, log_path)
+        return _Worker(run, proc, log_path)
 
     # ----------------------------------------------------------------- while it runs
 
-    async def _watch(self, job: _Job) -> BenchRun:
+    async def _watch(self, job: Job[BenchRun], worker: _Worker) -> BenchRun:
         result: dict[str, Any] | None = None
-        assert job.proc.stdout is not None
+        assert worker.proc.stdout is not None
         try:
-            async for raw in job.proc.stdout:
+            async for raw in worker.proc.stdout:
                 try:
                     line = json.loads(raw)
                 except ValueError:
@@ -240,25 +249,22 @@ class BenchFeature:
                 if line.get("type") == "progress":
                     event = from_wire(line["event"])
                     if isinstance(event, BenchProgress):
-                        self.progress = event
-                        self._publish(event)
+                        job.report(event)
                 elif line.get("type") == "result":
                     result = line
         finally:
-            code = await job.proc.wait()
-        final = self._final(job, result, code)
+            code = await worker.proc.wait()
+        final = self._final(worker, result, code)
         try:
             await asyncio.to_thread(self.runs.save, final)
         except DiskFull as exc:
             log.warning("benchmark run %d finished but was not stored: %s", final.id, exc.message)
         except Exception:  # boundary: a storage failure must not leave the run "running"
             log.exception("could not store benchmark run %d", final.id)
-        self._job = None
-        self.progress = None
-        self._publish(BenchFinished(summary=summary(final)))
+        self._worker = None
         return final
 
-    def _final(self, job: _Job, result: dict[str, Any] | None, code: int) -> BenchRun:
+    def _final(self, job: _Worker, result: dict[str, Any] | None, code: int) -> BenchRun:
         if result is None:
             state = job.stop_state or BenchState.FAILED
             detail = (
@@ -289,30 +295,36 @@ class BenchFeature:
     # ----------------------------------------------------------------- cancel
 
     async def cancel(self, run_id: int) -> BenchRun:
-        job = self._job
-        if job is None or job.run.id != run_id:
-            running = f"; run {job.run.id} is" if job is not None else "; none is"
-            raise BenchError(f"benchmark run {run_id} is not running{running}")
-        return await self._end(job, BenchState.CANCELLED)
+        return (await self.jobs.cancel(run_id)).record
 
-    async def _end(self, job: _Job, state: BenchState) -> BenchRun:
+    async def _end(self, worker: _Worker, state: BenchState) -> None:
         """SIGTERM the worker (it keeps what finished), SIGKILL after a grace period."""
-        job.stop_state = state
-        watcher = job.watcher
-        assert watcher is not None
+        worker.stop_state = worker.stop_state or state
         with contextlib.suppress(ProcessLookupError):
-            job.proc.terminate()
+            worker.proc.terminate()
         try:
-            return await asyncio.wait_for(asyncio.shield(watcher), STOP_GRACE_S)
+            await asyncio.wait_for(worker.proc.wait(), STOP_GRACE_S)
         except TimeoutError:
             log.warning("the benchmark worker ignored SIGTERM; killing it")
             with contextlib.suppress(ProcessLookupError):
-                job.proc.kill()
-            return await watcher
+                worker.proc.kill()
 
     def check_not_running(self, run_id: int) -> None:
-        if self._job is not None and self._job.run.id == run_id:
+        current = self.current
+        if current is not None and current.id == run_id:
             raise BenchError(f"run {run_id} is running; cancel it first")
+
+
+def _finished(status: JobStatus[BenchRun]) -> BenchFinished:
+    """The run's end: as stored, or as the job ended when it could not say."""
+    run = status.record
+    if run.state == BenchState.RUNNING:
+        failed = status.state == JobState.FAILED
+        state = BenchState.FAILED if failed else BenchState.CANCELLED
+        run = dataclasses.replace(
+            run, state=state, finished_s=time.time(), detail=status.message or "cancelled"
+        )
+    return BenchFinished(summary=summary(run))
 
 
 def _open_log(path: Path) -> IO[bytes]:

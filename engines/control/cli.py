@@ -121,9 +121,11 @@ def _keys_parser(sub: Any) -> None:
     s = ksub.add_parser("add", help="create a key (shown once; only its SHA-256 is stored)")
     s.add_argument("--name", default="", help="who it is for (shown by `traylm keys list`)")
     s.set_defaults(func=cmd_keys_add)
-    s = ksub.add_parser("list", help="list key fingerprints")
+    s = ksub.add_parser("ls", aliases=["list"], help="list key fingerprints")
     s.set_defaults(func=cmd_keys_list)
-    s = ksub.add_parser("remove", help="remove a key by its fingerprint (or its first 8 chars)")
+    s = ksub.add_parser(
+        "rm", aliases=["remove"], help="remove a key by its fingerprint (or its first 8 chars)"
+    )
     s.add_argument("fingerprint", help="as `traylm keys list` shows it (or its first 8 chars)")
     s.set_defaults(func=cmd_keys_remove)
 

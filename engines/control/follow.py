@@ -4,18 +4,17 @@ weights, compiling, KV cache, CUDA graphs, ...) and how long it has lasted;
 ``traylm engines install`` prints pip's steps and, every few seconds, the bytes downloaded.
 
 The phases come as ``engine.phase`` events, subscribed before the start is asked for; a status
-poll every second repeats a long phase's line and catches a terminal state if the stream breaks.
+poll every second repeats a long phase's line and catches a terminal state if the stream breaks
+(the job follower of engines/client/follow.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 from engines.client import DaemonClient
-from engines.core.waiting import within
+from engines.client.follow import Followed, follow
 from engines.envs.pip_progress import PipStatus
 from engines.errors import TraylmError
 from engines.events.codec import Event
@@ -24,7 +23,6 @@ from engines.runtime.phase_text import PhasePrinter
 
 POLL_S = 1.0
 BYTES_EVERY_S = 3.0  # a download progress line at most this often
-SUBSCRIBE_WAIT_S = 10.0
 DONE = (EngineState.READY, EngineState.FAILED)
 
 
@@ -35,57 +33,44 @@ async def follow_start(
     timeout_s: float,
     say: Callable[[str], None],
 ) -> EngineStatus:
-    """Run ``start`` and follow that engine until it is ready or failed; ``say`` gets a line
-    when each start phase begins and every REPEAT_S seconds while one lasts
-    (engines/runtime/phase_text.py). Raises TimeoutError after ``timeout_s``."""
-    queue: asyncio.Queue[Event] = asyncio.Queue()
-    subscribed = asyncio.Event()
+    """Run ``start`` and follow that engine until it is ready or failed (engines/client/
+    follow.py); ``say`` gets a line when each start phase begins and every REPEAT_S seconds
+    while one lasts (engines/runtime/phase_text.py). Raises TimeoutError after ``timeout_s``;
+    Ctrl-C stops following, and the engine goes on starting."""
+    printer = PhasePrinter(say)
 
-    async def pump() -> None:
-        kinds = ("engine.state", "engine.phase")
-        with contextlib.suppress(TraylmError):
-            async for event in c.events(kinds=kinds, opened=subscribed.set):
-                queue.put_nowait(event)
-
-    pump_task = asyncio.create_task(pump(), name="start events")
-    try:
-        with contextlib.suppress(TimeoutError):  # no stream: the status poll still follows
-            await within(SUBSCRIBE_WAIT_S, subscribed.wait())
-        status = await start()
-        say(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
-        printer = PhasePrinter(say)
-        return await within(timeout_s, _until_done(c, status.engine_id, queue, printer))
-    finally:
-        pump_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump_task
-
-
-async def _until_done(
-    c: DaemonClient, engine_id: str, queue: asyncio.Queue[Event], printer: PhasePrinter
-) -> EngineStatus:
-    while True:
-        try:
-            event = await within(POLL_S, queue.get())
-        except TimeoutError:  # a long phase: its time, every REPEAT_S
-            current = next((e for e in await c.engines() if e.engine_id == engine_id), None)
-            if current is None:
-                raise TraylmError(f"engine {engine_id!r} is gone from the daemon") from None
+    async def now(engine_id: str) -> EngineStatus:
+        current = next((e for e in await c.engines() if e.engine_id == engine_id), None)
+        if current is None:
+            raise TraylmError(f"engine {engine_id!r} is gone from the daemon")
+        if current.state not in DONE:  # a long phase: its time, every REPEAT_S
             printer(current)
-            state = current.state
-        else:
-            if getattr(event, "engine_id", None) != engine_id:
-                continue
-            if isinstance(event, EngineStartPhase):
-                printer.began(event)
-                continue
-            if not isinstance(event, EngineStateChanged):
-                continue
-            state = event.state
-        if state in DONE:
-            final = next(e for e in await c.engines() if e.engine_id == engine_id)
-            if final.state in DONE:
-                return final
+        return current
+
+    def show(event: Event, engine_id: str) -> None:
+        if isinstance(event, EngineStartPhase) and event.engine_id == engine_id:
+            printer.began(event)
+
+    spec: Followed[EngineStatus, str] = Followed(
+        kinds=("engine.state", "engine.phase"),
+        job_id=lambda status: status.engine_id,
+        line=lambda _e, _id: ("", False),
+        ends=lambda e, engine_id: (
+            isinstance(e, EngineStateChanged) and e.engine_id == engine_id and e.state in DONE
+        ),
+        now=now,
+        running=lambda status: status.state not in DONE,
+        cancel=None,
+        stopping="",
+        cancel_answer_s=0.0,
+        poll_s=POLL_S,
+        show=show,
+    )
+
+    def started(status: EngineStatus) -> None:
+        say(f"{status.engine_id}: {status.state} (serves {', '.join(status.served_names)})")
+
+    return await follow(c, spec, start, started=started, timeout_s=timeout_s)
 
 
 class InstallPrinter:

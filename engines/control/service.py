@@ -6,7 +6,6 @@ engines/control/routes.py (status, engines, profiles, settings, engine envs, eve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -21,6 +20,7 @@ from engines import __version__
 from engines.config.live import SettingsEditor, SettingsView
 from engines.config.profiles import Profile, ProfileStore, profile_from_mapping, replica_base
 from engines.core.bus import EventBus
+from engines.core.jobs import Job, JobKind
 from engines.core.modelinfo import read_model_info
 from engines.core.procs import PidRegistry
 from engines.envs.manager import RECIPES, EnvInfo, EnvManager, has_nvidia_gpu
@@ -120,15 +120,19 @@ class EngineControl:
         self._check_available = check_available
         """(profile name, model) → None, or an error when the engine could not get the model
         (a Hub model, not downloaded, without network: HubFeature.require_available)."""
-        self._install_task: asyncio.Task[EnvInfo] | None = None
+        self.installs: JobKind[EnvInfo | None] = JobKind(
+            "engine install",
+            publish=publish,
+            finished=lambda _: None,  # the install's own done/failed/cancelled line says it
+            busy=lambda _: "an engine install is already running; wait for it to finish",
+            error=EngineEnvError,
+        )
+        """Engine env installs, one at a time; a job's record is the env once installed."""
         self._pip_published_s = 0.0
 
     async def stop(self) -> None:
         """Cancel a running install (the installer removes its half-made venv)."""
-        if self._install_task is not None and not self._install_task.done():
-            self._install_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._install_task
+        await self.installs.stop()
 
     async def check_start(self, profile: Profile) -> None:
         """Everything ``start_engine`` checks before it places and launches (models on demand
@@ -263,22 +267,21 @@ class EngineControl:
         """Start installing an engine env in the background (one at a time); progress and the
         outcome are published as EnvInstallProgress events."""
         device = auto_device(device)
-        task = self.begin_install(engine, device=device, version=version)
-        task.add_done_callback(_retrieved)  # its failure was published: nobody awaits it
+        self.begin_install(engine, device=device, version=version)
         return {"engine": engine, "device": device, "version": version or "default"}
 
     def begin_install(
         self, engine: str, *, device: str, version: str | None, held: str = ""
-    ) -> asyncio.Task[EnvInfo]:
-        """The install as a task of its own (one at a time), published as EnvInstallProgress
-        events; the task raises the install's error. ``held``: EnvManager.install's (a guarded
-        upgrade installs the new version held back)."""
+    ) -> Job[EnvInfo | None]:
+        """The install as a job of its own (one at a time), published as EnvInstallProgress
+        events; the job's record is the env it installed (None: it failed, with the error as
+        its message). ``held``: EnvManager.install's (a guarded upgrade installs the new
+        version held back)."""
         device = auto_device(device)
         if (engine, device) not in RECIPES:
             known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
             raise ConfigError(f"traylm cannot install {engine!r} for {device}; it knows: {known}")
-        if self._install_task is not None and not self._install_task.done():
-            raise EngineEnvError("an engine install is already running; wait for it to finish")
+        self.installs.refuse_if_running()
         started = time.monotonic()
         last: list[PipStatus] = []  # the last pip status published (a few a second at most)
 
@@ -297,7 +300,7 @@ class EngineControl:
                 last[:] = [status]
                 progress("install", "", status)
 
-        async def run() -> EnvInfo:
+        async def run(_: Job[EnvInfo | None]) -> EnvInfo:
             try:
                 return await self._envs.install(
                     engine, device=device, version=version, progress=progress, on_pip=on_pip,
@@ -311,29 +314,18 @@ class EngineControl:
                 progress("cancelled", "the install was cancelled; its unfinished folder is gone")
                 raise
 
-        task = asyncio.create_task(run(), name=f"install:{engine}")
-        self._install_task = task
-        return task
+        return self.installs.start(None, run)
 
     async def cancel_install(self) -> bool:
         """Cancel the running install (the installer removes its half-made venv and says
         ``cancelled``); False when none runs."""
-        task = self._install_task
-        if task is None or task.done():
+        if self.installs.current is None:
             return False
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await self.installs.cancel()
         return True
 
     def notify_error(self, title: str, exc: TraylmError) -> None:
         self._publish(Notice(level="error", title=title, message=exc.message, source=exc.code))
-
-
-def _retrieved(task: asyncio.Task[EnvInfo]) -> None:
-    """Mark a background install's error as seen (it was published as its ``failed`` event)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _with_pip(event: EnvInstallProgress, pip: PipStatus) -> EnvInstallProgress:

@@ -7,18 +7,15 @@ daemon's download events; Ctrl-C pauses the download (``traylm models resume ID`
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import signal
 import sys
 import time
 from typing import Any
 
 from engines.client import DaemonClient
+from engines.client.follow import Followed, follow
 from engines.core.sizes import human_bytes
-from engines.core.waiting import within
-from engines.events.codec import to_plain
+from engines.events.codec import Event, to_plain
 from engines.events.hub import (
     DownloadProgress,
     DownloadState,
@@ -30,6 +27,7 @@ from engines.hub import folders_cli
 
 TERMINAL = (DownloadState.READY, DownloadState.FAILED, DownloadState.CANCELLED)
 BAR_WIDTH = 28
+PAUSE_ANSWER_S = 20.0  # the daemon kills the worker at once and waits up to 10 s for it
 
 
 def add_parsers(sub: Any) -> None:
@@ -79,11 +77,13 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--detach", action="store_true", help="queue it and return")
     s.set_defaults(func=cmd_pull)
 
-    s = msub.add_parser("ls", help="models in the local Hugging Face cache")
+    s = msub.add_parser("ls", aliases=["list"], help="models in the local Hugging Face cache")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_ls)
 
-    s = msub.add_parser("rm", help="delete a model from the cache, or forget a model folder")
+    s = msub.add_parser(
+        "rm", aliases=["remove"], help="delete a model from the cache, or forget a model folder"
+    )
     s.add_argument("repo_id", help="org/name (deleted from the cache) or a folder's name")
     s.add_argument("--revision", help="one revision only (default: all)")
     s.set_defaults(func=cmd_rm)
@@ -218,15 +218,18 @@ def _fit_line(r: FitResult) -> str:
 
 async def cmd_pull(args: argparse.Namespace) -> int:
     async with await _client() as c:
-        status = await c.pull(args.repo_id, args.revision)
-        print(
-            f"{status.repo_id} @ {status.commit_sha[:12]}: {status.files_total} files, "
-            f"{human_bytes(status.total_bytes)} (download {status.id})"
-        )
         if args.detach:
+            status = await c.pull(args.repo_id, args.revision)
+            _say_queued(status, [])
             print(f"queued; `traylm models downloads` shows it, `traylm models pause {status.id}`")
             return 0
-        final = await _follow(c, status)
+        bars: list[ProgressBar] = []
+        final = await follow(
+            c,
+            followed(c, bars),
+            lambda: c.pull(args.repo_id, args.revision),
+            started=lambda status: _say_queued(status, bars),
+        )
     print()
     print(f"{final.state}: {final.message}")
     if final.state == DownloadState.READY:
@@ -237,42 +240,52 @@ async def cmd_pull(args: argparse.Namespace) -> int:
     return 1
 
 
-async def _follow(c: DaemonClient, status: DownloadStatus) -> DownloadStatus:
-    """Draw the bar from events (polling as a fallback) until the download ends; Ctrl-C pauses."""
-    loop = asyncio.get_running_loop()
-    interrupted = asyncio.Event()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGINT, interrupted.set)
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+def _say_queued(status: DownloadStatus, bars: list[ProgressBar]) -> None:
+    """Say what the download is; its bar, from now on, in ``bars``."""
+    bars.append(ProgressBar(status))
+    print(
+        f"{status.repo_id} @ {status.commit_sha[:12]}: {status.files_total} files, "
+        f"{human_bytes(status.total_bytes)} (download {status.id})"
+    )
 
-    async def consume() -> None:
-        with contextlib.suppress(Exception):
-            async for event in c.events(kinds=("download",)):
-                await queue.put(event)
 
-    consumer = asyncio.create_task(consume())
-    bar = ProgressBar(status)
-    try:
-        while status.state not in TERMINAL and status.state != DownloadState.PAUSED:
-            if interrupted.is_set():
-                status = await c.download_action(status.id, "pause")
-                break
-            try:
-                event = await within(1.0, queue.get())
-            except TimeoutError:
-                status = await c.download(status.id)
-                bar.draw_status(status)
-                continue
-            if isinstance(event, DownloadProgress) and event.download_id == status.id:
-                bar.draw_progress(event)
-            elif isinstance(event, DownloadStateChanged) and event.status.id == status.id:
-                status = event.status
-                bar.draw_status(status)
-    finally:
-        consumer.cancel()
-        with contextlib.suppress(NotImplementedError):
-            loop.remove_signal_handler(signal.SIGINT)
-    return status
+def followed(c: DaemonClient, bars: list[ProgressBar]) -> Followed[DownloadStatus, str]:
+    """How `models pull` follows its download (engines/client/follow.py): the bar from events
+    and from each status poll; Ctrl-C pauses it (what finished stays; `models resume` goes on),
+    ``bars`` holds the bar once the download is known."""
+
+    def show(event: Event, download_id: str) -> None:
+        if isinstance(event, DownloadProgress) and event.download_id == download_id:
+            bars[0].draw_progress(event)
+        elif isinstance(event, DownloadStateChanged) and event.status.id == download_id:
+            bars[0].draw_status(event.status)
+
+    async def now(download_id: str) -> DownloadStatus:
+        status = await c.download(download_id)
+        bars[0].draw_status(status)
+        return status
+
+    return Followed(
+        kinds=("download",),
+        job_id=lambda status: status.id,
+        line=lambda _e, _id: ("", False),
+        ends=lambda e, download_id: (
+            isinstance(e, DownloadStateChanged)
+            and e.status.id == download_id
+            and not _running(e.status)
+        ),
+        now=now,
+        running=_running,
+        cancel=lambda download_id: c.download_action(download_id, "pause"),
+        stopping="pausing the download; `traylm models resume {id}` goes on from there",
+        cancel_answer_s=PAUSE_ANSWER_S,
+        poll_s=1.0,
+        show=show,
+    )
+
+
+def _running(status: DownloadStatus) -> bool:
+    return status.state not in TERMINAL and status.state != DownloadState.PAUSED
 
 
 class ProgressBar:

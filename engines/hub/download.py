@@ -7,7 +7,9 @@ worker hashed every file against the Hub's sha256 (git sha1 for small files) and
 a worker that dies for any reason (kill -9 included) leaves the job retrying, paused or failed,
 never ready.
 
-One attempt (the worker process, its stall watchdog, its messages) lives in attempt.py.
+One attempt (the worker process, its stall watchdog, its messages) lives in attempt.py. The
+downloads are queued jobs of the job runner (engines/core/jobs.py), ``hub.parallel_downloads``
+at once, in the order they were queued or resumed.
 
 What pause/resume keeps was measured with the installed huggingface_hub (tests/engines/hub/
 test_download_faults.py::test_pause_resume_keeps_finished_files): finished files stay; the file
@@ -27,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engines.config.sections import HubSettings
+from engines.core.jobs import Job as RunnerJob
+from engines.core.jobs import JobKind, JobStatus
 from engines.errors import DiskFull, DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
 from engines.events.codec import Event
 from engines.events.hub import (
@@ -80,11 +84,16 @@ class DownloadManager:
         self._logs_dir = logs_dir
         self._python = python
         self._jobs: dict[str, Job] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.runs: JobKind[Job] = JobKind(
+            "download",
+            publish=publish,
+            finished=self._turn_ended,  # its download.state events say how it ended
+            queued=True,
+            parallel=lambda: self._settings().parallel_downloads,
+        )
+        self._runs: dict[str, RunnerJob[Job]] = {}  # a download's turn in the runner
         self._attempts: dict[str, Attempt] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
-        self._wake = asyncio.Event()
-        self._scheduler: asyncio.Task[None] | None = None
         self.resume_note = ""
 
     # ----------------------------------------------------------------- lifecycle
@@ -99,21 +108,17 @@ class DownloadManager:
         for row in reversed(rows):
             job = Job.from_row(row)
             self._jobs[job.id] = job
-        self._scheduler = asyncio.create_task(self._schedule(), name="downloads")
+        for job in self._jobs.values():
+            if job.state == DownloadState.QUEUED:
+                self._queue(job)
 
     async def stop(self) -> None:
         for job in list(self._jobs.values()):
-            if job.id in self._tasks:
+            if job.id in self._runs:
                 job.stop_reason = "shutdown"
-                self._kill(job.id)
-                self._wakeups.get(job.id, asyncio.Event()).set()
-        for task in list(self._tasks.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 5)
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scheduler
+        for run in reversed(self.runs.jobs):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.runs.cancel(run.id), 5)
 
     # ----------------------------------------------------------------- public operations
 
@@ -152,7 +157,7 @@ class DownloadManager:
         )
         self._jobs[job.id] = job
         await self._set(job, DownloadState.QUEUED, message="waiting for its turn")
-        self._wake.set()
+        self._queue(job)
         return job.status(self.resume_note)
 
     async def pause(self, download_id: str) -> DownloadStatus:
@@ -171,7 +176,7 @@ class DownloadManager:
             raise HubError(f"{job.repo_id} is already downloaded and verified", code="conflict")
         job.attempts, job.error_code = 0, ""
         await self._set(job, DownloadState.QUEUED, message="waiting for its turn")
-        self._wake.set()
+        self._queue(job)
         return job.status(self.resume_note)
 
     async def cancel(self, download_id: str) -> DownloadStatus:
@@ -206,35 +211,39 @@ class DownloadManager:
             )
         return job
 
-    async def _schedule(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            limit = self._settings().parallel_downloads
-            for job in list(self._jobs.values()):
-                if len(self._tasks) >= limit:
-                    break
-                if job.state == DownloadState.QUEUED and job.id not in self._tasks:
-                    task = asyncio.create_task(self._run(job), name=f"download-{job.id}")
-                    self._tasks[job.id] = task
-                    task.add_done_callback(self._task_done)
+    def _queue(self, job: Job) -> None:
+        """Give the download its turn in the runner (a stop kills its attempt)."""
+        if job.id in self._runs:
+            return
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        for jid, t in list(self._tasks.items()):
-            if t is task:
-                del self._tasks[jid]
-        self._wake.set()
+        async def run(_: RunnerJob[Job]) -> Job:
+            await self._run(job)
+            return job
+
+        turn = self.runs.start(job, run)
+        turn.on_cancel = lambda: self._interrupt(job.id)  # a queued one just leaves the queue
+        self._runs[job.id] = turn
+
+    def _interrupt(self, download_id: str) -> None:
+        """Stop the download's worker now, and its wait before a retry; ``_run`` then ends as
+        its ``stop_reason`` says."""
+        self._kill(download_id)
+        event = self._wakeups.get(download_id)
+        if event is not None:
+            event.set()
+
+    def _turn_ended(self, status: JobStatus[Job]) -> None:
+        job = status.record
+        self._runs.pop(job.id, None)
+        if job.state == DownloadState.QUEUED and not job.stop_reason and job.id in self._jobs:
+            self._queue(job)  # resumed while its last turn was still ending
 
     async def _stop_job(self, job: Job, reason: str) -> None:
         job.stop_reason = reason
-        self._kill(job.id)
-        event = self._wakeups.get(job.id)
-        if event is not None:
-            event.set()
-        task = self._tasks.get(job.id)
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(task), 10)
+        turn = self._runs.get(job.id)
+        if turn is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.runs.cancel(turn.id)), 10)
         job.stop_reason = ""
 
     def _kill(self, download_id: str) -> None:

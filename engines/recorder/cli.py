@@ -22,7 +22,7 @@ TAIL_POLL_S = 1.0
 def add_parsers(sub: Any) -> None:
     r = sub.add_parser("requests", help="requests recorded by the gateway (the flight recorder)")
     rsub = r.add_subparsers(title="requests commands", metavar="ACTION", required=True)
-    s = rsub.add_parser("ls", help="recorded requests, newest first")
+    s = rsub.add_parser("ls", aliases=["list"], help="recorded requests, newest first")
     _filters(s)
     s.add_argument("--limit", type=int, default=50, help="most requests listed (50)")
     s.add_argument("--json", action="store_true", help="print JSON")

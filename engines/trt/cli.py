@@ -26,10 +26,12 @@ def add_engine_parsers(esub: Any) -> None:
     """Under `traylm engines`."""
     c = esub.add_parser("cache", help="built TensorRT-LLM engines (the engine cache)")
     csub = c.add_subparsers(title="cache commands", metavar="ACTION", required=True)
-    s = csub.add_parser("ls", help="list cached engines (least recently used first)")
+    s = csub.add_parser(
+        "ls", aliases=["list"], help="list cached engines (least recently used first)"
+    )
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_cache_ls)
-    s = csub.add_parser("rm", help="remove cached engines")
+    s = csub.add_parser("rm", aliases=["remove"], help="remove cached engines")
     s.add_argument("ids", nargs="+", metavar="ID", help="as `traylm engines cache ls` lists them")
     s.set_defaults(func=cmd_cache_rm)
     s = csub.add_parser("prune", help="remove stale engines and shrink the cache to its budget")

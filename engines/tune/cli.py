@@ -4,7 +4,8 @@ traylm tune MODEL [--workload FILE.jsonl | --preset chat|rag|agent|batch]
            [--goal latency|throughput|efficiency|quiet] [--budget 20m] [--repeat 2]
            [--only KEY,KEY] [--requests N] [--concurrency N] [--apply] [--html FILE] [--json]
 traylm tune --undo MODEL      put back the profile `--apply` replaced
-traylm tune --cancel          stop the running tune (what ran before is started again)
+traylm tune cancel            stop the running tune (what ran before is started again);
+                              `traylm tune --cancel`, the old form, does the same
 
 Ctrl-C while it runs cancels the tune in the daemon, which stops the candidate and starts again
 the engines that ran before.
@@ -13,18 +14,16 @@ the engines that ran before.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from engines.client import DaemonClient
+from engines.client.follow import Followed, follow
 from engines.config.fields import parse_duration
-from engines.core.waiting import within
-from engines.errors import ConfigError, TraylmError
-from engines.events.codec import to_plain
+from engines.errors import ConfigError
+from engines.events.codec import Event, to_plain
 from engines.events.tune import TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
 
 FINISH_POLL_S = 5.0
@@ -38,13 +37,17 @@ def add_parsers(sub: Any) -> None:
         description=(__doc__ or "").replace("``", ""),  # plain text in a terminal
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", nargs="?", help="a profile name, or the model name it serves")
+    s.add_argument(
+        "model",
+        nargs="?",
+        help="a profile name, or the model name it serves; cancel: stop the running tune",
+    )
     add_workload_arguments(s, runs_of="candidate")
     s.add_argument("--goal", default="throughput", help="latency, throughput, efficiency, quiet")
     s.add_argument("--only", default="", help="candidate keys to try, e.g. max-num-seqs-64")
     s.add_argument("--apply", action="store_true", help="write the recommended profile")
     s.add_argument("--undo", action="store_true", help="put back the profile --apply replaced")
-    s.add_argument("--cancel", action="store_true", help="stop the running tune")
+    s.add_argument("--cancel", action="store_true", help="the old form of `traylm tune cancel`")
     s.add_argument("--html", type=Path, help="also write the HTML report here")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_tune)
@@ -94,7 +97,7 @@ def config_of(args: argparse.Namespace) -> TuneConfig:
 
 
 async def cmd_tune(args: argparse.Namespace) -> int:
-    if args.cancel:
+    if args.cancel or (args.model == "cancel" and not args.undo):
         async with await DaemonClient.connect(plain_calls=True) as c:
             job = await c.tune_cancel(timeout_s=CANCEL_ANSWER_S)
         print(f"tune #{job.id} of {job.profile}: {job.state}")
@@ -107,27 +110,7 @@ async def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     config = config_of(args)
     async with await DaemonClient.connect(plain_calls=True) as c:
-        queue: asyncio.Queue[TuneProgress | TuneFinished] = asyncio.Queue()
-        follower = asyncio.create_task(_follow(c, queue))
-        try:
-            job = await c.tune_start(config)
-            print(f"tune #{job.id} of {job.profile} started; {len(job.dropped)} candidate(s) "
-                  "left out before it began", file=sys.stderr)  # fmt: skip
-            for line in job.dropped:
-                print(f"  {line}", file=sys.stderr)
-            try:
-                await _wait(c, job.id, queue)
-            except asyncio.CancelledError:  # Ctrl-C: the daemon restores what ran before
-                print("\nstopping the tune and restoring what ran before...", file=sys.stderr)
-                with contextlib.suppress(TraylmError, TimeoutError):
-                    await within(CANCEL_ANSWER_S, c.tune_cancel())
-                raise
-        finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TraylmError):
-                await follower
-        final = await c.tune_current()
-        assert final is not None
+        final = await follow(c, followed(c), lambda: c.tune_start(config), started=_started)
         _print(final, args.json)
         if args.html:
             args.html.write_text(await c.tune_report_html(), encoding="utf-8")
@@ -135,31 +118,40 @@ async def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if final.state == TuneState.DONE else 1
 
 
-async def _follow(c: DaemonClient, queue: asyncio.Queue[TuneProgress | TuneFinished]) -> None:
-    async for event in c.events(kinds=("tune",)):
-        if isinstance(event, TuneProgress | TuneFinished):
-            queue.put_nowait(event)
+def followed(c: DaemonClient) -> Followed[TuneJob, int]:
+    """How `traylm tune` follows its job (engines/client/follow.py); Ctrl-C cancels the tune
+    in the daemon, which stops the candidate and starts again what ran before."""
+
+    async def now(job_id: int) -> TuneJob | None:
+        job = await c.tune_current()
+        return job if job is not None and job.id == job_id else None
+
+    return Followed(
+        kinds=("tune",),
+        job_id=lambda job: job.id,
+        line=_line,
+        ends=lambda e, job_id: isinstance(e, TuneFinished) and e.job_id == job_id,
+        now=now,
+        running=lambda job: job.state == TuneState.RUNNING,
+        cancel=lambda _: c.tune_cancel(timeout_s=CANCEL_ANSWER_S),
+        stopping="stopping the tune and restoring what ran before...",
+        cancel_answer_s=CANCEL_ANSWER_S,
+        poll_s=FINISH_POLL_S,
+    )
 
 
-async def _wait(
-    c: DaemonClient, job_id: int, queue: asyncio.Queue[TuneProgress | TuneFinished]
-) -> None:
-    """Print each step until the tune ends (events, with a poll in case the end was missed)."""
-    while True:
-        try:
-            event = await within(FINISH_POLL_S, queue.get())
-        except TimeoutError:
-            job = await c.tune_current()
-            if job is None or job.id != job_id or job.state != TuneState.RUNNING:
-                return
-            continue
-        if isinstance(event, TuneFinished):
-            if event.job_id == job_id:
-                return
-            continue
-        if event.job_id == job_id:
-            print(f"[{event.step}/{event.steps}, {event.elapsed_s:.0f}/{event.budget_s:.0f} s] "
-                  f"{event.detail}", file=sys.stderr, flush=True)  # fmt: skip
+def _started(job: TuneJob) -> None:
+    left_out = f"{len(job.dropped)} candidate(s) left out before it began"
+    print(f"tune #{job.id} of {job.profile} started; {left_out}", file=sys.stderr)
+    for line in job.dropped:
+        print(f"  {line}", file=sys.stderr)
+
+
+def _line(event: Event, job_id: int) -> tuple[str, bool]:
+    if isinstance(event, TuneProgress) and event.job_id == job_id:
+        where = f"{event.step}/{event.steps}, {event.elapsed_s:.0f}/{event.budget_s:.0f} s"
+        return f"[{where}] {event.detail}", False
+    return "", False
 
 
 def _print(job: TuneJob, as_json: bool) -> None:

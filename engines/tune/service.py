@@ -39,10 +39,11 @@ from engines.bench.service import BenchFeature
 from engines.config.live import SettingsView
 from engines.config.profiles import Profile, ProfileStore, replica_base, replica_id
 from engines.control.service import EngineControl
+from engines.core.jobs import Job, JobKind
 from engines.envs.manager import EnvManager
 from engines.errors import TraylmError, TuneError
 from engines.events.bench import BenchState
-from engines.events.codec import Event, to_plain
+from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.tune import TuneConfig, TuneFinished, TuneJob, TuneMeasure, TuneProgress
 from engines.events.tune import TuneState as State
@@ -68,14 +69,23 @@ gateway sees the connection reset first); a run failed by a crash is then said t
 
 @dataclasses.dataclass
 class _Job:
-    job: TuneJob
     plan: Plan
-    task: asyncio.Task[None] | None = None
+    handle: Job[TuneJob] | None = None  # the runner's job, set as it starts
     measures: list[TuneMeasure] = dataclasses.field(default_factory=list)
     step: int = 0
     steps: int = 0
     simulated: bool = False  # a measurement's GPU figures came from simulated GPUs
     finishing: bool = False  # restoring and deciding: a cancel waits for it instead
+
+    @property
+    def job(self) -> TuneJob:
+        assert self.handle is not None
+        return self.handle.record
+
+    @job.setter
+    def job(self, value: TuneJob) -> None:
+        assert self.handle is not None
+        self.handle.record = value
 
 
 class TuneFeature:
@@ -112,19 +122,30 @@ class TuneFeature:
         )  # fmt: skip
         self._power = power
         self.previous = previous
+        self.jobs: JobKind[TuneJob] = JobKind(
+            "tune",
+            publish=publish,
+            finished=lambda s: TuneFinished(
+                job_id=s.id, state=s.record.state, detail=s.record.detail
+            ),
+            busy=lambda s: (
+                f"tune {s.id} of {s.record.profile} is running; wait for it or "
+                "stop it with `traylm tune cancel`"
+            ),
+            error=TuneError,
+        )
         self._publish = publish
         self._running: _Job | None = None
         self.last: TuneJob | None = None
         self._last_plan: Plan | None = None  # the last job's, for an apply after its end
-        self._next_id = 1
         self._stopping = False
         self.interrupted: TuneJob | None = None  # a tune a killed daemon left, said once
 
-    def status(self) -> Any:
+    def status(self) -> TuneJob | None:
         """The running job; else a tune the last daemon was killed in, until the next tune."""
         if self._running is not None:
-            return to_plain(self._running.job)
-        return to_plain(self.interrupted) if self.interrupted is not None else None
+            return self._running.job
+        return self.interrupted
 
     async def start(self) -> None:
         """A tune a killed daemon left running: start again what it had stopped, and keep the
@@ -161,7 +182,7 @@ class TuneFeature:
             detail=detail,
         )
         self.last = self.interrupted
-        self._next_id = left.job_id + 1
+        self.jobs.next_id = left.job_id + 1
 
     async def stop(self) -> None:
         """The daemon stops: the run is cancelled; its engines are not started again."""
@@ -189,26 +210,16 @@ class TuneFeature:
         restore as any tune's. Cancelling the caller cancels the tune, which restores what ran
         before, and then raises CancelledError."""
         running = self._begin(config, plan)
-        assert running.task is not None
-        try:
-            await asyncio.shield(running.task)
-        except asyncio.CancelledError:
-            if self._running is running:
-                await self.cancel()
-            raise
-        return running.job
+        assert running.handle is not None
+        return await running.handle.result()
 
     def _refuse_if_running(self) -> None:
-        if self._running is not None:
-            raise TuneError(
-                f"tune {self._running.job.id} of {self._running.job.profile} is running; wait "
-                "for it or stop it with `traylm tune --cancel`"
-            )
+        self.jobs.refuse_if_running()
 
     def _begin(self, config: TuneConfig, plan: Plan) -> _Job:
         self._refuse_if_running()
         job = TuneJob(
-            id=self._next_id,
+            id=self.jobs.next_id,
             config=config,
             state=State.RUNNING,
             profile=plan.base.name,
@@ -217,15 +228,16 @@ class TuneFeature:
             dropped=tuple(plan.dropped),
             currency=self._settings.current.energy.currency,
         )
-        self._next_id += 1
-        running = _Job(job, plan)
+        running = _Job(plan)
+        handle = self.jobs.start(job, lambda _: self._run(running), job_id=job.id)
+        running.handle = handle
+        handle.on_cancel = lambda: None if running.finishing else handle.interrupt()
         self._running, self.interrupted = running, None
-        running.task = asyncio.create_task(self._run(running), name="tune")
         return running
 
     # ----------------------------------------------------------------- the run
 
-    async def _run(self, r: _Job) -> None:
+    async def _run(self, r: _Job) -> TuneJob:
         started = time.monotonic()
         stopped: list[Profile] = []
         state, detail = State.FAILED, ""
@@ -257,7 +269,9 @@ class TuneFeature:
         if state == State.DONE:
             r.job = await self._decided(r)
         self.last, self._last_plan, self._running = r.job, r.plan, None
-        self._publish(TuneFinished(job_id=r.job.id, state=r.job.state, detail=r.job.detail))
+        if state == State.CANCELLED:
+            raise asyncio.CancelledError  # the job ends cancelled, its record kept
+        return r.job
 
     async def _rounds(self, r: _Job, started: float) -> None:
         config, plan = r.job.config, r.plan
@@ -514,13 +528,10 @@ class TuneFeature:
     # ----------------------------------------------------------------- cancel, undo
 
     async def cancel(self) -> TuneJob:
-        running = self._running
-        if running is None or running.task is None:
+        """Stop the running tune; the restore and the decision (an --apply) run to the end."""
+        if self._running is None:
             raise TuneError("no tune is running")
-        if not running.finishing:  # the restore and the decision (an --apply) run to the end
-            running.task.cancel()
-        await asyncio.wait({running.task})
-        return self.last or running.job
+        return (await self.jobs.cancel()).record
 
     async def undo(self, profile: str) -> str:
         if self._running is not None and self._running.job.profile == profile:

@@ -4,7 +4,8 @@ traylm engines upgrade ENGINE [--cpu] [--version V] [--model PROFILE]
                        [--workload FILE.jsonl | --preset chat|rag|agent|batch]
                        [--budget 20m] [--repeat 2] [--requests N] [--concurrency N] [--json]
 traylm engines upgrade ENGINE --undo   profiles that name no version go back to the old one
-traylm engines upgrade --cancel        stop the running upgrade (what ran before runs again)
+traylm engines upgrade cancel          stop the running upgrade (what ran before runs again);
+                                       `--cancel`, the old form, does the same
 
 The daemon installs the new version (the newest on the package index: a real upgrade downloads
 from PyPI, or NVIDIA's index for TensorRT-LLM) beside the one in use, measures one of your
@@ -17,16 +18,14 @@ held back. Exit code 0: switched, or nothing newer; 1: kept, failed or cancelled
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import sys
 from typing import Any
 
 from engines.client import DaemonClient
+from engines.client.follow import Followed, follow
 from engines.config.fields import parse_duration
-from engines.core.waiting import within
-from engines.errors import ConfigError, TraylmError
+from engines.errors import ConfigError
 from engines.events.codec import Event, to_plain
 from engines.events.core import EnvInstallProgress
 from engines.events.tune import TuneProgress
@@ -47,7 +46,9 @@ def add_engine_parsers(esub: Any) -> None:
         description=(__doc__ or "").replace("``", ""),  # plain text in a terminal
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("engine", nargs="?", help="vllm, sglang or trtllm")
+    s.add_argument(
+        "engine", nargs="?", help="vllm, sglang or trtllm; cancel: stop the running upgrade"
+    )
     s.add_argument("--cpu", action="store_true", help="the CPU build (default without a GPU)")
     s.add_argument(
         "--version",
@@ -58,7 +59,9 @@ def add_engine_parsers(esub: Any) -> None:
     s.add_argument("--model", default="", help="the profile to measure (default: one running)")
     add_workload_arguments(s, runs_of="version")
     s.add_argument("--undo", action="store_true", help="go back to the version before")
-    s.add_argument("--cancel", action="store_true", help="stop the running upgrade")
+    s.add_argument(
+        "--cancel", action="store_true", help="the old form of `traylm engines upgrade cancel`"
+    )
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_upgrade)  # fmt: skip
 
@@ -81,7 +84,7 @@ def config_of(args: argparse.Namespace) -> UpgradeConfig:
 
 
 async def cmd_upgrade(args: argparse.Namespace) -> int:
-    if args.cancel:
+    if args.cancel or args.engine == "cancel":
         async with await DaemonClient.connect(plain_calls=True) as c:
             job = await c.upgrade_cancel(timeout_s=CANCEL_ANSWER_S)
         print(f"upgrade #{job.id} of {job.engine}: {job.state}: {job.detail}")
@@ -94,52 +97,41 @@ async def cmd_upgrade(args: argparse.Namespace) -> int:
         return 0
     config = config_of(args)
     async with await DaemonClient.connect(plain_calls=True) as c:
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        follower = asyncio.create_task(_follow(c, queue))
-        try:
-            print(f"looking up {args.engine} {config.version or '(newest)'}...", file=sys.stderr)
-            job = await c.upgrade_start(config)
-            if job.state == State.RUNNING:
-                print(f"upgrade #{job.id}: {job.engine} {job.old_version} → {job.new_version}, "
-                      f"measured on profile {job.profile} ({job.workload})",
-                      file=sys.stderr)  # fmt: skip
-                job = await _until_done(c, job.id, queue)
-        except asyncio.CancelledError:  # Ctrl-C: the daemon restores what ran before
-            print("\nstopping the upgrade; what ran before starts again...", file=sys.stderr)
-            with contextlib.suppress(TraylmError, TimeoutError):
-                await within(CANCEL_ANSWER_S, c.upgrade_cancel())
-            raise
-        finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TraylmError):
-                await follower
+        print(f"looking up {args.engine} {config.version or '(newest)'}...", file=sys.stderr)
+        job = await follow(c, followed(c), lambda: c.upgrade_start(config), started=_started)
     print(json.dumps(to_plain(job), indent=1) if args.json else format_upgrade(job))
     return 0 if job.state in GOOD else 1
 
 
-async def _follow(c: DaemonClient, queue: asyncio.Queue[Event]) -> None:
-    async for event in c.events(kinds=("upgrade", "tune", "env.install")):
-        queue.put_nowait(event)
+def followed(c: DaemonClient) -> Followed[UpgradeJob, int]:
+    """How `traylm engines upgrade` follows its job (engines/client/follow.py): its steps, the
+    install's lines, the measurement's; Ctrl-C cancels it and what ran before runs again."""
+
+    async def now(job_id: int) -> UpgradeJob | None:
+        job = await c.upgrade_current()
+        return job if job is not None and job.id == job_id else None
+
+    return Followed(
+        kinds=("upgrade", "tune", "env.install"),
+        job_id=lambda job: job.id,
+        line=lambda event, job_id: (_line(event, job_id), False),
+        ends=lambda e, job_id: isinstance(e, UpgradeFinished) and e.job_id == job_id,
+        now=now,
+        running=lambda job: job.state == State.RUNNING,
+        cancel=lambda _: c.upgrade_cancel(timeout_s=CANCEL_ANSWER_S),
+        stopping="stopping the upgrade; what ran before starts again...",
+        cancel_answer_s=CANCEL_ANSWER_S,
+        poll_s=POLL_S,
+    )
 
 
-async def _until_done(c: DaemonClient, job_id: int, queue: asyncio.Queue[Event]) -> UpgradeJob:
-    """Print each step until the upgrade ends (events, with a poll in case the end was
-    missed); the finished job."""
-    while True:
-        try:
-            event = await within(POLL_S, queue.get())
-        except TimeoutError:
-            event = None
-        if event is None or (isinstance(event, UpgradeFinished) and event.job_id == job_id):
-            job = await c.upgrade_current()
-            if job is None or job.id != job_id:
-                raise TraylmError("the daemon no longer knows this upgrade (was it restarted?)")
-            if job.state != State.RUNNING:
-                return job
-            continue
-        line = _line(event, job_id)
-        if line:
-            print(line, file=sys.stderr, flush=True)
+def _started(job: UpgradeJob) -> None:
+    if job.state == State.RUNNING:
+        what = f"{job.engine} {job.old_version} → {job.new_version}"
+        print(
+            f"upgrade #{job.id}: {what}, measured on profile {job.profile} ({job.workload})",
+            file=sys.stderr,
+        )
 
 
 def _line(event: Event, job_id: int) -> str:

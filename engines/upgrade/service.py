@@ -30,13 +30,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from engines.config.profiles import Profile, ProfileStore
 from engines.control.service import EngineControl, auto_device, resolve_device
+from engines.core.jobs import Job, JobKind, JobState
 from engines.envs.manager import ENGINE_NAMES, RECIPES, EnvInfo, EnvManager
 from engines.errors import ConfigError, TraylmError, UpgradeError
-from engines.events.codec import Event, to_plain
+from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.tune import TuneConfig, TuneJob, TuneState
 from engines.events.upgrade import UpgradeConfig, UpgradeFinished, UpgradeJob, UpgradeProgress
@@ -55,11 +55,20 @@ TRIAL = "on trial: the guarded upgrade is measuring it against the version in us
 
 @dataclasses.dataclass
 class _Run:
-    job: UpgradeJob
     base: Profile  # the profile, pinned to the version in use
     tune: TuneConfig
     started: float
-    task: asyncio.Task[None] | None = None
+    handle: Job[UpgradeJob] | None = None  # the runner's job, set as it starts
+
+    @property
+    def job(self) -> UpgradeJob:
+        assert self.handle is not None
+        return self.handle.record
+
+    @job.setter
+    def job(self, value: UpgradeJob) -> None:
+        assert self.handle is not None
+        self.handle.record = value
 
 
 class UpgradeFeature:
@@ -83,14 +92,25 @@ class UpgradeFeature:
         self._profiles = profiles
         self._engines = engines
         self._history = history
+        self.jobs: JobKind[UpgradeJob] = JobKind(
+            "upgrade",
+            publish=publish,
+            finished=lambda s: UpgradeFinished(
+                job_id=s.id, state=s.record.state, detail=s.record.detail
+            ),
+            busy=lambda s: (
+                f"upgrade {s.id} of {s.record.engine} is running; wait for it or "
+                "stop it with `traylm engines upgrade cancel`"
+            ),
+            error=UpgradeError,
+        )
         self._publish = publish
         self._running: _Run | None = None
         self.last: UpgradeJob | None = None
-        self._next_id = 1
         self._starting = asyncio.Lock()
 
-    def status(self) -> Any:
-        return to_plain(self._running.job) if self._running is not None else None
+    def status(self) -> UpgradeJob | None:
+        return self._running.job if self._running is not None else None
 
     async def start(self) -> None:
         return None
@@ -116,21 +136,17 @@ class UpgradeFeature:
 
     async def _start(self, config: UpgradeConfig) -> UpgradeJob:
         engine, device = _target(config)
-        if self._running is not None:
-            raise UpgradeError(
-                f"upgrade {self._running.job.id} of {self._running.job.engine} is running; "
-                "wait for it or stop it with `traylm engines upgrade --cancel`"
-            )
+        self.jobs.refuse_if_running()
         if self._tune.status() is not None:
-            raise UpgradeError("a tune is running; wait for it or `traylm tune --cancel`")
+            raise UpgradeError("a tune is running; wait for it or `traylm tune cancel`")
         old = self._envs.find(engine, device=device)
         new = config.version or await newest_available(old, RECIPES[(engine, device)])
         job = UpgradeJob(
-            id=self._next_id, config=config, state=State.RUNNING, engine=engine, device=device,
+            id=self.jobs.next_id, config=config, state=State.RUNNING, engine=engine, device=device,
             old_version=old.version, new_version=new, started_s=time.time(),
         )  # fmt: skip
-        self._next_id += 1
         if not newer(new, old.version):
+            self.jobs.next_id += 1
             return self._current(job, old)
         profiles, _ = await asyncio.to_thread(self._profiles.load_all)
         mine = [p for p in profiles if p.engine == engine and resolve_device(p) == device]
@@ -142,9 +158,9 @@ class UpgradeFeature:
         await self._tune.planner.check_base(tune, base)  # it runs, and the budget holds two
         what = tune.workload_file if tune.workload == "file" else f"preset {tune.workload}"
         job = dataclasses.replace(job, profile=base.name, workload=what)
-        run = _Run(job, base, tune, time.monotonic())
+        run = _Run(base, tune, time.monotonic())
+        run.handle = self.jobs.start(job, lambda _: self._run(run), job_id=job.id)
         self._running = run
-        run.task = asyncio.create_task(self._run(run), name="upgrade")
         return job
 
     def _current(self, job: UpgradeJob, old: EnvInfo) -> UpgradeJob:
@@ -205,7 +221,7 @@ class UpgradeFeature:
 
     # ----------------------------------------------------------------- the run
 
-    async def _run(self, r: _Run) -> None:
+    async def _run(self, r: _Run) -> UpgradeJob:
         state, why, tune = State.FAILED, "", None
         try:
             await self._install(r)
@@ -228,7 +244,9 @@ class UpgradeFeature:
                               state.value, time.time())  # fmt: skip
             await asyncio.to_thread(self._history.save, record)
         self.last, self._running = r.job, None
-        self._publish(UpgradeFinished(job_id=r.job.id, state=state, detail=detail))
+        if state == State.CANCELLED:
+            raise asyncio.CancelledError  # the job ends cancelled, its record kept
+        return r.job
 
     async def _install(self, r: _Run) -> None:
         """The new version, installed beside the old one and held back (_Kept when it does
@@ -236,13 +254,14 @@ class UpgradeFeature:
         job = r.job
         self._progress(r, "install", f"installing {_name(job)} {job.new_version} beside "
                        f"{job.old_version}")  # fmt: skip
-        task = self._control.begin_install(
+        install = self._control.begin_install(
             job.engine, device=job.device, version=job.new_version, held=TRIAL
         )
-        try:
-            env = await task
-        except TraylmError as exc:
-            raise _Kept(f"{job.new_version} did not install: {exc.message}") from None
+        env = await install.result()
+        if install.state == JobState.CANCELLED:
+            raise asyncio.CancelledError  # the install cancelled (`traylm engines install`)
+        if env is None:
+            raise _Kept(f"{job.new_version} did not install: {install.message}")
         await asyncio.to_thread(self._envs.hold, env, TRIAL)  # one installed before, too
 
     async def _compared(self, r: _Run) -> tuple[State, str, TuneJob | None]:
@@ -259,7 +278,7 @@ class UpgradeFeature:
                        f"{job.new_version} ({job.workload})")  # fmt: skip
         tune = await self._tune.run_planned(r.tune, plan)
         if tune.state == TuneState.CANCELLED:
-            raise asyncio.CancelledError  # `traylm tune --cancel` stopped the measurement
+            raise asyncio.CancelledError  # `traylm tune cancel` stopped the measurement
         verdict = judge(tune, other.key)
         r.job = dataclasses.replace(r.job, changes=verdict.changes, worse=verdict.worse)
         self._progress(r, "decide", verdict.words)
@@ -306,12 +325,9 @@ class UpgradeFeature:
     # ----------------------------------------------------------------- cancel, undo
 
     async def cancel(self) -> UpgradeJob:
-        running = self._running
-        if running is None or running.task is None:
+        if self._running is None:
             raise UpgradeError("no engine upgrade is running")
-        running.task.cancel()
-        await asyncio.wait({running.task})
-        return self.last or running.job
+        return (await self.jobs.cancel()).record
 
     async def undo(self, engine: str, device: str) -> str:
         """Hold back the version the last upgrade of ``engine`` switched to: profiles that

@@ -24,7 +24,11 @@ def _parsers(
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help for a in action._choices_actions}
+            seen: set[int] = set()
             for name, child in action.choices.items():
+                if id(child) in seen:  # an alias (`list` of `ls`): the same parser again
+                    continue
+                seen.add(id(child))
                 yield from (
                     (p, c, helps if p == (*path, name) else h)
                     for p, c, h in _parsers(child, (*path, name))
@@ -78,3 +82,25 @@ def test_no_literal_markup_in_help() -> None:
 
 def test_start_names_profile_or_folder() -> None:
     assert "[PROFILE|FOLDER]" in _help_text(["start"])
+
+
+@pytest.mark.parametrize(
+    ("words", "alias"),
+    [
+        ("engines ls", "engines list"),
+        ("engines rm vllm", "engines remove vllm"),
+        ("engines cache ls", "engines cache list"),
+        ("engines cache rm e1", "engines cache remove e1"),
+        ("keys ls", "keys list"),
+        ("keys rm abc", "keys remove abc"),
+        ("models ls", "models list"),
+        ("models rm org/m", "models remove org/m"),
+        ("bench ls", "bench list"),
+        ("bench rm 3", "bench remove 3"),
+        ("requests ls", "requests list"),
+    ],
+)
+def test_ls_and_rm_take_list_and_remove_as_aliases(words: str, alias: str) -> None:
+    parser = build_parser()
+    canonical, aliased = parser.parse_args(words.split()), parser.parse_args(alias.split())
+    assert canonical.func is aliased.func and vars(canonical) == vars(aliased)

@@ -68,3 +68,38 @@ async def test_bad_input_gets_one_line_that_says_what_to_do(
     assert code == 1 and "did you mean traylm-test/tiny-llama?" in out
     code, out = await traylm("cancel", "nope")
     assert code == 1 and "traylm models downloads" in out
+
+
+async def test_ctrl_c_in_pull_pauses_the_download(
+    hub_daemon: RunningDaemon, fake_hub: FakeHub
+) -> None:
+    """The follower's Ctrl-C (engines/client/follow.py) for a download is a pause: the download
+    stays, paused, and `traylm models resume ID` goes on from there."""
+    import signal
+
+    from engines.events import DownloadProgress, DownloadState
+
+    fake_hub.faults.throttle(256 * 1024, "/cdn/*")  # slow enough to be caught mid-way
+    with hub_daemon.daemon.bus.subscribe(frozenset({"download.progress"})) as sub:
+        proc = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("traylm")),
+            *("models", "pull", REPO),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+        try:
+            while True:  # the worker downloads, and the CLI follows it from its start
+                event = await asyncio.wait_for(sub.get(), 60)
+                if isinstance(event, DownloadProgress) and event.done_bytes > 0:
+                    break
+            proc.send_signal(signal.SIGINT)
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 130, out.decode()
+    [status] = await hub_daemon.client.downloads()
+    assert status.state == DownloadState.PAUSED
+    assert f"`traylm models resume {status.id}` goes on from there" in out.decode()

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -257,3 +258,25 @@ async def test_temp_files_abandoned_by_a_dead_worker_are_removed_but_live_ones_k
     final = await wait_download(hub_daemon, status.id, DONE)
     assert final.state == DownloadState.READY
     assert not dead.exists() and live.exists()
+
+
+async def test_one_at_a_time_a_queued_download_waits_and_a_paused_one_stays_paused(
+    hub_daemon_factory: Any, fake_hub: FakeHub
+) -> None:
+    """hub.parallel_downloads = 1: the downloads are queued jobs (engines/core/jobs.py); the
+    second waits for the first; one paused while it waits is not started when its turn comes;
+    a resumed one runs."""
+    d: RunningDaemon = await hub_daemon_factory(parallel_downloads=1)
+    fake_hub.add_repo(big_repo())
+    fake_hub.faults.throttle(8e6, "/cdn/*")
+    first = await d.client.pull(BIG)
+    await _downloading_weights(d, first.id, 1 << 20)
+    second = await d.client.pull("traylm-test/tiny-llama")
+    assert (await d.client.download(second.id)).state == DownloadState.QUEUED
+    paused = await d.client.download_action(second.id, "pause")
+    assert paused.state == DownloadState.PAUSED
+    fake_hub.faults.throttle(None)
+    await wait_download(d, first.id, DONE)
+    assert (await d.client.download(second.id)).state == DownloadState.PAUSED
+    await d.client.download_action(second.id, "resume")
+    assert (await wait_download(d, second.id, DONE)).state == DownloadState.READY

@@ -273,6 +273,14 @@ async def test_ctrl_c_in_traylm_tune_cancels_it_and_restores(d: RunningDaemon) -
     await nothing_of_the_tune_left(d, {"chat"})
 
 
+async def test_cancel_is_a_verb_and_the_old_flag_an_alias(d: RunningDaemon) -> None:
+    """`traylm tune cancel` and the old `traylm tune --cancel` both reach the daemon's cancel
+    (not a tune of a profile named cancel)."""
+    for args in (("tune", "cancel"), ("tune", "--cancel")):
+        code, out = await traylm(*args)
+        assert code == 1 and out.startswith("traylm: no tune is running"), out
+
+
 async def test_the_cli_says_what_is_wrong_without_a_traceback(
     d: RunningDaemon, tmp_path: Path
 ) -> None:

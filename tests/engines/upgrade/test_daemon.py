@@ -176,6 +176,13 @@ async def test_cancel_mid_measurement_restores_what_ran(daemon_factory: Any, whe
     assert tune is not None and tune.state == "cancelled"
 
 
+async def test_cancel_is_a_verb_and_the_old_flag_an_alias(daemon_factory: Any) -> None:
+    await daemon_factory()
+    for args in (("cancel",), ("--cancel",)):
+        code, out = await traylm("engines", "upgrade", *args)
+        assert code == 1 and out.startswith("traylm: no engine upgrade is running"), out
+
+
 async def test_bad_input_is_refused_before_anything_is_installed(
     daemon_factory: Any, wheels: Path
 ) -> None:
