@@ -218,12 +218,8 @@ class DesktopApp(QObject):
 
     def quit_with(self, action: str) -> None:
         """``stop``: shut the daemon down (it stops its engines first); ``leave``: just go."""
-        if action == "stop" and self.state.connected:
-
-            async def stop(c: Any) -> None:
-                await c.shutdown()
-
-            self.bridge.call(stop, lambda _r: self._finish())
+        if action == "stop":  # connected or not (a restart under way): the daemon stops
+            self.bridge.call_link(lambda link: link.shutdown_daemon(), lambda _r: self._finish())
             QTimer.singleShot(STOP_DEADLINE_MS, self, self._finish)
         else:
             self._finish()

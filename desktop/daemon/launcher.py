@@ -48,6 +48,11 @@ class SpawnedDaemon:
     def exit_code(self) -> int | None:
         return self._proc.poll()
 
+    def terminate(self) -> None:
+        """SIGTERM, which the daemon takes as a stop (its engines first), if it still runs."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+
     def output_tail(self, lines: int = 8) -> str:
         try:
             with self.log_path.open("rb") as fh:

@@ -74,6 +74,7 @@ class DaemonLink:
         self.closing = False
         self._spawn_requested = False
         self._restarting = False  # a restart the user asked for is under way
+        self._quitting = False  # "Stop engines and quit": no daemon is started again
         self._serve_args: tuple[str, ...] = ()  # the flags of the daemon being restarted
         self._spawn_error = ""  # why the last start failed; shown until a daemon answers
         self._stopping_token = ""  # the daemon that announced it is stopping
@@ -158,7 +159,9 @@ class DaemonLink:
             await asyncio.wait_for(self._wake_retry.wait(), delay_s)
 
     async def _connect(self) -> DaemonClient:
-        spawn = self._spawn_requested or (self._spawn_first and self.spawned is None)
+        spawn = not self._quitting and (
+            self._spawn_requested or (self._spawn_first and self.spawned is None)
+        )
         self._spawn_first = False
         try:
             client = await DaemonClient.connect(self.paths, timeout_s=CLIENT_TIMEOUT_S)
@@ -381,9 +384,36 @@ class DaemonLink:
 
     def request_daemon_start(self) -> None:
         """Start a daemon on the next attempt (the user asked; the first start is automatic)."""
+        if self._quitting:
+            return
         self._spawn_requested = True
         if self._wake_retry is not None:
             self._wake_retry.set()
+
+    async def shutdown_daemon(self) -> None:
+        """Stop the daemon (it stops its engines first) for "Stop engines and quit": the one
+        connected, else the one daemon.json names (a restart under way, a link between two
+        retries); nothing is started again afterwards."""
+        self._quitting = True
+        self._restarting = self._spawn_requested = self._spawn_first = False
+        client, own = self.client, False
+        if client is None:
+            try:
+                client, own = await DaemonClient.connect(self.paths, timeout_s=5), True
+            except DaemonUnavailable:
+                if self.spawned is not None:
+                    self.spawned.terminate()  # one started for a restart, not serving yet
+                return
+        try:
+            await client.shutdown()
+        except DaemonUnavailable:
+            pass
+        finally:
+            if own:
+                await client.close()
+        spawned = self.spawned
+        if spawned is not None and spawned.exit_code() is None and spawned.pid != client.info.pid:
+            spawned.terminate()  # started for a restart, not serving yet: it stops too
 
     async def restart_daemon(self, timeout_s: float = 60.0) -> None:
         """Shut the daemon down (its engines stop), wait until it is gone, start a new one the

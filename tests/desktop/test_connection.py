@@ -352,3 +352,28 @@ def test_the_tray_asks_before_a_restart_and_keeps_how_the_daemon_was_started(
             user_daemon.wait(30)
         with qtbot.waitSignal(app.finished, timeout=30000):
             app.quit_with("stop")
+
+
+@pytest.mark.slow
+def test_stop_engines_and_quit_during_a_restart_leaves_no_daemon(
+    qtbot, app_factory: AppFactory, paths: Paths, fake_env
+) -> None:
+    """Quit with "Stop engines and quit" while a restart is under way (the link is not
+    connected): neither the old daemon nor a new one is left running."""
+    _write_port(paths, free_loopback_port())
+    app = app_factory(spawn_daemon=True, connect=False)
+    qtbot.waitUntil(lambda: app.state.connection.state == LinkState.CONNECTED, timeout=30000)
+    old = psutil.Process(app.state.connection.daemon_pid)
+    app.actions.restart_daemon()
+    qtbot.waitUntil(lambda: app.state.connection.state != LinkState.CONNECTED, timeout=10000)
+    with qtbot.waitSignal(app.finished, timeout=30000):
+        app.quit_with("stop")
+    old.wait(30)
+    home = os.environ["TRAYLM_HOME"]  # this test's own daemons only
+    serving = [
+        p
+        for p in psutil.process_iter(["cmdline", "environ"])
+        if (p.info["cmdline"] or [])[-2:] == ["engines", "serve"]
+        and (p.info["environ"] or {}).get("TRAYLM_HOME") == home
+    ]
+    assert serving == [], serving
