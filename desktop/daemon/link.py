@@ -75,6 +75,7 @@ class DaemonLink:
         self._spawn_requested = False
         self._restarting = False  # a restart the user asked for is under way
         self._quitting = False  # "Stop engines and quit": no daemon is started again
+        self._spawning: asyncio.Future[SpawnedDaemon] | None = None  # a start under way
         self._serve_args: tuple[str, ...] = ()  # the flags of the daemon being restarted
         self._spawn_error = ""  # why the last start failed; shown until a daemon answers
         self._stopping_token = ""  # the daemon that announced it is stopping
@@ -166,7 +167,7 @@ class DaemonLink:
         try:
             client = await DaemonClient.connect(self.paths, timeout_s=CLIENT_TIMEOUT_S)
         except DaemonUnavailable:
-            if not spawn:
+            if not spawn or self._quitting:  # quitting meanwhile: start nothing
                 raise
         else:
             if client.info.token != self._stopping_token:
@@ -178,7 +179,13 @@ class DaemonLink:
         self._post(
             ConnectionChanged(LinkState.STARTING_DAEMON, f"starting the daemon ({command})…")
         )
-        self.spawned = await asyncio.to_thread(spawn_daemon, self.paths, self._serve_args)
+        self._spawning = asyncio.ensure_future(
+            asyncio.to_thread(spawn_daemon, self.paths, self._serve_args)
+        )
+        self.spawned = await self._spawning
+        if self._quitting:  # "Stop engines and quit" came while it started
+            self.spawned.terminate()
+            raise DaemonUnavailable("the app is quitting")
         try:
             return await wait_until_serving(self.paths, self.spawned)
         finally:
@@ -396,6 +403,9 @@ class DaemonLink:
         retries); nothing is started again afterwards."""
         self._quitting = True
         self._restarting = self._spawn_requested = self._spawn_first = False
+        if self._spawning is not None and not self._spawning.done():
+            with contextlib.suppress(Exception):  # its failure is the start's to report
+                self.spawned = await asyncio.shield(self._spawning)
         client, own = self.client, False
         if client is None:
             try:
