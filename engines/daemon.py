@@ -57,6 +57,9 @@ from engines.multinode.follower import FollowerRanks
 from engines.multinode.routes import SPREAD, extend_peer_app
 from engines.multinode.routes import control_routes as spread_routes
 from engines.multinode.service import MultiNode
+from engines.ollama.app import build_app as build_ollama_app
+from engines.ollama.parts import OllamaParts
+from engines.ollama.server import OllamaServer
 from engines.ondemand.parts import Parts
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
 from engines.ondemand.service import ModelsOnDemand
@@ -129,6 +132,7 @@ class Daemon:
         self._close_apps = False
         self._lock_fh: IO[str] | None = None
         self.gateway = GatewayServer(self.live)
+        self.ollama = OllamaServer(self.live, self.gateway.gate)
         self.daemon_file = DaemonFile(paths.daemon_json)
         self._background: set[asyncio.Task[None]] = set()
         self._build()
@@ -279,6 +283,7 @@ class Daemon:
             bound=self.gateway.addresses,
             providers={
                 "connections": self.gateway.connections,
+                "ollama": self.ollama.status,
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": self.bench.status,
@@ -465,6 +470,8 @@ class Daemon:
 
     async def _serve(self) -> None:
         await self.gateway.start(self._app())
+        parts = OllamaParts(self.ctx, self.ondemand, self.hub)
+        await self.ollama.start(build_ollama_app(parts, lambda: self.live.current.ollama.port))
         port = self.settings.gateway.port
         self.daemon_file.write(
             {
@@ -494,6 +501,7 @@ class Daemon:
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
         await self.warm.close()
+        await self.ollama.stop()
         await self.gateway.stop()
         self.daemon_file.remove()
         self.store.close()
