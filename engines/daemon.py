@@ -59,6 +59,7 @@ from engines.multinode.routes import control_routes as spread_routes
 from engines.multinode.service import MultiNode
 from engines.ollama.app import build_app as build_ollama_app
 from engines.ollama.parts import OllamaParts
+from engines.ollama.router_api import router_routes
 from engines.ollama.server import OllamaServer
 from engines.ondemand.parts import Parts
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
@@ -342,6 +343,7 @@ class Daemon:
         mount(app, PEERS, self.peers, peers_routes())
         mount(app, SPREAD, self.multinode, spread_routes())
         mount(app, REQUESTS, self.requests, requests_routes())
+        app.router.add_routes(router_routes(self.ondemand))  # llama.cpp's, for Open WebUI
         return app
 
     def _peer_app(self, peers: PeersFeature) -> web.Application:

@@ -58,6 +58,11 @@ class OllamaServer:
                 await asyncio.wait_for(self._runner.cleanup(), 5)
             self._runner = None
 
+    async def settled(self) -> None:
+        """Wait until a move the settings asked for is done."""
+        if self._moving is not None:
+            await asyncio.shield(self._moving)
+
     def status(self) -> dict[str, Any]:
         """`traylm status`'s ``ollama``: state (serving | taken | off), port, addresses, and
         in ``detail`` what to do when the port is taken."""

@@ -146,3 +146,20 @@ async def test_a_taken_port_fails_nothing_and_status_says_so(daemon_factory, fak
         assert ollama_status["state"] == "taken"
         assert "ollama.port" in ollama_status["detail"]
     await start_fake(d)  # the daemon serves on
+
+
+async def test_the_port_and_on_off_apply_live(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
+    first, second = free_loopback_port(), free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(first))
+    await d.client.update_settings({"ollama.port": second})
+    await d.daemon.ollama.settled()
+    status = (await d.client.status())["ollama"]
+    assert status["state"] == "serving" and status["port"] == second
+    async with ollama.AsyncClient(host=f"http://127.0.0.1:{second}") as client:
+        assert (await client.ps()).models == []
+    await d.client.update_settings({"ollama.enabled": False})
+    await d.daemon.ollama.settled()
+    assert (await d.client.status())["ollama"]["state"] == "off"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"http://127.0.0.1:{second}/api/version")
