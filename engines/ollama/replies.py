@@ -127,6 +127,14 @@ class StreamLines:
         self.error: str | None = None
         self._calls: dict[int, dict[str, Any]] = {}
         self._created = now_text()
+        head = {"model": model, "created_at": self._created}
+        start = json.dumps(head, separators=(",", ":"))[:-1].encode()
+        if kind == "chat":
+            self._text_head = start + b',"message":{"role":"assistant","content":'
+            self._text_tail = b'},"done":false}\n'
+        else:
+            self._text_head = start + b',"response":'
+            self._text_tail = b',"done":false}\n'
 
     def feed(self, events: bytes) -> bytes:
         out = bytearray()
@@ -168,6 +176,8 @@ class StreamLines:
         if not text and not thinking:
             return b""
         self.timing.token()
+        if not thinking:  # one token of text: the line around it is the same each time
+            return self._text_head + json.dumps(text).encode() + self._text_tail
         return line(self._part(text, thinking, []))
 
     def _gather(self, pieces: object) -> None:
