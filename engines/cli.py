@@ -211,6 +211,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the daemon in the foreground")
     s.add_argument("--port", type=int, help="gateway port (default: gateway.port, 8000)")
     s.add_argument(
+        "--ollama-port",
+        type=int,
+        metavar="PORT",
+        help="port of Ollama's API for this run (default: ollama.port, 11434; 0: off)",
+    )
+    s.add_argument(
         "--simulate-gpus", type=int, metavar="N", help="use N simulated RTX 4090s instead of NVML"
     )
     s.set_defaults(func=cmd_serve)
@@ -281,6 +287,10 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}  # for this run only: never written to config.toml
     if args.port:
         overrides["gateway.port"] = args.port
+    if args.ollama_port is not None:
+        overrides["ollama.enabled"] = args.ollama_port > 0
+        if args.ollama_port > 0:
+            overrides["ollama.port"] = args.ollama_port
     if args.simulate_gpus is not None:
         overrides["gpu.simulate_gpus"] = args.simulate_gpus
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)

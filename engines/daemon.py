@@ -58,6 +58,10 @@ from engines.multinode.follower import FollowerRanks
 from engines.multinode.routes import SPREAD, extend_peer_app
 from engines.multinode.routes import control_routes as spread_routes
 from engines.multinode.service import MultiNode
+from engines.ollama.app import build_app as build_ollama_app
+from engines.ollama.parts import OllamaParts
+from engines.ollama.router_api import router_routes
+from engines.ollama.server import OllamaServer
 from engines.ondemand.parts import Parts
 from engines.ondemand.routes import ONDEMAND, ondemand_routes
 from engines.ondemand.service import ModelsOnDemand
@@ -135,6 +139,7 @@ class Daemon:
         self._close_apps = False
         self._lock_fh: IO[str] | None = None
         self.gateway = GatewayServer(self.live)
+        self.ollama = OllamaServer(self.live, self.gateway.gate)
         self.daemon_file = DaemonFile(paths.daemon_json)
         self._background: set[asyncio.Task[None]] = set()
         self._build()
@@ -285,6 +290,7 @@ class Daemon:
             bound=self.gateway.addresses,
             providers={
                 "connections": self.gateway.connections,
+                "ollama": self.ollama.status,
                 "remote": lambda: to_plain(self.remote.status()),
                 "trt_builds": lambda: to_plain(self.trt.builds()),
                 "bench": lambda: to_plain(self.bench.status()),
@@ -343,6 +349,7 @@ class Daemon:
         mount(app, PEERS, self.peers, peers_routes())
         mount(app, SPREAD, self.multinode, spread_routes())
         mount(app, REQUESTS, self.requests, requests_routes())
+        app.router.add_routes(router_routes(self.ondemand))  # llama.cpp's, for Open WebUI
         return app
 
     def _peer_app(self, peers: PeersFeature) -> web.Application:
@@ -471,6 +478,8 @@ class Daemon:
 
     async def _serve(self) -> None:
         await self.gateway.start(self._app())
+        parts = OllamaParts(self.ctx, self.ondemand, self.hub)
+        await self.ollama.start(build_ollama_app(parts, lambda: self.live.current.ollama.port))
         port = self.settings.gateway.port
         self.daemon_file.write(
             {
@@ -501,6 +510,7 @@ class Daemon:
         except TimeoutError:
             log.error("engines did not stop within %.0f s", deadline)
         await self.warm.close()
+        await self.ollama.stop()
         await self.gateway.stop()
         self.daemon_file.remove()
         self.store.close()

@@ -290,6 +290,28 @@ def port_finding(
                    blocks=True)  # fmt: skip
 
 
+def ollama_port_finding(
+    settings: Settings, paths: Paths, holder: Callable[[str, int], str | None]
+) -> Finding:
+    """Ollama's API port (ollama.port): held by another program (Ollama itself) is a warning,
+    never a block: traylm serves :8000 as always, and apps that speak Ollama's API reach that
+    program instead."""
+    port = settings.ollama.port
+    if not settings.ollama.enabled:
+        return Finding("ollama port", "info", "Ollama's API is off (ollama.enabled)")
+    who = holder(settings.bind_host, port)
+    daemon_pid = _daemon_pid(paths)
+    if who is None or (daemon_pid is not None and who.startswith(f"pid {daemon_pid} ")):
+        return Finding("ollama port", "ok", f"127.0.0.1:{port} serves (or can serve) Ollama's API")
+    return Finding(
+        "ollama port",
+        "warn",
+        f"127.0.0.1:{port} is held by {who}: apps that speak Ollama's API reach it, not traylm",
+        f"move traylm's with `traylm config set ollama.port {port + 1}` and point the apps "
+        "there, or stop the other server (`systemctl stop ollama` for Ollama)",
+    )
+
+
 def _daemon_pid(paths: Paths) -> int | None:
     try:
         return int(json.loads(paths.daemon_json.read_text())["pid"])
@@ -360,6 +382,7 @@ async def run_checks(paths: Paths, settings: Settings, *, nvml: Any = None) -> l
     findings = gpu_findings(facts, cpu_engine=cpu_engine)
     findings += await asyncio.to_thread(disk_findings, paths)
     findings.append(await asyncio.to_thread(port_finding, settings, paths, port_holder))
+    findings.append(await asyncio.to_thread(ollama_port_finding, settings, paths, port_holder))
     findings += env_findings(envs, gpu=facts.driver is not None)
     findings += await asyncio.to_thread(p2p_transfer_findings, envs, facts)
     findings.append(await helper_finding(settings))

@@ -15,7 +15,13 @@ import psutil
 import pytest
 
 from engines.client import DaemonClient
-from engines.config.sections import EngineSettings, GatewaySettings, Paths, Settings
+from engines.config.sections import (
+    EngineSettings,
+    GatewaySettings,
+    OllamaSettings,
+    Paths,
+    Settings,
+)
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
@@ -126,6 +132,7 @@ def fast_settings(port: int, **gateway: Any) -> Settings:
     """Settings tuned for tests: quick restarts and stops."""
     return Settings(
         gateway=dataclasses.replace(GatewaySettings(port=port), **gateway),
+        ollama=OllamaSettings(enabled=False),  # no test binds the real 11434
         engines=EngineSettings(
             ready_timeout_s=30, stop_timeout_s=3, restart_backoff_s=0.2, restart_backoff_max_s=1
         ),

@@ -124,6 +124,7 @@ class RequestsPage(Page):
             ("this computer", "local"),
             ("LAN", "lan"),
             ("a paired box", "box"),
+            ("the Ollama API", "ollama"),
         ):
             self.client_filter.addItem(label, value)
         self.text_filter = QLineEdit(placeholderText="text in the request or reply")

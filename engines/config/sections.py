@@ -396,6 +396,21 @@ class RequestsSettings:
 
 
 @dataclass(frozen=True)
+class OllamaSettings:
+    enabled: bool = setting(
+        True,
+        "Serve Ollama's API (/api/chat, /api/generate, /api/tags, ...) for apps that speak only "
+        "Ollama's; when the port is taken (Ollama itself runs) traylm says so and goes on.",
+    )
+    port: int = setting(
+        11434,
+        "Port of Ollama's API (11434, Ollama's own, is what those apps default to).",
+        min=1,
+        max=65535,
+    )
+
+
+@dataclass(frozen=True)
 class UISettings:
     quit_action: str = setting(
         "ask",
@@ -429,6 +444,7 @@ class Settings:
     trt: TRTSettings = field(default_factory=TRTSettings)
     peers: PeersSettings = field(default_factory=PeersSettings)
     requests: RequestsSettings = field(default_factory=RequestsSettings)
+    ollama: OllamaSettings = field(default_factory=OllamaSettings)
     ui: UISettings = field(default_factory=UISettings)
 
     @property
@@ -446,6 +462,7 @@ SECTIONS: dict[str, type[Any]] = {
     "trt": TRTSettings,
     "peers": PeersSettings,
     "requests": RequestsSettings,
+    "ollama": OllamaSettings,
     "ui": UISettings,
 }
 

@@ -158,6 +158,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     if data.get("paused"):
         print(f"  PAUSED: {data['paused']}")
+    if line := _ollama_line(data.get("ollama") or {}):
+        print(line)
     disk = data.get("disk") or {}
     if disk.get("full"):
         print(f"  DISK FULL: {disk['message']}")
@@ -177,6 +179,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     for e in engines:
         print(_engine_line(e, counts[replica_base(e.engine_id)]))
     return 0
+
+
+def _ollama_line(ollama: dict[str, Any]) -> str:
+    """Where Ollama's API is served, or why not (its port taken: who holds it, how to move)."""
+    if ollama.get("state") == "serving":
+        return f"  Ollama's API: http://127.0.0.1:{ollama['port']}/api"
+    if ollama.get("state") == "taken":
+        return f"  Ollama's API NOT served: {ollama['detail']}"
+    return ""
 
 
 def _engine_line(e: EngineStatus, replicas: int = 1) -> str:

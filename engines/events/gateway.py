@@ -9,10 +9,11 @@ from typing import ClassVar
 
 from engines.events.codec import Event
 
-CLIENTS = ("local", "lan", "box", "tuner")
+CLIENTS = ("local", "lan", "box", "tuner", "ollama")
 """Who sent a recorded request: this computer, another one on the LAN, a paired box (one the
-box served for it; engines/gateway/exchange.py), or the daemon's own measurements (the tuner's
-and the guarded upgrade's, with its internal credential)."""
+box served for it; engines/gateway/exchange.py), the daemon's own measurements (the tuner's
+and the guarded upgrade's, with its internal credential), or an app through Ollama's API
+(engines/ollama/, on its own port)."""
 
 
 @dataclasses.dataclass(frozen=True)

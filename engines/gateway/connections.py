@@ -377,6 +377,12 @@ class Listener:
             raise
         log.info("gateway now listens on %s", ", ".join(self.addresses()))
 
+    async def unbind(self) -> None:
+        """Stop listening (open connections stay until they end)."""
+        site, self._site = self._site, None
+        if site is not None:
+            await site.stop()
+
     def addresses(self) -> list[str]:
         return self._site.addresses() if self._site is not None else []
 

@@ -43,7 +43,7 @@ def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     log = serve_log(env)
     with log.open("w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", *args],
+            [sys.executable, "-m", "engines", "serve", "--ollama-port", "0", *args],
             env=env,
             text=True,
             stdout=fh,

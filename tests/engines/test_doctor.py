@@ -85,6 +85,20 @@ def test_a_port_held_by_another_program_blocks_and_names_it(paths: Paths) -> Non
     assert f"`traylm config set gateway.port {port + 1}`" in out.stdout
 
 
+def test_ollamas_port_held_by_another_program_warns_and_says_how_to_move(paths: Paths) -> None:
+    make_fake_vllm_env(paths.envs_dir)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        paths.config_dir.mkdir(parents=True)
+        gateway = free_loopback_port()
+        paths.config_file.write_text(f"[gateway]\nport = {gateway}\n[ollama]\nport = {port}\n")
+        out = doctor(paths)
+    assert f"[warn] ollama port: 127.0.0.1:{port} is held by pid {os.getpid()}" in out.stdout
+    assert f"`traylm config set ollama.port {port + 1}`" in out.stdout
+
+
 def test_gpu_checks_read_the_driver_cuda_and_p2p_through_nvml() -> None:
     lib = fake_pynvml(2)
     lib.nvmlDeviceGetP2PStatus.return_value = pynvml.NVML_P2P_STATUS_GPU_NOT_SUPPORTED

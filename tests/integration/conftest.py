@@ -114,6 +114,8 @@ class DaemonProcess:
     paths: Paths
     port: int
     log_path: Path
+    ollama_port: int = 0
+    """Where its Ollama API listens (0: off; no test binds the real 11434)."""
 
     @property
     def url(self) -> str:
@@ -144,8 +146,14 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")[-5000:]
 
 
-def start_daemon(home: Path, port: int, *, envs_dir: Path | None = None) -> DaemonProcess:
-    """``envs_dir``: the daemon's engine envs (default: the cached ones, engine_envs_dir)."""
+SERVE = (sys.executable, "-m", "engines", "serve")
+
+
+def start_daemon(
+    home: Path, port: int, *, envs_dir: Path | None = None, ollama_port: int = 0
+) -> DaemonProcess:
+    """``envs_dir``: the daemon's engine envs (default: the cached ones, engine_envs_dir);
+    ``ollama_port``: Ollama's API (0: off)."""
     env = {
         **os.environ,
         "TRAYLM_HOME": str(home),
@@ -157,14 +165,14 @@ def start_daemon(home: Path, port: int, *, envs_dir: Path | None = None) -> Daem
     log_path = home / f"daemon-{time.time():.0f}.log"
     with log_path.open("w") as fh:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engines", "serve", "--port", str(port)],
+            [*SERVE, "--port", str(port), "--ollama-port", str(ollama_port)],
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
         )
-    daemon = DaemonProcess(proc, env, paths, port, log_path)
+    daemon = DaemonProcess(proc, env, paths, port, log_path, ollama_port)
     daemon.wait_serving()
     return daemon
 
@@ -191,7 +199,7 @@ def vllm_daemon(
     config_file.parent.mkdir(parents=True, exist_ok=True)
     # the mid-reply tests ask for 64 choices (a reply long enough to act on before it ends)
     write_toml_atomic(config_file, {"gateway": {"max_n": 64}})
-    daemon = start_daemon(home, free_loopback_port())
+    daemon = start_daemon(home, free_loopback_port(), ollama_port=free_loopback_port())
     write_toml_atomic(
         daemon.paths.profiles_dir / "tiny.toml",
         {

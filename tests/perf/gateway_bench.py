@@ -304,9 +304,12 @@ def offline_hub(stack: contextlib.ExitStack) -> None:
 
 
 async def start_traylm(
-    home: Path, upstream_args: str, *, root: Path = ROOT
+    home: Path, upstream_args: str, *, root: Path = ROOT, serve_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """A real daemon run from the checkout at ``root`` with one FAKE engine profile."""
+    """A real daemon run from the checkout at ``root`` with one FAKE engine profile; this
+    checkout's serves no Ollama API unless ``serve_args`` asks (--ollama-port)."""
+    if root == ROOT and not serve_args:
+        serve_args = ("--ollama-port", "0")
     envs = home / "envs"
     make_fake_vllm_env(envs)
     profiles = home / "config" / "profiles"
@@ -323,7 +326,7 @@ async def start_traylm(
         "PYTHONPATH": str(root),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engines", "serve", "--port", str(port)],
+        [sys.executable, "-m", "engines", "serve", "--port", str(port), *serve_args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

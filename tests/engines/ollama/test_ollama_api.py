@@ -1,0 +1,165 @@
+"""Ollama's API through the real daemon (FAKE vLLM engine) with the real `ollama` client:
+list, show, chat and generate streamed and not (a tool, an image), embed, ps, keep_alive 0,
+a pull of a FAKE-Hub repo; raw HTTP for the error shape and the DNS-rebinding case; a port
+that is taken leaves the daemon serving and says so."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import ollama
+import pytest
+
+from engines.config.sections import OllamaSettings
+from engines.core.procs import free_loopback_port
+from engines.gateway.security import hash_key
+from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.test_daemon_gateway import start_fake
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "the weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def with_ollama(port: int, **gateway: object) -> object:
+    settings = fast_settings(free_loopback_port(), **gateway)
+    return dataclasses.replace(settings, ollama=OllamaSettings(enabled=True, port=port))
+
+
+@pytest.fixture
+async def served(daemon_factory, fake_env) -> AsyncIterator[tuple[RunningDaemon, str]]:  # type: ignore[no-untyped-def]
+    port = free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(port))
+    await start_fake(d, args="--enable-auto-tool-choice --tool-call-parser hermes")
+    yield d, f"http://127.0.0.1:{port}"
+
+
+async def test_the_ollama_client_lists_chats_generates_and_embeds(
+    served: tuple[RunningDaemon, str],
+) -> None:
+    d, url = served
+    async with ollama.AsyncClient(host=url) as client:
+        await chat_and_generate(client)
+    rows = await d.client.requests_list(limit=10, client="ollama")
+    assert rows, "the recorder keeps what came through Ollama's API"
+
+
+async def chat_and_generate(client: ollama.AsyncClient) -> None:
+    assert (await client.list()).models[0].model == "fake"
+    shown = await client.show("fake")
+    assert "completion" in (shown.capabilities or [])
+    reply = await client.chat(
+        model="fake",
+        messages=[{"role": "user", "content": "hi", "images": [PNG]}],
+        options={"num_predict": 3, "temperature": 0.1},
+        stream=False,
+    )
+    assert reply.message.content == "w0 w1 w2"
+    assert reply.done and reply.eval_count == 3
+    parts = [
+        c
+        async for c in await client.chat(
+            model="fake",
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[TOOL],
+            options={"num_predict": 4},
+            stream=True,
+        )
+    ]
+    assert "".join(c.message.content or "" for c in parts).split() == ["w0", "w1", "w2", "w3"]
+    assert parts[-1].done and parts[-1].eval_count == 4
+    gen = await client.generate(model="fake", prompt="hello", options={"num_predict": 2})
+    assert gen.response == "w0 w1"
+    streamed = [c async for c in await client.generate("fake", "hi", stream=True, raw=True)]
+    assert streamed[-1].done
+    emb = await client.embed(model="fake", input=["a", "b"])
+    assert len(emb.embeddings) == 2
+    old = await client.embeddings(model="fake", prompt="a")
+    assert len(old.embedding) == 3
+
+
+async def test_ps_and_keep_alive_zero_unloads(served: tuple[RunningDaemon, str]) -> None:
+    _, url = served
+    async with ollama.AsyncClient(host=url) as client:
+        ps = await client.ps()
+        assert [m.model for m in ps.models] == ["fake"]
+        assert ps.models[0].expires_at is not None
+        out = await client.generate(model="fake", prompt="", keep_alive=0)
+        assert out.done_reason == "unload"
+        assert (await client.ps()).models == []
+
+
+async def test_errors_in_ollamas_shape_and_dns_rebinding_refused(
+    served: tuple[RunningDaemon, str],
+) -> None:
+    _, url = served
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/api/nothing") as resp:
+            assert resp.status == 404
+            assert "/api/chat" in (await resp.json())["error"]
+        async with http.post(url + "/api/chat", json={"model": "nope", "messages": []}) as resp:
+            assert resp.status == 404
+            assert "fake" in (await resp.json())["error"]
+        async with http.get(url + "/api/tags", headers={"Host": "attacker.example"}) as resp:
+            assert resp.status == 403
+            assert "DNS-rebinding" in (await resp.json())["error"]
+        headers = {"Origin": "http://attacker.example"}
+        async with http.post(url + "/api/generate", json={}, headers=headers) as resp:
+            assert resp.status == 403
+        async with http.post(url + "/api/pull", json={"model": "llama3.1:8b"}) as resp:
+            assert resp.status == 400
+            assert "meta-llama/Llama-3.1-8B-Instruct" in (await resp.json())["error"]
+
+
+async def test_keys_apply_as_at_the_gateway(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
+    port = free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(port, api_key_sha256=(hash_key("sekret"),)))
+    await start_fake(d)
+    url = f"http://127.0.0.1:{port}"
+    async with ollama.AsyncClient(host=url) as client:
+        with pytest.raises(ollama.ResponseError) as err:
+            await client.list()
+    assert err.value.status_code == 401
+    bearer = {"Authorization": "Bearer sekret"}
+    async with ollama.AsyncClient(host=url, headers=bearer) as keyed:
+        assert (await keyed.list()).models
+
+
+async def test_a_taken_port_fails_nothing_and_status_says_so(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        d: RunningDaemon = await daemon_factory(with_ollama(port))
+        status = await d.client.status()
+        ollama_status = status["ollama"]
+        assert ollama_status["state"] == "taken"
+        assert "ollama.port" in ollama_status["detail"]
+    await start_fake(d)  # the daemon serves on
+
+
+async def test_the_port_and_on_off_apply_live(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
+    first, second = free_loopback_port(), free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(first))
+    await d.client.update_settings({"ollama.port": second})
+    await d.daemon.ollama.settled()
+    status = (await d.client.status())["ollama"]
+    assert status["state"] == "serving" and status["port"] == second
+    async with ollama.AsyncClient(host=f"http://127.0.0.1:{second}") as client:
+        assert (await client.ps()).models == []
+    await d.client.update_settings({"ollama.enabled": False})
+    await d.daemon.ollama.settled()
+    assert (await d.client.status())["ollama"]["state"] == "off"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"http://127.0.0.1:{second}/api/version")
