@@ -214,7 +214,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--ollama-port",
         type=int,
         metavar="PORT",
-        help="port of Ollama's API for this run (default: ollama.port, 11434; 0: off)",
+        help="port of Ollama's API for this run (default: $TRAYLM_OLLAMA_PORT, else "
+        "ollama.port, 11434; 0: off)",
     )
     s.add_argument(
         "--simulate-gpus", type=int, metavar="N", help="use N simulated RTX 4090s instead of NVML"
@@ -287,10 +288,13 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}  # for this run only: never written to config.toml
     if args.port:
         overrides["gateway.port"] = args.port
-    if args.ollama_port is not None:
-        overrides["ollama.enabled"] = args.ollama_port > 0
-        if args.ollama_port > 0:
-            overrides["ollama.port"] = args.ollama_port
+    ollama_port = args.ollama_port
+    if ollama_port is None and os.environ.get("TRAYLM_OLLAMA_PORT", "").isdigit():
+        ollama_port = int(os.environ["TRAYLM_OLLAMA_PORT"])  # a second traylm, the tests
+    if ollama_port is not None:
+        overrides["ollama.enabled"] = ollama_port > 0
+        if ollama_port > 0:
+            overrides["ollama.port"] = ollama_port
     if args.simulate_gpus is not None:
         overrides["gpu.simulate_gpus"] = args.simulate_gpus
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
@@ -303,6 +307,8 @@ def _serve_args(args: argparse.Namespace) -> tuple[str, ...]:
     out: list[str] = []
     if args.port:
         out += ["--port", str(args.port)]
+    if args.ollama_port is not None:
+        out += ["--ollama-port", str(args.ollama_port)]
     if args.simulate_gpus is not None:
         out += ["--simulate-gpus", str(args.simulate_gpus)]
     return tuple(out)

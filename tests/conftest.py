@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ from engines.daemon import Daemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.fakes.hub_endpoint import ReachableEndpoint
 from tests.timings import pytest_runtest_logreport  # noqa: F401 - a pytest hook: each test's time
+
+# every `traylm serve` a test starts leaves Ollama's port (11434) alone unless the test gives
+# one: no test binds a fixed port of the machine
+os.environ.setdefault("TRAYLM_OLLAMA_PORT", "0")
 
 LEAK_GRACE_S = 10.0  # a process a test started may take this long to go after its teardown
 
