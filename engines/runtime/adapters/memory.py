@@ -12,9 +12,10 @@ must know the rule, not just the weights:
 - TensorRT-LLM (PyTorch backend) loads the weights, runs a warm-up, and then gives the KV cache
   ``free_gpu_memory_fraction`` of the memory still free.
 
-traylm's ``gpu_memory_utilization`` is passed as each engine's own knob (``--gpu-memory-
-utilization``, ``--mem-fraction-static``, ``free_gpu_memory_fraction``). Overheads (CUDA context,
-activations) are estimates until measured on hardware (tests/gpu/).
+traylm's ``gpu_memory_utilization`` is passed as vLLM's ``--gpu-memory-utilization`` and
+TensorRT-LLM's ``free_gpu_memory_fraction``; SGLang's ``--mem-fraction-static`` comes from the
+profile's own ``mem_fraction_static`` and is left to SGLang when that is empty. Overheads
+(CUDA context, activations) are estimates until measured on hardware (tests/gpu/).
 
 vLLM's CPU build takes no GPU memory: its weights and its KV cache (exactly
 ``VLLM_CPU_KVCACHE_SPACE``) live in host RAM (``cpu_need``).
@@ -29,6 +30,9 @@ CUDA_CONTEXT_BYTES = GIB // 2
 """CUDA context and allocator slack per GPU process (estimate)."""
 ACTIVATION_BYTES = GIB
 """Activations of the warm-up pass and CUDA graphs per GPU (estimate for 7-70B models)."""
+SGLANG_DEFAULT_FRACTION = 0.83
+"""What SGLang 0.5.23 picks for ``--mem-fraction-static`` on a 24 GB card when it is not given
+(it keeps ~4 GiB of the free memory for activations and CUDA graphs)."""
 CPU_RUNTIME_BYTES = GIB
 """Host RAM of a CPU engine's processes besides weights and KV cache: Python, torch, the API
 server (estimate)."""
@@ -72,14 +76,19 @@ def vllm_need(
     )
 
 
-def sglang_need(*, fraction: float, free_bytes: int, weights_bytes: int | None) -> MemoryNeed:
+def sglang_need(
+    *, fraction: float | None, free_bytes: int, weights_bytes: int | None
+) -> MemoryNeed:
     """SGLang: grows into what is free at launch; the KV pool is ``fraction`` × free minus the
-    weights, so it needs at least (weights + context) / fraction free."""
+    weights, so it needs at least (weights + context) / fraction free. ``fraction`` None:
+    SGLang's own choice (``SGLANG_DEFAULT_FRACTION``)."""
     weights = weights_bytes or 0
-    floor = int((weights + CUDA_CONTEXT_BYTES) / max(fraction, 0.05)) + 1
+    share = SGLANG_DEFAULT_FRACTION if fraction is None else fraction
+    floor = int((weights + CUDA_CONTEXT_BYTES) / max(share, 0.05)) + 1
+    whose = "SGLang's own" if fraction is None else "the profile's"
     rule = (
-        f"SGLang takes the memory free at launch: mem_fraction_static {fraction:.2f} of it "
-        f"for weights and KV cache, the rest for activations (needs over {_gib(floor)} free)"
+        f"SGLang takes the memory free at launch: {whose} mem_fraction_static {share:.2f} of "
+        f"it for weights and KV cache, the rest for activations (needs over {_gib(floor)} free)"
     )
     return MemoryNeed(hold_bytes=max(free_bytes, floor), free_needed_bytes=floor, rule=rule)
 

@@ -70,7 +70,7 @@ def test_vllm_weights_split_by_tensor_parallel_and_too_small_a_budget_said() -> 
 def test_sglang_grows_into_what_is_free_at_launch() -> None:
     adapter = adapter_for("sglang")
     need = adapter.memory_need(
-        profile("sglang", gpu_memory_utilization=0.8),
+        profile("sglang", mem_fraction_static=0.8),
         total_bytes=CARD,
         free_bytes=20 * GIB,
         weights_bytes=8 * GIB,
@@ -78,7 +78,20 @@ def test_sglang_grows_into_what_is_free_at_launch() -> None:
     assert need.hold_bytes == 20 * GIB
     # KV pool = 0.8 x free - weights must be positive: (8 GiB + context) / 0.8 free at least
     assert 10 * GIB < need.free_needed_bytes < 11 * GIB
-    assert need.sleep_residual_bytes is None and "mem_fraction_static 0.80" in need.rule
+    assert need.sleep_residual_bytes is None
+    assert "the profile's mem_fraction_static 0.80" in need.rule
+
+
+def test_sglang_left_to_its_own_fraction_whatever_gpu_memory_utilization_says() -> None:
+    adapter = adapter_for("sglang")
+    need = adapter.memory_need(
+        profile("sglang", gpu_memory_utilization=0.95),
+        total_bytes=CARD,
+        free_bytes=20 * GIB,
+        weights_bytes=8 * GIB,
+    )
+    assert "SGLang's own mem_fraction_static 0.83" in need.rule
+    assert need.free_needed_bytes == int((8 * GIB + GIB // 2) / 0.83) + 1
 
 
 def test_trtllm_takes_its_fraction_of_what_is_left_after_the_weights() -> None:
