@@ -128,6 +128,9 @@ class EngineRuntime:
     cache_dir: Path | None = None
     """traylm's cache folder for this engine environment (compile caches, per model below it);
     None leaves the engine's own default (tests that only build argv)."""
+    compute_capability: str = ""
+    """The oldest CUDA compute capability of the GPUs the engine runs on ("8.9"); "" when not
+    known (no GPU inventory): checks that need it then assume nothing."""
 
 
 RUN_DIR = "{run_dir}"
