@@ -244,7 +244,8 @@ class EngineAdapter(Protocol):
         self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
     ) -> MemoryNeed:
         """What the engine takes on each of its GPUs by its own memory rule
-        (engines/runtime/adapters/memory.py): ``total_bytes`` and ``free_bytes`` of one card,
+        (engines/runtime/adapters/memory.py): ``total_bytes`` (as CUDA sees the card: NVML's
+        total less the driver's reserve) and ``free_bytes`` of one card,
         ``weights_bytes`` of the whole model (None when unknown)."""
         ...
 

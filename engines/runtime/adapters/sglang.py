@@ -129,6 +129,7 @@ class SGLangAdapter:
             fraction=profile.mem_fraction_static,
             free_bytes=free_bytes,
             weights_bytes=weights_per_gpu(profile, weights_bytes),
+            world_size=profile.gpu_count,
         )
 
     @staticmethod

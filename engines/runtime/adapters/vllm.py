@@ -230,6 +230,7 @@ class VLLMAdapter:
             utilization=profile.gpu_memory_utilization,
             total_bytes=total_bytes,
             weights_bytes=weights_per_gpu(profile, weights_bytes),
+            world_size=profile.gpu_count,
             sleep_mode=profile.sleep_mode,
         )
 
