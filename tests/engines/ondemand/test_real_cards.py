@@ -3,7 +3,7 @@ driver reserves 358 MiB outside NVML's "used" (CUDA sees 23.64 GiB of 24564 MiB)
 the desktop (Xorg and gnome-shell hold 1.07 GiB), and each engine needs its CUDA context and,
 with tensor parallel, NCCL on top of its budget. Through the real daemon: what a real card
 would refuse is refused (vLLM's "Free memory on device ... less than desired GPU memory
-utilization"), what it would take is placed."""
+utilization"), what it would take is placed, and every shipped preset is re-checked here."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from engines.ondemand import occupancy
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.ondemand.conftest import settings
 
+PRESETS = sorted((resources_dir() / "profiles").glob("*.toml"))
+
 
 @pytest.fixture
 async def box(daemon_factory: DaemonFactory, fake_cuda_env: Path) -> RunningDaemon:
@@ -31,6 +33,35 @@ def sim(d: RunningDaemon) -> SimulatedBackend:
     backend = d.daemon.gpu.backend
     assert isinstance(backend, SimulatedBackend)
     return backend
+
+
+def served_name(preset: Path) -> str:
+    return str(tomllib.loads(preset.read_text())["served_name"])
+
+
+@pytest.mark.parametrize("desktop_mib", [0, 430], ids=["desktop-1.1GiB", "desktop-1.5GiB"])
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+async def test_each_preset_fits_the_real_dual_4090(
+    box: RunningDaemon, preset: Path, desktop_mib: int
+) -> None:
+    """Each shipped preset places on its GPUs beside a desktop on GPU 0, up to the 1.5 GiB a
+    desktop with a browser open takes (the simulator's 1.07 GiB, and 430 MiB more)."""
+    if desktop_mib:
+        sim(box).hold_memory(
+            "0", pid=4_194_403, used_memory_bytes=desktop_mib << 20, name="firefox"
+        )
+        await asyncio.wait_for(until_used_over(box, (1100 + desktop_mib - 1) << 20), 30)
+    found = await box.client.placement(served_name(preset))
+    assert found.fits, f"preset {preset.name} no longer fits a dual 4090: {found.reason}"
+    assert found.gpus == tuple(tomllib.loads(preset.read_text())["gpus"])
+
+
+async def until_used_over(d: RunningDaemon, used_bytes: int) -> None:
+    while True:
+        latest = d.daemon.gpu.sampler.latest
+        if latest and (latest[0].memory_used_bytes or 0) > used_bytes:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def test_the_70b_preset_at_0_95_is_refused_on_the_desktop_card(box: RunningDaemon) -> None:
