@@ -50,6 +50,8 @@ from engines.gateway.app import build_app
 from engines.gateway.server import GatewayServer
 from engines.gateway.service import GatewayContext
 from engines.gateway.usage import UsageRecorder
+from engines.gpu.backend import cuda_order
+from engines.gpu.inventory import capability
 from engines.gpu.routes import GPU, gpu_routes
 from engines.gpu.service import GPUFeature
 from engines.hub.routes import HUB, hub_routes
@@ -252,6 +254,7 @@ class Daemon:
             place=self.ondemand.placer.place_started,
             gpu_count=self._gpu_count,
             spread=self.multinode.ranks,
+            capability=self._capability,
         )
         self.ondemand.connect(
             Parts(control=self.control, gateway=self.ctx, gpus=self.gpu, hub=self.hub)
@@ -367,6 +370,13 @@ class Daemon:
     async def _gpu_count(self) -> int:
         """The GPUs an engine can be placed on (the simulator's included)."""
         return len(await self.gpu.inventory.gpus())
+
+    async def _capability(self, gpus: tuple[int, ...]) -> str:
+        """The oldest compute capability of these GPUs (CUDA indices); "" when unknown."""
+        infos = cuda_order(await self.gpu.inventory.gpus())
+        known = [infos[i].compute_capability for i in gpus if i < len(infos)]
+        known = [cc for cc in known if cc]
+        return min(known, key=capability, default="")
 
     def _disk_full(self, full: DiskFull | None) -> None:
         """The store found the disk full, or writable again (from the writing thread): a

@@ -134,6 +134,15 @@ class Profile:
     gpu_memory_utilization: float = setting(
         0.90, "Fraction of each GPU's memory the engine may take.", min=0.05, max=1.0
     )
+    mem_fraction_static: float | None = setting(
+        None,
+        "SGLang only: --mem-fraction-static, the share of the memory free at launch for weights "
+        "and KV cache (the rest is for activations and CUDA graphs). Empty: SGLang's own choice "
+        "for the card (about 0.83 on a 24 GB card). vLLM and TensorRT-LLM use "
+        "gpu_memory_utilization instead.",
+        min=0.05,
+        max=1.0,
+    )
     cpu_kv_cache_gib: int | None = setting(
         None, "KV cache for the CPU build, in whole GiB (default: engines.cpu_kv_cache_gib).", min=1
     )

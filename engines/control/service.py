@@ -95,6 +95,7 @@ class EngineControl:
         place: Place | None = None,
         gpu_count: Callable[[], Awaitable[int]] | None = None,
         spread: Spread | None = None,
+        capability: Callable[[tuple[int, ...]], Awaitable[str]] | None = None,
     ) -> None:
         """``cache_dir``: where engines keep their compile caches (one folder per engine env);
         ``warm``: the processes started ahead for the next start of a profile; ``place``: puts a
@@ -102,8 +103,11 @@ class EngineControl:
         room by unloading idle models, and books the engine); ``traffic``: the gateway's requests
         in flight, which each engine's supervision reads and ends (engines/runtime/traffic.py);
         ``gpu_count``: the GPUs engines can be placed on (the inventory, simulated ones
-        included; without it the GPU count is not checked)."""
+        included; without it the GPU count is not checked); ``capability``: (CUDA indices) →
+        the oldest compute capability of those GPUs ("" unknown), which the adapters check a
+        quantization against."""
         self._gpu_count = gpu_count
+        self._capability = capability
         self._spread = spread
         self._supervisor = supervisor
         self._envs = envs
@@ -226,6 +230,9 @@ class EngineControl:
         check = profile
         if profile.gpus_auto:  # placed below: check the flags on some GPUs of that count
             check = dataclasses.replace(profile, gpus=tuple(range(profile.gpu_count)))
+        if device == "cuda" and self._capability is not None:
+            cc = await self._capability(check.gpus)
+            runtime = dataclasses.replace(runtime, compute_capability=cc)
         adapter.launch(check, runtime=runtime, port=0, model=model)  # bad flags fail here
         return profile, runtime, model
 

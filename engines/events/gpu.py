@@ -100,6 +100,9 @@ class GPUSnapshot:
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
     memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    """Held by the driver outside ``memory_used_bytes`` (NVML v2's reserved; CUDA's view of
+    the total leaves it out); None when the driver does not say (v1 counts it as used)."""
     clock_event_reasons: tuple[str, ...] = ()
     pcie_generation: int | None = None
     pcie_width: int | None = None

@@ -60,6 +60,8 @@ class NVMLBackend:
         self._handles: dict[str, Any] = {}
         self._infos: tuple[GPUInfo, ...] = ()
         self._lost: set[str] = set()
+        self._memory_v1: set[str] = set()
+        """GPUs whose driver refused v2 memory (said once in the log)."""
 
     # ----------------------------------------------------------------- the one call
 
@@ -251,11 +253,21 @@ class NVMLBackend:
         )
 
     def _memory(self, h: Any, uuid: str) -> Any:
-        return self.first(
-            uuid,
-            ("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2),
-            ("nvmlDeviceGetMemoryInfo", h),
-        )
+        """NVML's v2 memory (total = reserved + used + free: ``used`` leaves out what the driver
+        reserves), else v1 (``used`` counts it, ``reserved`` unknown) where the driver lacks v2
+        or refuses it (NotSupported): the free memory is right either way."""
+        found = self.call("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, uuid=uuid)
+        if found is not None and found is not _MISSING:
+            return found
+        if uuid not in self._memory_v1:
+            self._memory_v1.add(uuid)
+            log.info(
+                "GPU %s does not answer NVML's v2 memory query: reading v1, which counts the "
+                "driver's reserved memory as used (free memory is still exact)",
+                uuid,
+            )
+        found = self.call("nvmlDeviceGetMemoryInfo", h, uuid=uuid)
+        return None if found is _MISSING else found
 
     def _snapshot(self, info: GPUInfo, now: float, slow: bool) -> GPUSnapshot:
         h = self._handles[info.uuid]
@@ -302,6 +314,7 @@ class NVMLBackend:
             memory_used_bytes=_int(getattr(memory, "used", None)),
             memory_free_bytes=_int(getattr(memory, "free", None)),
             memory_total_bytes=_int(getattr(memory, "total", None)),
+            memory_reserved_bytes=_int(getattr(memory, "reserved", None)),
             clock_event_reasons=decode_clock_event_reasons(_int(reasons)),
             pcie_generation=_int(self.call("nvmlDeviceGetCurrPcieLinkGeneration", h, uuid=u)),
             pcie_width=_int(self.call("nvmlDeviceGetCurrPcieLinkWidth", h, uuid=u)),
@@ -334,12 +347,19 @@ class NVMLBackend:
         return tuple(fans)
 
     def _processes(self, h: Any, uuid: str) -> tuple[GPUProcess, ...] | None:
+        """Compute processes, then the graphics ones (the desktop: Xorg, the compositor) that
+        are not also compute processes."""
         found = self.call("nvmlDeviceGetComputeRunningProcesses", h, uuid=uuid)
         if found is None or found is _MISSING:
             return None
+        graphics = self.call("nvmlDeviceGetGraphicsRunningProcesses", h, uuid=uuid)
+        listed = list(found)
+        if isinstance(graphics, list | tuple):
+            pids = {p.pid for p in listed}
+            listed += [p for p in graphics if p.pid not in pids]
         return tuple(
             GPUProcess(pid=int(p.pid), used_memory_bytes=_int(getattr(p, "usedGpuMemory", None)))
-            for p in found
+            for p in listed
         )
 
     # ----------------------------------------------------------------- writes

@@ -57,6 +57,7 @@ from engines.gpu.history import TelemetryHistory
 from engines.gpu.inventory import GPUInventory
 from engines.gpu.prometheus import gpu_exposition
 from engines.gpu.sampler import Sampler
+from engines.gpu.sim import IDLE_USED_BYTES as SIM_BASELINE_BYTES
 from engines.gpu.sim import MEMORY_TOTAL_BYTES as SIM_MEMORY_TOTAL_BYTES
 from engines.gpu.sim import SimulatedBackend
 from engines.runtime.supervisor import EngineView
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENERGY_PERIOD_S = 2.0
-SIM_BASELINE_BYTES = 420 << 20  # what an idle simulated card shows used (driver, context)
 SIM_HOLDING = frozenset(
     {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
 )
@@ -386,7 +386,7 @@ class GPUFeature:
             gpus = self.engine_gpus(engine)
             if engine.state not in SIM_HOLDING or not engine.pid or not gpus:
                 continue
-            held = simulated_hold_bytes(engine)
+            held = simulated_hold_bytes(engine, self.backend.reserved_bytes)
             for uuid in gpus:
                 per_gpu[uuid].append(GPUProcess(pid=engine.pid, used_memory_bytes=held))
                 if engine.state == EngineState.READY:
@@ -427,15 +427,17 @@ class GPUFeature:
         )
 
 
-def simulated_hold_bytes(engine: ManagedEngine) -> int:
-    """What a simulated RTX 4090 shows an engine holding, by its adapter's memory rule."""
-    total = SIM_MEMORY_TOTAL_BYTES
+def simulated_hold_bytes(engine: ManagedEngine, reserved_bytes: int) -> int:
+    """What a simulated RTX 4090 shows an engine holding, by its adapter's memory rule, on
+    the card as CUDA sees it (less the driver's ``reserved_bytes``)."""
+    total = SIM_MEMORY_TOTAL_BYTES - reserved_bytes
+    free = total - SIM_BASELINE_BYTES
     need = engine.adapter.memory_need(
-        engine.profile, total_bytes=total, free_bytes=total - SIM_BASELINE_BYTES, weights_bytes=None
+        engine.profile, total_bytes=total, free_bytes=free, weights_bytes=None
     )
     if engine.state == EngineState.SLEEPING and need.sleep_residual_bytes is not None:
         return need.sleep_residual_bytes
-    return min(need.hold_bytes, total - SIM_BASELINE_BYTES)
+    return min(need.hold_bytes, free)
 
 
 async def _scrape_tokens(http: aiohttp.ClientSession, url: str | None, engine: str) -> float | None:

@@ -12,9 +12,18 @@ an NVIDIA GPU, and every snapshot it makes says ``simulated=True``. The model:
 - the energy counter integrates power (mJ), like NVML's.
 
 The card's figures are a stock RTX 4090's: 450 W default limit (150-600 W), 24 GB, slowdown at
-90 °C, two fan controllers with a 30 % floor. Faults (``inject``): unsupported fields, writes
-refused (NoPermission), a lost GPU, a stuck fan, a forced temperature reading, a fan held in manual
-mode by another program, and the whole driver missing.
+90 °C, two fan controllers with a 30 % floor.
+
+Its memory is the card's as NVML v2 and CUDA see it, not a kind one: the driver reserves
+``RESERVED_BYTES`` outside "used" (NVML's total is 24564 MiB, CUDA's 23.64 GiB), an idle card
+shows ``IDLE_USED_BYTES`` used, and GPU 0 drives the desktop: Xorg and gnome-shell hold
+``DESKTOP_BYTES`` (1.07 GiB, within the 0.8-1.5 GiB a desktop takes), listed in its process list
+like any other program (``release_memory`` takes them off). ``desktop=False`` and
+``reserved_bytes=0`` give the kind card of a headless box with a driver that reserves nothing.
+
+Faults (``inject``): unsupported fields, writes refused (NoPermission), a lost GPU, a stuck fan,
+a forced temperature reading, a fan held in manual mode by another program, and the whole driver
+missing.
 """
 
 from __future__ import annotations
@@ -47,6 +56,15 @@ FAN_MIN_PCT = 30
 FAN_MAX_PCT = 100
 FAN_SLEW_PCT_PER_S = 25.0
 AMBIENT_C = 25.0
+RESERVED_BYTES = 358 * MIB
+"""NVML v2 "reserved" on an RTX 4090: what CUDA's total leaves out (24564 MiB against the
+23.64 GiB torch reports)."""
+IDLE_USED_BYTES = 2 * MIB
+"""NVML v2 "used" of an idle headless card (nvidia-smi's "1MiB / 24564MiB" on a 4090)."""
+DESKTOP = ((4_194_401, "Xorg", 612 * MIB), (4_194_402, "gnome-shell", 488 * MIB))
+"""The desktop session on GPU 0: (pid, name, bytes). The pids are above Linux's largest
+(2^22), so that no real process on the machine running the simulator has them."""
+DESKTOP_BYTES = sum(held for _, _, held in DESKTOP)
 TIME_CONSTANT_S = 20.0
 SIM_FIELDS = frozenset(f.name for f in dataclasses.fields(GPUSnapshot)) - {
     "uuid",
@@ -96,7 +114,7 @@ class _GPU:
     temperature_c: float = AMBIENT_C + 6
     energy_mj: float = 0.0
     load: float = 0.0
-    memory_used_bytes: int = 420 * MIB
+    memory_used_bytes: int = IDLE_USED_BYTES
     power_limit_mw: int = DEFAULT_LIMIT_MW
     power_w: float = IDLE_W
     fans: list[_Fan] = field(default_factory=lambda: [_Fan(), _Fan()])
@@ -126,11 +144,16 @@ class SimulatedBackend:
         ambient_c: float = AMBIENT_C,
         state_path: Path | None = None,
         card: CardProfile | None = None,
+        desktop: bool = True,
+        reserved_bytes: int = RESERVED_BYTES,
     ) -> None:
         """``state_path``: write the control state (fan modes, power limits) there after every
         write, so that another process can check what this one left behind. ``card``: a card
         profile (engines.gpu.card_profile) whose name, memory total and driver reserve the
-        simulated cards take instead of a stock RTX 4090's 24 GB with no reserve."""
+        simulated cards take instead of a stock RTX 4090's. ``desktop``: GPU 0 drives a
+        desktop (Xorg and a compositor hold memory there); ``reserved_bytes``: what the driver
+        reserves on each card (NVML v2) without a card profile."""
+        self.reserved_bytes = card.memory_reserved_bytes if card else reserved_bytes
         self._clock = clock
         self._wall = wall
         self.time_scale = time_scale
@@ -141,9 +164,15 @@ class SimulatedBackend:
         self._lock = threading.RLock()
         self._last_s = clock()
         self.memory_total_bytes = card.memory_total_bytes if card else MEMORY_TOTAL_BYTES
-        self.memory_reserved_bytes = card.memory_reserved_bytes if card else 0
+        self.memory_reserved_bytes = self.reserved_bytes
         infos = (_sim_info(i, card) for i in range(count))
         self._gpus = {g.info.uuid: g for g in (_GPU(info) for info in infos)}
+        if desktop and count:
+            first = self._gpus[sim_uuid(0)]
+            first.foreign = tuple(
+                GPUProcess(pid=pid, used_memory_bytes=held, name=name)
+                for pid, name, held in DESKTOP
+            )
         self.writes: list[tuple[str, str, int, int | None]] = []
         """Every accepted write: (op, uuid, fan or -1, value): tests read the control history."""
 
@@ -331,7 +360,7 @@ class SimulatedBackend:
             for i, f in enumerate(g.fans)
         )
         foreign_bytes = sum(p.used_memory_bytes or 0 for p in g.foreign)
-        usable = self.memory_total_bytes - self.memory_reserved_bytes
+        usable = self.memory_total_bytes - self.reserved_bytes
         used = min(usable, g.memory_used_bytes + foreign_bytes)
         sm_clock = 210 + round(
             g.load * 2310 * (0.85 if "software thermal slowdown" in reasons else 1)
@@ -350,6 +379,7 @@ class SimulatedBackend:
             "memory_used_bytes": used,
             "memory_free_bytes": usable - used,
             "memory_total_bytes": self.memory_total_bytes,
+            "memory_reserved_bytes": self.reserved_bytes,
             "clock_event_reasons": reasons,
             "pcie_generation": 4 if g.load > 0.02 else 1,
             "pcie_width": 16,

@@ -33,8 +33,11 @@ HEADROOM = 1.25
 CUDA_CONTEXT_BYTES = GIB // 2
 CUDA_GRAPH_BYTES = GIB // 4
 NCCL_BYTES = 3 * GIB // 10
-PROFILE_TOKENS = 8192
-PROFILE_SEQS = 256
+LARGE_CARD_BYTES = 70 * GIB
+"""vLLM's profiling run takes ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences;
+unset, vLLM's server picks them by the card (EngineArgs.get_batch_defaults in
+vllm/engine/arg_utils.py, 0.32/0.33): 8192 tokens and 1024 sequences from 70 GiB (A100s
+excepted), else 2048 and 256. TensorRT-LLM's ``max_num_tokens`` defaults to 8192."""
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
 _KV_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -86,6 +89,8 @@ class FitRequest:
     cpu_kv_cache_bytes: int = GIB
     gpus_available: int = 2  # GPUs the machine has (for the "TP 2" suggestion)
     weights_bytes: int | None = None  # override (variants); default: the model's files
+    max_num_batched_tokens: int | None = None  # the profile's; default: the engine's, per card
+    max_num_seqs: int | None = None  # the profile's; default: the engine's, per card
 
 
 def supported(engine: str, quantization: str | None, compute_capability: str) -> tuple[bool, str]:
@@ -130,7 +135,7 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
         memory = min(g.memory_total_bytes or 0 for g in req.gpus[:tp]) if req.gpus else 0
         budget = int(memory * req.gpu_memory_utilization)
         weights = math.ceil(weights_total / tp)
-        overhead = _overhead(model, tp)
+        overhead = _overhead(model, tp, *batch_defaults(req))
         kv_budget = max(0, budget - weights - overhead)
     block = CPU_BLOCK_TOKENS if req.device == "cpu" else BLOCK_TOKENS
     tokens = _kv_tokens(kv_budget, per_token_gpu, block)
@@ -172,12 +177,26 @@ def _weights(model: ModelDetails) -> int:
     return (model.parameters or 0) * _DTYPE_BYTES.get(model.dtype, 2)
 
 
-def _overhead(model: ModelDetails, tp: int) -> int:
+def batch_defaults(req: FitRequest) -> tuple[int, int]:
+    """(tokens, sequences) of the engine's profiling run: the request's (a profile's
+    ``max_num_batched_tokens``/``max_num_seqs``), else the engine's own default for the card."""
+    large = bool(req.gpus) and all(
+        (g.memory_total_bytes or 0) >= LARGE_CARD_BYTES and "a100" not in g.name.lower()
+        for g in req.gpus
+    )
+    if req.engine == "trtllm":
+        tokens, seqs = 8192, 256
+    else:
+        tokens, seqs = (8192, 1024) if large else (2048, 256)
+    return req.max_num_batched_tokens or tokens, req.max_num_seqs or seqs
+
+
+def _overhead(model: ModelDetails, tp: int, tokens: int, seqs: int) -> int:
     hidden = model.hidden_size or 0
     inter = model.intermediate_size or 4 * hidden
     act_bytes = 2
-    activations = PROFILE_TOKENS * (2 * inter // tp + 4 * hidden) * act_bytes
-    logits = PROFILE_SEQS * (model.vocab_size or 0) * 4
+    activations = tokens * (2 * inter // tp + 4 * hidden) * act_bytes
+    logits = seqs * (model.vocab_size or 0) * 4
     nccl = NCCL_BYTES if tp > 1 else 0
     return CUDA_CONTEXT_BYTES + CUDA_GRAPH_BYTES + nccl + activations + logits
 

@@ -2,12 +2,18 @@
 sampler's latest snapshots) and the traylm models on them (from the engines and what each was
 booked for when it loaded).
 
-Memory held by other programs is what NVML reports used on a card minus what traylm's own
-engine processes hold (the sampler marks them in each snapshot's process list). A ready engine
-whose processes the (slower) process list does not show yet is subtracted by its booking, so a
-fresh engine is not counted twice. A stopped engine is no resident, so a snapshot from while it
-still ran would count its memory as another program's: placement reads a snapshot taken after
-the last engine went down (``Placer._settle``).
+A card is what CUDA sees: NVML's total less the memory the driver reserves (NVML v2's
+"reserved", outside its "used"), as torch's total is. Memory held by other programs (a desktop's
+Xorg and compositor included) is that total minus NVML's free memory minus what traylm's own
+engine processes hold (the sampler marks them in each snapshot's process list), so what the
+planner counts free is what NVML says is free. A driver that refuses v2 reports no reserve: v1's
+"used" then counts it as another program's, and the free memory is still exact. A card whose
+memory NVML does not report at all is taken as empty, and says so in every message about it.
+
+A ready engine whose processes the (slower) process list does not show yet is subtracted by its
+booking, so a fresh engine is not counted twice. A stopped engine is no resident, so a snapshot
+from while it still ran would count its memory as another program's: placement reads a snapshot
+taken after the last engine went down (``Placer._settle``).
 
 An engine on the CPU is on no card: it is a host resident (``host_residents``), booked in host
 RAM.
@@ -26,6 +32,8 @@ from engines.runtime.adapters import adapter_for
 from engines.runtime.adapters.memory import GIB, MemoryNeed
 from engines.runtime.supervisor import ManagedEngine
 
+UNREAD = "NVML did not report this card's memory: taken as empty"
+"""Said in place of the other programs on a card whose memory NVML does not report."""
 HOLDING = frozenset(
     {EngineState.STARTING, EngineState.READY, EngineState.SLEEPING, EngineState.STOPPING}
 )
@@ -63,10 +71,11 @@ def cards(
     running = [e for e in engines if e.state in HOLDING and not on_cpu(e)]
     out = []
     for index, info in enumerate(cuda_order(infos)):
-        total = info.memory_total_bytes or 0
         snap = latest.get(info.uuid)
+        reserve = (snap.memory_reserved_bytes or 0) if snap is not None else 0
+        total = (info.memory_total_bytes or 0) - reserve
         other, names = _other(snap, index, total, running, bookings)
-        out.append(Card(index, info.name, total, other, names, index in reserved))
+        out.append(Card(index, info.name, total, other, names, index in reserved, reserve))
     return out
 
 
@@ -144,8 +153,8 @@ def _other(
     running: Sequence[ManagedEngine],
     bookings: Mapping[str, Booking],
 ) -> tuple[int, tuple[str, ...]]:
-    if snap is None or snap.memory_used_bytes is None:
-        return 0, ()
+    if snap is None or (snap.memory_used_bytes is None and snap.memory_free_bytes is None):
+        return 0, (UNREAD,) if snap is not None else ()
     procs = snap.processes or ()
     ours = {p.engine_id for p in procs if p.engine_id}
     listed = sum(p.used_memory_bytes or 0 for p in procs if p.engine_id)
@@ -164,7 +173,11 @@ def _other(
         f"pid {p.pid}{f' ({p.name})' if p.name else ''} {(p.used_memory_bytes or 0) / GIB:.1f} GiB"
         for p in foreign[:3]
     )
-    return max(0, snap.memory_used_bytes - listed - unlisted), names
+    if snap.memory_free_bytes is not None:
+        taken = total - snap.memory_free_bytes
+    else:
+        taken = (snap.memory_used_bytes or 0) - (snap.memory_reserved_bytes or 0)
+    return max(0, taken - listed - unlisted), names
 
 
 def hold_of(

@@ -164,6 +164,8 @@ class Placer:
                     context_len=entry.profile.max_model_len,
                     gpu_memory_utilization=entry.profile.gpu_memory_utilization,
                     gpus_available=len(infos),
+                    max_num_batched_tokens=entry.profile.max_num_batched_tokens,
+                    max_num_seqs=entry.profile.max_num_seqs,
                 ),
             )
             if result.verdict != "wont_fit":

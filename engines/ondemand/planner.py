@@ -1,9 +1,10 @@
 """Where a model goes (pure functions): which GPU set, which idle models make room, or exactly
 why it cannot load now.
 
-Inputs are a picture of the cards (memory held by other programs, per NVML's process list), the
-traylm models on them with what each holds by its engine's memory rule, and the request: a
-fixed GPU set or ``auto`` with a world size. The rules:
+Inputs are a picture of the cards (CUDA's view of each card's total, and the memory held by
+other programs and the desktop: what NVML does not report free), the traylm models on them
+with what each holds by its engine's memory rule (their CUDA context and NCCL included), and
+the request: a fixed GPU set or ``auto`` with a world size. The rules:
 
 - a set fits when every card in it has what the engine needs free (its ``free_needed_bytes``);
 - of the sets that fit now, the one with the most headroom wins (ties: lower indices);
@@ -42,6 +43,8 @@ from engines.runtime.adapters.memory import MemoryNeed
 GIB = 1 << 30
 HOST_RAM_MARGIN_BYTES = 4 * GIB
 """Host RAM left free when a model sleeps (its weights move there) or loads on the CPU."""
+SMALL_BYTES = 50 << 20
+"""Less than this held by others on a card (an idle driver's few MiB) goes unsaid."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,14 @@ class Card:
     index: int  # CUDA index (PCI order), as profiles name GPUs
     name: str
     total_bytes: int
+    """As CUDA sees the card (torch's total): NVML's total less the driver's reserve."""
     other_bytes: int
-    """Held by what is not a traylm model: other programs and the driver."""
+    """Held by what is not a traylm model: other programs (a desktop too) and the driver."""
     others: tuple[str, ...] = ()
     """The other programs, for messages ("pid 4242 (game) 8.0 GiB")."""
     reserved: bool = False
+    driver_reserve_bytes: int = 0
+    """What the driver reserves outside ``total_bytes`` (NVML v2's reserved), for messages."""
 
 
 @dataclass(frozen=True)
@@ -406,8 +412,13 @@ def _unbusy(r: Resident) -> Resident:
 
 
 def _card_line(card: Card, residents: Sequence[Resident], free: int) -> str:
-    parts = [f"GPU {card.index} ({_gib(card.total_bytes)}): {_gib(max(0, free))} free"]
-    if card.other_bytes:
+    size = _gib(card.total_bytes) + (
+        f" after the driver's {_gib(card.driver_reserve_bytes)}"
+        if card.driver_reserve_bytes
+        else ""
+    )
+    parts = [f"GPU {card.index} ({size}): {_gib(max(0, free))} free"]
+    if card.other_bytes >= SMALL_BYTES or card.others:
         who = f" ({', '.join(card.others)})" if card.others else ""
         parts.append(f"{_gib(card.other_bytes)} held by other programs and the driver{who}")
     for r in residents:

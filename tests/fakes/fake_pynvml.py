@@ -71,6 +71,7 @@ def fake_pynvml(count: int = 1) -> Any:
         SimpleNamespace(pid=4242, usedGpuMemory=20 * GIB),
         SimpleNamespace(pid=4243, usedGpuMemory=None),
     ]
+    m.nvmlDeviceGetGraphicsRunningProcesses.return_value = []
     m.nvmlDeviceGetPcieThroughput.side_effect = lambda h, c: {
         pynvml.NVML_PCIE_UTIL_TX_BYTES: 1000,
         pynvml.NVML_PCIE_UTIL_RX_BYTES: 2000,

@@ -128,6 +128,9 @@ class EngineRuntime:
     cache_dir: Path | None = None
     """traylm's cache folder for this engine environment (compile caches, per model below it);
     None leaves the engine's own default (tests that only build argv)."""
+    compute_capability: str = ""
+    """The oldest CUDA compute capability of the GPUs the engine runs on ("8.9"); "" when not
+    known (no GPU inventory): checks that need it then assume nothing."""
 
 
 RUN_DIR = "{run_dir}"
@@ -241,7 +244,8 @@ class EngineAdapter(Protocol):
         self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
     ) -> MemoryNeed:
         """What the engine takes on each of its GPUs by its own memory rule
-        (engines/runtime/adapters/memory.py): ``total_bytes`` and ``free_bytes`` of one card,
+        (engines/runtime/adapters/memory.py): ``total_bytes`` (as CUDA sees the card: NVML's
+        total less the driver's reserve) and ``free_bytes`` of one card,
         ``weights_bytes`` of the whole model (None when unknown)."""
         ...
 

@@ -5,6 +5,11 @@ own venv (its torch pins differ from vLLM's). On two GeForce cards without P2P, 
 all-reduce must be off (``--disable-custom-all-reduce``) or tensor parallel fails with "peer
 access is not supported between these two devices". Readiness: ``/health`` and ``/v1/models``;
 Prometheus metrics at ``/metrics`` with ``--enable-metrics``.
+
+``--mem-fraction-static`` is passed only when the profile sets ``mem_fraction_static``: left
+out, SGLang picks it for the card (about 0.83 on a 24 GB card in 0.5.23), which keeps ~4 GiB
+for activations and CUDA graphs. vLLM's ``gpu_memory_utilization`` (0.90-0.95) is a share of
+the whole card, not of what is free, and would leave SGLang too little.
 """
 
 from __future__ import annotations
@@ -37,14 +42,14 @@ RULES: tuple[LogRule, ...] = (
         "no_cache_memory",
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
         "No memory left for the KV cache after loading the weights",
-        "Raise gpu_memory_utilization (SGLang's --mem-fraction-static), use a smaller or "
+        "Raise mem_fraction_static (SGLang's --mem-fraction-static), use a smaller or "
         "quantized (AWQ/GPTQ/FP8) model, or tensor_parallel_size = 2.",
     ),
     LogRule(
         "weights_dont_fit",
         re.compile(r"CUDA out of memory|torch\.OutOfMemoryError"),
         "Ran out of GPU memory",
-        "Lower gpu_memory_utilization (SGLang needs room outside its static pool for "
+        "Lower mem_fraction_static (SGLang needs room outside its static pool for "
         "activations and CUDA graphs), lower max_num_batched_tokens (chunked prefill size), use "
         "a quantized model, or tensor_parallel_size = 2.",
     ),
@@ -121,9 +126,10 @@ class SGLangAdapter:
         self, profile: Profile, *, total_bytes: int, free_bytes: int, weights_bytes: int | None
     ) -> MemoryNeed:
         return sglang_need(
-            fraction=profile.gpu_memory_utilization,
+            fraction=profile.mem_fraction_static,
             free_bytes=free_bytes,
             weights_bytes=weights_per_gpu(profile, weights_bytes),
+            world_size=profile.gpu_count,
         )
 
     @staticmethod
@@ -137,10 +143,10 @@ class SGLangAdapter:
             str(port),
             "--served-model-name",
             profile.effective_served_name,
-            "--mem-fraction-static",
-            f"{profile.gpu_memory_utilization:g}",
             "--enable-metrics",
         ]
+        if profile.mem_fraction_static is not None:
+            argv += ["--mem-fraction-static", f"{profile.mem_fraction_static:g}"]
         if profile.dtype != "auto":
             argv += ["--dtype", profile.dtype]
         if profile.revision and not model.startswith("/"):

@@ -239,6 +239,7 @@ class TRTLLMAdapter:
             fraction=profile.gpu_memory_utilization,
             free_bytes=free_bytes,
             weights_bytes=weights_per_gpu(profile, weights_bytes),
+            world_size=profile.gpu_count,
         )
 
     @staticmethod

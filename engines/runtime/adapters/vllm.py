@@ -38,7 +38,12 @@ CLI_SERVE_SINCE = (0, 33)
 """The vLLM release that deprecates `python -m vllm.entrypoints.openai.api_server`."""
 
 # Quantization methods that need a GPU newer than Ada (sm_89) — refused up front on 4090s.
-BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4", "mxfp4"})
+# vLLM itself loads NVFP4 on older cards through a slow weight-only fallback: traylm does not.
+BLACKWELL_ONLY_QUANT = frozenset({"nvfp4", "modelopt_fp4"})
+QUANT_MIN_CAPABILITY = {"mxfp4": "8.0"}
+"""Methods vLLM runs from a compute capability on (its QuantizationConfig.get_min_capability:
+Mxfp4Config returns 80 and runs Marlin kernels below Hopper), refused before launch on an
+older card."""
 SLEEP_FLAG = "--enable-sleep-mode"
 PROMPT_DETAILS_FLAG = "--enable-prompt-tokens-details"
 """Usage then says how many prompt tokens the prefix cache served (``cached_tokens``): the
@@ -228,6 +233,7 @@ class VLLMAdapter:
             utilization=profile.gpu_memory_utilization,
             total_bytes=total_bytes,
             weights_bytes=weights_per_gpu(profile, weights_bytes),
+            world_size=profile.gpu_count,
             sleep_mode=profile.sleep_mode,
         )
 
@@ -322,17 +328,36 @@ def entry_module(
 
 
 def check_quantization(profile: Profile, runtime: EngineRuntime) -> None:
+    """Refuse a quantization this card (``runtime.compute_capability``) or build cannot run."""
     quant = (profile.quantization or "").lower()
-    if quant in BLACKWELL_ONLY_QUANT:
+    cc = runtime.compute_capability
+    if quant in BLACKWELL_ONLY_QUANT and capability(cc) < (10, 0):
         raise ConfigError(
             f"quantization {profile.quantization!r} needs a Blackwell GPU (RTX 50xx/B200); "
             "an RTX 4090 (Ada, sm_89) runs FP8, AWQ and GPTQ: pick one of those variants"
+        )
+    minimum = QUANT_MIN_CAPABILITY.get(quant)
+    if runtime.device == "cuda" and minimum and cc and capability(cc) < capability(minimum):
+        raise ConfigError(
+            f"quantization {profile.quantization!r} needs compute capability {minimum} or newer "
+            f"(Ampere, RTX 30xx/A100); this GPU is {cc}: pick an AWQ or GPTQ variant of the "
+            "model"
         )
     if runtime.device == "cpu" and quant in {"fp8", "awq", "awq_marlin", "gptq", "gptq_marlin"}:
         raise ConfigError(
             f"the CPU build of vLLM cannot run {profile.quantization!r} models; "
             "use an unquantized model or a GPU engine"
         )
+
+
+def capability(cc: str) -> tuple[int, int]:
+    """ "8.9" → (8, 9); (0, 0) when unknown (the GPU layer's ``capability``, which adapters
+    may not import)."""
+    major, _, minor = cc.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return 0, 0
 
 
 def check_parsers(profile: Profile, runtime: EngineRuntime) -> None:

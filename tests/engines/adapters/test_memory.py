@@ -12,7 +12,12 @@ from engines.envs.manager import load_flags
 from engines.errors import ConfigError
 from engines.runtime.adapters import adapter_for
 from engines.runtime.adapters.base import EngineRuntime, FlagSet
-from engines.runtime.adapters.memory import GIB, SLEEP_RESIDUAL_BYTES
+from engines.runtime.adapters.memory import (
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    NCCL_BYTES,
+    SLEEP_RESIDUAL_BYTES,
+)
 from tests.engines.adapters.test_vllm import runtime
 
 CARD = 24 * GIB
@@ -38,14 +43,34 @@ def test_vllm_takes_its_fraction_of_the_card_whatever_the_weights() -> None:
         free_bytes=CARD // 2,
         weights_bytes=16 * GIB,
     )
-    assert small.hold_bytes == big.hold_bytes == int(CARD * 0.9)
-    assert small.free_needed_bytes == int(CARD * 0.9)  # it refuses to start with less free
-    assert "0.90 of the card" in small.rule
+    # its budget, and its CUDA context on top (vLLM measures free memory after creating it)
+    assert small.hold_bytes == big.hold_bytes == int(CARD * 0.9) + CUDA_CONTEXT_BYTES
+    assert small.free_needed_bytes == small.hold_bytes  # it refuses to start with less free
+    assert "0.90 of the card as CUDA sees it" in small.rule
+    assert "plus 0.5 GiB for its CUDA context, which" in small.rule
     assert small.sleep_residual_bytes == SLEEP_RESIDUAL_BYTES
     half = adapter.memory_need(
         profile(gpu_memory_utilization=0.45), total_bytes=CARD, free_bytes=CARD, weights_bytes=None
     )
-    assert half.hold_bytes == int(CARD * 0.45)
+    assert half.hold_bytes == int(CARD * 0.45) + CUDA_CONTEXT_BYTES
+
+
+def test_tensor_parallel_counts_nccl_on_every_engine() -> None:
+    tp2 = {"tensor_parallel_size": 2, "gpus": [0, 1]}
+    for engine in ("vllm", "sglang", "trtllm"):
+        adapter = adapter_for(engine)
+        one = adapter.memory_need(
+            profile(engine), total_bytes=CARD, free_bytes=CARD, weights_bytes=8 * GIB
+        )
+        two = adapter.memory_need(
+            profile(engine, **tp2), total_bytes=CARD, free_bytes=CARD, weights_bytes=16 * GIB
+        )
+        assert two.free_needed_bytes > one.free_needed_bytes, engine  # same weights per GPU
+    vllm = adapter_for("vllm").memory_need(
+        profile(**tp2), total_bytes=CARD, free_bytes=CARD, weights_bytes=None
+    )
+    assert vllm.hold_bytes == int(CARD * 0.9) + CUDA_CONTEXT_BYTES + NCCL_BYTES
+    assert "CUDA context and NCCL" in vllm.rule
 
 
 def test_vllm_weights_split_by_tensor_parallel_and_too_small_a_budget_said() -> None:
@@ -70,7 +95,7 @@ def test_vllm_weights_split_by_tensor_parallel_and_too_small_a_budget_said() -> 
 def test_sglang_grows_into_what_is_free_at_launch() -> None:
     adapter = adapter_for("sglang")
     need = adapter.memory_need(
-        profile("sglang", gpu_memory_utilization=0.8),
+        profile("sglang", mem_fraction_static=0.8),
         total_bytes=CARD,
         free_bytes=20 * GIB,
         weights_bytes=8 * GIB,
@@ -78,7 +103,20 @@ def test_sglang_grows_into_what_is_free_at_launch() -> None:
     assert need.hold_bytes == 20 * GIB
     # KV pool = 0.8 x free - weights must be positive: (8 GiB + context) / 0.8 free at least
     assert 10 * GIB < need.free_needed_bytes < 11 * GIB
-    assert need.sleep_residual_bytes is None and "mem_fraction_static 0.80" in need.rule
+    assert need.sleep_residual_bytes is None
+    assert "the profile's mem_fraction_static 0.80" in need.rule
+
+
+def test_sglang_left_to_its_own_fraction_whatever_gpu_memory_utilization_says() -> None:
+    adapter = adapter_for("sglang")
+    need = adapter.memory_need(
+        profile("sglang", gpu_memory_utilization=0.95),
+        total_bytes=CARD,
+        free_bytes=20 * GIB,
+        weights_bytes=8 * GIB,
+    )
+    assert "SGLang's own mem_fraction_static 0.83" in need.rule
+    assert need.free_needed_bytes == int((8 * GIB + GIB // 2) / 0.83) + 1
 
 
 def test_trtllm_takes_its_fraction_of_what_is_left_after_the_weights() -> None:
@@ -89,7 +127,7 @@ def test_trtllm_takes_its_fraction_of_what_is_left_after_the_weights() -> None:
         free_bytes=20 * GIB,
         weights_bytes=8 * GIB,
     )
-    base = 8 * GIB + GIB // 2 + GIB  # weights, CUDA context, activations
+    base = 8 * GIB + CUDA_CONTEXT_BYTES + GIB  # weights, CUDA context, activations
     assert need.hold_bytes == base + (20 * GIB - base) // 2
     assert need.free_needed_bytes > base
     assert "free_gpu_memory_fraction 0.50" in need.rule

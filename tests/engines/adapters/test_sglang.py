@@ -135,3 +135,19 @@ def test_a_partial_allow_list_says_so_instead_of_guessing() -> None:
     )
     with pytest.raises(UnknownFlagError, match=r"partial flag list.*reinstall"):
         partial.check(["--rare-flag"])
+
+
+def test_mem_fraction_static_only_from_the_profile_s_own_field() -> None:
+    """SGLang picks --mem-fraction-static for the card itself (~0.83 on 24 GB); vLLM's
+    gpu_memory_utilization (a share of the whole card) is never passed as it."""
+    left = SGLangAdapter().launch(
+        sglang_profile(gpu_memory_utilization=0.95), runtime=runtime(), port=1, model="org/m"
+    )
+    assert "--mem-fraction-static" not in left.argv
+    assert "0.95" not in left.argv
+    given = SGLangAdapter().launch(
+        sglang_profile(mem_fraction_static=0.78), runtime=runtime(), port=1, model="org/m"
+    )
+    assert given.argv[given.argv.index("--mem-fraction-static") + 1] == "0.78"
+    with pytest.raises(ConfigError, match="mem_fraction_static"):
+        sglang_profile(mem_fraction_static=1.5)

@@ -8,6 +8,7 @@ reads against nvidia-smi on real hardware).
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -340,3 +341,47 @@ def test_pyproject_requires_a_binding_with_the_defaults() -> None:
     (req,) = [d for d in meta["project"]["dependencies"] if d.startswith("nvidia-ml-py")]
     floor = re.search(r">=\s*(\d+)\.(\d+)", req)
     assert floor is not None and (int(floor[1]), int(floor[2])) >= (12, 570)
+
+
+def v2_memory(handle: Any, version: Any = None) -> Any:
+    """A 4090 driving a desktop, as NVML v2 says it: the driver's reserve outside "used"."""
+    mib = 2**20
+    if version:
+        return SimpleNamespace(
+            total=24564 * mib, reserved=358 * mib, used=1102 * mib, free=23104 * mib
+        )
+    return SimpleNamespace(total=24564 * mib, used=1460 * mib, free=23104 * mib)
+
+
+def test_v2_memory_gives_the_driver_s_reserve_and_the_desktop_is_listed(lib: Any) -> None:
+    lib.nvmlDeviceGetMemoryInfo.side_effect = v2_memory
+    lib.nvmlDeviceGetGraphicsRunningProcesses.return_value = [
+        SimpleNamespace(pid=2101, usedGpuMemory=612 * 2**20),
+        SimpleNamespace(pid=4242, usedGpuMemory=20 * GIB),  # also a compute process
+    ]
+    (s,) = NVMLBackend(lib).sample(slow=True)
+    assert s.memory_reserved_bytes == 358 * 2**20
+    assert s.memory_used_bytes == 1102 * 2**20 and s.memory_free_bytes == 23104 * 2**20
+    assert [p.pid for p in s.processes or ()] == [4242, 4243, 2101]
+
+
+def test_a_card_that_refuses_v2_memory_falls_back_to_v1_and_says_so(
+    lib: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NotSupported for v2 is not "no memory reading": v1 still gives the free memory (its
+    "used" counts the driver's reserve, which is then unknown)."""
+
+    def refuse_v2(handle: Any, version: Any = None) -> Any:
+        if version:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return v2_memory(handle)
+
+    lib.nvmlDeviceGetMemoryInfo.side_effect = refuse_v2
+    backend = NVMLBackend(lib)
+    with caplog.at_level(logging.INFO, logger="engines.gpu.nvml"):
+        (s,) = backend.sample()
+        backend.sample()
+    assert s.memory_free_bytes == 23104 * 2**20 and s.memory_used_bytes == 1460 * 2**20
+    assert s.memory_reserved_bytes is None
+    said = [r.getMessage() for r in caplog.records if "v2 memory" in r.getMessage()]
+    assert len(said) == 1 and "reading v1" in said[0]

@@ -38,7 +38,7 @@ from engines.gpu.guard import GuardThresholds, ThermalGuard
 from engines.gpu.history import TelemetryHistory, build_history
 from engines.gpu.replay import ReplayBackend, read_trace, record
 from engines.gpu.sampler import Sampler
-from engines.gpu.sim import ManualClock, SimulatedBackend, sim_uuid
+from engines.gpu.sim import DESKTOP, ManualClock, SimulatedBackend, sim_uuid
 
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 
@@ -258,8 +258,9 @@ def test_sampler_publishes_carries_processes_and_labels_engines(tmp_path: Path) 
     first = sampler.sample_once()
     clock.advance(1)
     second = sampler.sample_once()
-    assert first[0].processes == (
+    assert first[0].processes == (  # the engine labelled; the desktop on GPU 0 is not ours
         GPUProcess(pid=4242, used_memory_bytes=1 << 30, engine_id="qwen"),
+        *(GPUProcess(pid=pid, used_memory_bytes=held, name=name) for pid, name, held in DESKTOP),
     )
     assert second[0].processes == first[0].processes  # carried between slow reads
     kinds = [e.kind for e in events]
@@ -307,7 +308,8 @@ def test_a_sample_asked_for_comes_now_with_the_process_list() -> None:
         stopped_s = time.monotonic()
         assert sampler.sample_after(stopped_s, timeout_s=30)
         assert sampler.sampled_at_s > stopped_s and sampler.samples == 2
-        assert [p.pid for p in sampler.latest[0].processes or ()] == [4242]
+        listed = [p.pid for p in sampler.latest[0].processes or ()]
+        assert listed == [4242, *(pid for pid, _, _ in DESKTOP)]
         assert sampler.sample_after(stopped_s, timeout_s=0)  # fresh already: no new sample
         assert sampler.samples == 2
     finally:

@@ -3,6 +3,7 @@ formula is checked against the real vLLM engine in tests/integration/test_fit_vl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from engines.events import ModelDetails
@@ -179,3 +180,30 @@ def test_cpu_build_fits_in_memory_or_says_how_much_is_missing() -> None:
     r = cpu_estimate(small, kv_cache_bytes=4 * GIB, ram_bytes=6 * GIB, context_len=4096)
     assert r.verdict == "wont_fit"
     assert "need more than this computer's 6.0 GiB of memory" in r.reason
+
+
+def test_activations_follow_the_profile_s_batched_tokens_else_vllm_s_default_for_the_card() -> None:
+    """vLLM's server profiles max_num_batched_tokens tokens: 2048 by default on a card under
+    70 GiB (EngineArgs.get_batch_defaults), 8192 on an H100-class card; a profile's own value
+    replaces the default. Activations grow with it: 14336 × 2 + 4096 × 4 values × 2 bytes per
+    token for Llama 8B."""
+    per_token = (2 * 14336 + 4 * 4096) * 2
+    default = estimate(LLAMA_8B, FitRequest(context_len=8192))
+    own = estimate(LLAMA_8B, FitRequest(context_len=8192, max_num_batched_tokens=8192))
+    assert own.overhead_bytes_per_gpu - default.overhead_bytes_per_gpu == (8192 - 2048) * per_token
+    assert own.kv_tokens < default.kv_tokens
+    fewer = estimate(LLAMA_8B, FitRequest(context_len=8192, max_num_seqs=16))
+    assert default.overhead_bytes_per_gpu - fewer.overhead_bytes_per_gpu == (256 - 16) * 128256 * 4
+    h100 = dataclasses.replace(
+        RTX_4090,
+        name="NVIDIA H100 80GB HBM3",
+        memory_total_bytes=80 * GIB,
+        compute_capability="9.0",
+    )
+    a100 = dataclasses.replace(h100, name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+    big = estimate(LLAMA_8B, FitRequest(gpus=(h100,), context_len=8192))
+    assert big.overhead_bytes_per_gpu - default.overhead_bytes_per_gpu == (
+        (8192 - 2048) * per_token + (1024 - 256) * 128256 * 4
+    )
+    same = estimate(LLAMA_8B, FitRequest(gpus=(a100,), context_len=8192))
+    assert same.overhead_bytes_per_gpu == default.overhead_bytes_per_gpu  # A100s keep 2048

@@ -39,7 +39,7 @@ def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:
     ps = traylm(env, "ps").stdout
     assert "NAME" in ps and "MEMORY" in ps
     [line] = [row for row in ps.splitlines() if row.startswith("m ")]
-    assert "ready" in line and " 1 " in line and "21.59 GiB" in line and "in 10m" in line
+    assert "ready" in line and " 1 " in line and "21.77 GiB" in line and "in 10m" in line
     assert "(load)" in line
     listed = traylm(env, "ps", "--all").stdout
     assert any(r.startswith("m ") and "loaded" in r for r in listed.splitlines())

@@ -16,6 +16,7 @@ from engines.errors import ControlAPIError
 from engines.events import EngineState, ModelStateChanged
 from engines.gpu.sim import SimulatedBackend
 from engines.ondemand.cli import _ps_line
+from engines.runtime.adapters.memory import CUDA_CONTEXT_BYTES
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
@@ -62,16 +63,19 @@ async def test_auto_goes_to_the_card_another_program_leaves_free(two_gpus: Runni
     assert await ask(client, "auto1") == "w0 w1"
     assert gpus_of(d, "auto1") == (1,)  # GPU 0 has 6 GiB held: 0.9 of the card does not fit
     [row] = await d.client.loaded_models()
-    assert row.gpus == (1,) and row.vram_bytes == int(24564 * 2**20 * 0.9)
+    # 0.9 of the card as CUDA sees it (NVML's 24564 MiB less the driver's 358), and the context
+    assert row.gpus == (1,) and row.vram_bytes == int(24206 * 2**20 * 0.9) + CUDA_CONTEXT_BYTES
     await d.client.load_model("auto1", pin=True)
     fake_profile(d, "auto2", gpus="auto")
     with pytest.raises(openai.InternalServerError) as err:
         await ask(client, "auto2")
     message = str(err.value)
-    assert "auto2 needs 21.6 GiB free on one of 1 GPU(s)" in message
-    assert "GPU 0 (24.0 GiB): 17.6 GiB free" in message
-    assert "held by other programs and the driver (pid 4242 (game) 6.0 GiB)" in message
-    assert "auto1 21.6 GiB (pinned)" in message
+    assert "auto2 needs 21.8 GiB free on one of 1 GPU(s)" in message
+    assert "GPU 0 (23.6 GiB after the driver's 0.3 GiB): 16.6 GiB free" in message
+    # the game and the desktop GPU 0 drives
+    assert "held by other programs and the driver (pid 4242 (game) 6.0 GiB, " in message
+    assert "(Xorg) 0.6 GiB, pid 4194402 (gnome-shell) 0.5 GiB)" in message
+    assert "auto1 21.8 GiB (pinned)" in message
     assert "traylm unload NAME" in message  # what to do
     await client.close()
 
@@ -123,7 +127,7 @@ async def test_eviction_takes_the_lru_idle_model_never_busy_or_pinned(
         assert r.status == 503
         assert r.headers["Retry-After"] == "5" and r.headers["x-should-retry"] == "true"
         message = (await r.json())["error"]["message"]
-    assert "a 21.6 GiB (busy)" in message and "c 21.6 GiB (pinned)" in message
+    assert "a 21.8 GiB (busy)" in message and "c 21.8 GiB (pinned)" in message
     assert "retry shortly" in message
     await stream.close()
     assert d.daemon.engine("a").state == EngineState.READY
@@ -208,9 +212,10 @@ async def test_models_on_the_cpu_take_host_ram_and_no_gpu(
     assert rows["c1"].ram_bytes == 3 * GIB
     assert _ps_line(rows["c1"]).split()[2] == "cpu"  # `traylm ps` shows it on the CPU
     fits = await d.client.placement("g")
-    assert fits.fits and fits.gpus == (0,) and fits.free_bytes_per_gpu[0] > 23 * GIB
+    # the card without the desktop, all of it free as CUDA sees it
+    assert fits.fits and fits.gpus == (1,) and fits.free_bytes_per_gpu[0] > 23 * GIB
     assert await ask(client, "g") == "w0 w1"
-    assert gpus_of(d, "g") == (0,)
+    assert gpus_of(d, "g") == (1,)
     assert await ask(client, "c1") == "w0 w1"  # c2 is now the least recently used CPU model
     assert await ask(client, "c3") == "w0 w1"
     evicted = await events.wait(
@@ -247,13 +252,13 @@ async def test_a_load_right_after_a_stop_sees_the_stopped_engines_memory_freed(
     fake_profile(d, "both", gpus="auto", tensor_parallel_size=2)
     await d.client.load_model("one")
     await d.client.wait_for_model("one", 30)
-    held = 20 * GIB  # vLLM's 0.9 of the card: 21.6 GiB
+    held = 20 * GIB  # vLLM's 0.9 of the card and its context: 21.8 GiB
 
     def shows_one(snaps) -> bool:
         return bool(snaps) and (snaps[0].memory_used_bytes or 0) > held
 
     await asyncio.wait_for(until_sampled(d, shows_one), 30)
     await d.client.stop("one")
-    await d.client.load_model("both")  # refused ("needs 21.6 GiB free") with a stale snapshot
+    await d.client.load_model("both")  # refused ("needs 21.8 GiB free") with a stale snapshot
     assert gpus_of(d, "both") == (0, 1)
     await d.client.wait_for_model("both", 30)

@@ -64,7 +64,8 @@ def resident(
 def test_one_card_model_goes_where_it_has_the_most_headroom() -> None:
     found = plan(Request("m", 1, vllm(0.5)), cards(4 * GIB, GIB), [], host_free_bytes=HOST)
     assert found.fits and found.gpus == (1,) and not found.evictions
-    assert "needs 12.0 GiB" in found.reason and "0.50 of the card" in found.reason
+    assert "needs 12.5 GiB" in found.reason and "0.50 of the card" in found.reason
+    assert "plus 0.5 GiB for its CUDA context" in found.reason
 
 
 def test_another_program_holding_memory_counts() -> None:
@@ -132,7 +133,7 @@ def test_nothing_evictable_gives_the_reason_and_busy_means_retry_later() -> None
     found = plan(Request("m", 1, vllm()), cards(0, 0), residents, host_free_bytes=HOST)
     assert not found.fits and found.retry_later
     assert "x 21.6 GiB (busy)" in found.reason and "y 21.6 GiB (pinned)" in found.reason
-    assert "needs 21.6 GiB free on one of 1 GPU(s)" in found.reason
+    assert "needs 22.1 GiB free on one of 1 GPU(s)" in found.reason  # 0.9 x 24 + its context
     assert "retry shortly" in found.reason
     pinned_only = [
         resident("y", (0,), used=2.0, pinned=True),
