@@ -183,13 +183,18 @@ def begin(
     local: bool,
     box: str = "",
     refused: bool = False,
+    client: str = "",
+    model_route: bool | None = None,
 ) -> Exchange | None:
     """The exchange of a request the ``requests.capture`` settings record, or None. ``box``: a
     paired box's request (its name), recorded as another computer's; ``refused``: a request
     of any method outside the control API that the gateway refused (a wrong key on GET
-    /v1/models), recorded though its method is not."""
+    /v1/models), recorded though its method is not. ``client`` and ``model_route``: another
+    API's server (Ollama's) names its client and says which of its routes are model routes."""
     capture = settings.capture if local else settings.capture_lan
-    if capture == CAPTURE_OFF or not (recorded(request) or (refused and _model_side(request))):
+    if model_route is None:
+        model_route = recorded(request) or (refused and _model_side(request))
+    if capture == CAPTURE_OFF or not model_route:
         return None
     key = ""
     internal = guard.internal(
@@ -206,7 +211,7 @@ def begin(
         started=time.perf_counter(),
         method=request.method,
         path=request.path[:512],
-        client="tuner" if internal else "box" if box else "local" if local else "lan",
+        client="tuner" if internal else client or ("box" if box else "local" if local else "lan"),
         peer=box or ("" if local else str(request.remote or "")),
         key=key,
         capture=capture,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -18,15 +17,14 @@ from aiohttp.typedefs import Middleware
 from engines.errors import TraylmError
 from engines.gateway.connections import is_loopback
 from engines.gateway.exchange import (
-    CAPTURE_OFF,
-    EXCHANGE,
     REQUEST_ID,
     REQUEST_ID_HEADER,
     Exchange,
+    begin,
     new_request_id,
 )
 from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
-from engines.gateway.security import Guard, hash_key
+from engines.gateway.security import Guard
 from engines.gateway.service import GatewayContext
 from engines.ollama.errors import ollama_error
 from engines.ollama.parts import OllamaParts
@@ -112,27 +110,18 @@ def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> 
 
 
 def _exchange(ctx: GatewayContext, guard: Guard, request: web.Request) -> Exchange | None:
-    local = is_loopback(request.remote)
-    settings = ctx.settings.requests
-    capture = settings.capture if local else settings.capture_lan
-    if ctx.exchanges is None or capture == CAPTURE_OFF or request.path not in RECORDED:
+    """The recorder's exchange of a model request here, as the gateway begins its own."""
+    if ctx.exchanges is None:
         return None
-    auth = request.headers.get("Authorization", "")
-    given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-    exchange = Exchange(
-        id=request[REQUEST_ID],
-        arrived_s=time.time(),
-        started=time.perf_counter(),
-        method=request.method,
-        path=request.path,
+    return begin(
+        request,
+        request[REQUEST_ID],
+        ctx.settings.requests,
+        guard,
+        local=is_loopback(request.remote),
         client=CLIENT,
-        peer="" if local else str(request.remote or ""),
-        key=hash_key(given)[:8] if guard.keys_required and given else "",
-        capture=capture,
-        body_limit=settings.body_max_bytes,
+        model_route=request.path in RECORDED,
     )
-    request[EXCHANGE] = exchange
-    return exchange
 
 
 def ollama_middleware(ctx: GatewayContext, guarded: Guarded) -> Middleware:
