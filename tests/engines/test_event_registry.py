@@ -19,7 +19,8 @@ def every_event_type() -> dict[str, type[Event]]:
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        found[cls.kind] = cls
+        if cls.__module__.startswith("engines."):  # not the kinds a test makes up for itself
+            found[cls.kind] = cls
     return found
 
 
