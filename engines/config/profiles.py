@@ -358,7 +358,7 @@ class ProfileStore:
             if path.exists():
                 return profile_from_mapping(name, read_toml(path), str(path))
         raise ProfileNotFound(
-            f"no profile named {name!r}{did_you_mean(name, self.names())}; "
+            f"no profile named {quoted(name)}{did_you_mean(name, self.names())}; "
             "list them with `traylm profiles`"
         )
 
@@ -386,5 +386,5 @@ class ProfileStore:
         if not path.exists():
             if (self._presets / f"{name}.toml").exists():
                 raise ConfigError(f"{name!r} is a shipped preset and cannot be deleted")
-            raise ProfileNotFound(f"no profile named {name!r}")
+            raise ProfileNotFound(f"no profile named {quoted(name)}")
         path.unlink()

@@ -267,7 +267,7 @@ class EngineControl:
         engine = self._supervisor.get(engine_id)
         if engine is None:
             known = ", ".join(sorted(self._supervisor.engines)) or "none"
-            raise EngineNotFound(f"no engine {engine_id!r}; engines: {known}")
+            raise EngineNotFound(f"no engine {quoted(engine_id)}; engines: {known}")
         return engine
 
     def install_env(self, engine: str, *, device: str, version: str | None) -> dict[str, str]:

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from engines.core.http import openai_error
+from engines.errors import quoted
 from engines.events.core import EngineState
 from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import explain_engine_error, route_problem
@@ -308,7 +309,7 @@ def _not_found(ctx: GatewayContext, response_id: str, *, param: str) -> web.Resp
         )
     return openai_error(
         404,
-        f"no response {response_id!r} is known for this caller: {kept}; check the id",
+        f"no response {quoted(response_id)} is known for this caller: {kept}; check the id",
         param=param,
         code="response_not_found",
     )

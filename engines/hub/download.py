@@ -31,7 +31,14 @@ from pathlib import Path
 from engines.config.sections import HubSettings
 from engines.core.jobs import Job as RunnerJob
 from engines.core.jobs import JobKind, JobStatus
-from engines.errors import DiskFull, DiskSpaceError, DownloadNotFound, HubAccessDenied, HubError
+from engines.errors import (
+    DiskFull,
+    DiskSpaceError,
+    DownloadNotFound,
+    HubAccessDenied,
+    HubError,
+    quoted,
+)
 from engines.events.codec import Event
 from engines.events.hub import (
     DownloadProgress,
@@ -207,7 +214,7 @@ class DownloadManager:
         job = self._jobs.get(download_id)
         if job is None:
             raise DownloadNotFound(
-                f"no download {download_id!r}; `traylm models downloads` lists them"
+                f"no download {quoted(download_id)}; `traylm models downloads` lists them"
             )
         return job
 

@@ -27,7 +27,7 @@ from typing import Any
 from engines.config.profiles import Profile, profile_from_mapping
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.modelinfo import ConfigUnreadable, folder_config
-from engines.errors import ConfigError, ModelNotFound
+from engines.errors import ConfigError, ModelNotFound, quoted
 from engines.events.hub import FOLDER_SETTINGS, LocalFolder
 from engines.hub.library import TRTLLM_ARCHITECTURES
 from engines.hub.shape import parse_config
@@ -186,7 +186,8 @@ class FolderRegistry:
         folder = self._read(name) if NAME_RE.match(name) else None
         if folder is None:
             raise ModelNotFound(
-                f"no model folder named {name!r} in the library; `traylm models ls` lists them"
+                f"no model folder named {quoted(name)} in the library; "
+                "`traylm models ls` lists them"
             )
         return folder
 

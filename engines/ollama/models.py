@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.core.modelinfo import read_model_info
-from engines.errors import ModelUnavailable
+from engines.errors import ModelUnavailable, quoted
 from engines.events.models import ServableModel
 from engines.ondemand.service import ModelsOnDemand
 
@@ -157,7 +157,9 @@ async def show(ondemand: ModelsOnDemand, name: str) -> dict[str, Any]:
     capabilities; an unknown name raises 404 with the served names."""
     m = next((m for m in await ondemand.listing() if name in (m.name, *m.aliases, *m.names)), None)
     if m is None:
-        raise ModelUnavailable(f"model {name!r} not found", code="model_not_found", http_status=404)
+        raise ModelUnavailable(
+            f"model {quoted(name)} not found", code="model_not_found", http_status=404
+        )
     info = await asyncio.to_thread(details, m.model)
     family = info["details"]["family"] or "general"
     config = info["config"]

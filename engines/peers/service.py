@@ -28,7 +28,7 @@ from aiohttp import web
 from engines.config.live import SettingsView
 from engines.config.profiles import NAME_RULE, check_name, valid_name
 from engines.config.sections import PeersSettings
-from engines.errors import ConfigError, PairingRefused, PeerError, PeerNotFound
+from engines.errors import ConfigError, PairingRefused, PeerError, PeerNotFound, quoted
 from engines.events.peers import PairingCode, PairingState, PeerInfo, PeersView, Unpaired
 from engines.peers import exchange, link, store, tls
 from engines.peers.listener import PeerListener, host_name, join_address, lan_addresses
@@ -351,7 +351,7 @@ class PeersFeature:
     def peer(self, name: str) -> Peer:
         peer = self._peers.get(check_name(name, "box"))
         if peer is None:
-            raise PeerNotFound(f"no paired box is named {name!r}; `traylm peers` lists them")
+            raise PeerNotFound(f"no paired box is named {quoted(name)}; `traylm peers` lists them")
         return peer
 
     def by_fingerprint(self, fingerprint: str) -> Peer | None:

@@ -29,7 +29,7 @@ import aiohttp
 
 from engines.config.live import SettingsView
 from engines.core.doorbell import Doorbell
-from engines.errors import TraylmError
+from engines.errors import TraylmError, quoted
 from engines.gateway.exchange import Exchange
 from engines.gateway.proxy import Upstream
 from engines.recorder.assemble import CUT_MARKER, row_of
@@ -239,7 +239,7 @@ class RequestRecorder:
         row = await asyncio.to_thread(self.store.get, rid)
         if row is None:
             raise RequestNotFound(
-                f"no recorded request {rid!r}; `traylm requests ls` lists them (the recorder "
+                f"no recorded request {quoted(rid)}; `traylm requests ls` lists them (the recorder "
                 "keeps requests.days and requests.max_mib of them)"
             )
         return _detail(row)
@@ -270,7 +270,7 @@ class RequestRecorder:
         messages with the generation prompt, then ``/detokenize`` of those tokens."""
         row = await asyncio.to_thread(self.store.get, rid)
         if row is None:
-            raise RequestNotFound(f"no recorded request {rid!r}; `traylm requests ls`")
+            raise RequestNotFound(f"no recorded request {quoted(rid)}; `traylm requests ls`")
         body = _json_body(row)
         if body is None or not isinstance(body.get("messages"), list):
             raise PromptUnavailable(

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from engines.config.profiles import Profile, ProfileStore
 from engines.control.service import EngineControl, resolve_device
 from engines.envs.manager import EnvManager
-from engines.errors import ConfigError, EngineEnvError, TraylmError, TuneError
+from engines.errors import ConfigError, EngineEnvError, TraylmError, TuneError, quoted
 from engines.events.tune import TuneConfig
 from engines.ondemand.service import ModelsOnDemand
 from engines.runtime.supervisor import Supervisor
@@ -66,7 +66,7 @@ class Planner:
         if len(serving) == 1:
             return serving[0]
         raise ConfigError(
-            f"no profile named or serving {model!r}"
+            f"no profile named or serving {quoted(model)}"
             + (f" (several serve it: {', '.join(p.name for p in serving)})" if serving else "")
             + "; `traylm profiles` lists them, and the tuner tunes one of them",
             code="profile_not_found",

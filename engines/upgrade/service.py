@@ -35,7 +35,7 @@ from engines.config.profiles import Profile, ProfileStore
 from engines.control.service import EngineControl, auto_device, resolve_device
 from engines.core.jobs import Job, JobKind, JobState
 from engines.envs.manager import ENGINE_NAMES, RECIPES, EnvInfo, EnvManager
-from engines.errors import ConfigError, TraylmError, UpgradeError
+from engines.errors import ConfigError, TraylmError, UpgradeError, quoted
 from engines.events.codec import Event
 from engines.events.core import EngineState
 from engines.events.tune import TuneConfig, TuneJob, TuneState
@@ -184,7 +184,7 @@ class UpgradeFeature:
             named = [p for p in mine if p.name == model or model in p.served_names]
             if not named:
                 raise ConfigError(
-                    f"no {engine} profile ({device}) named or serving {model!r}; "
+                    f"no {engine} profile ({device}) named or serving {quoted(model)}; "
                     "`traylm profiles` lists them"
                 )
             return named[0]
