@@ -125,3 +125,26 @@ class TuneFinished(Event):
     job_id: int
     state: TuneState
     detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuneTarget:
+    """Something `traylm tune NAME` takes (GET /api/tune/targets): a profile, a registered
+    model folder or a downloaded model, as the servable list has it."""
+
+    name: str  # what TuneConfig.model takes: the profile's or folder's name, the engine id
+    kind: str  # profile | folder | library
+    served_name: str  # the name requests send it by
+    model: str  # repo id or folder
+    loaded: bool = False  # an engine of it is ready now
+    blocked: str = ""  # why it cannot start on this computer ("" when it can)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuneBudget:
+    """The least budget a tune of a model needs here (GET /api/tune/budget)."""
+
+    model: str
+    repeat: int
+    least_budget_s: float
+    words: str  # "the smallest budget that fits 2 candidates is 8 min"

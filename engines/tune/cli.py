@@ -5,6 +5,10 @@ traylm tune MODEL [--workload FILE.jsonl | --preset chat|rag|agent|batch]
            [--only KEY,KEY] [--requests N] [--concurrency N] [--apply] [--html FILE] [--json]
 traylm tune --undo MODEL      put back the profile `--apply` replaced
 traylm tune --cancel          stop the running tune (what ran before is started again)
+traylm tune --targets         what can be tuned on this computer (profiles, model folders,
+                              downloaded models), and what cannot start here and why
+
+MODEL is any of those, as it is: the tuner makes the candidate profiles it measures itself.
 
 Ctrl-C while it runs cancels the tune in the daemon, which stops the candidate and starts again
 the engines that ran before.
@@ -25,7 +29,14 @@ from engines.config.fields import parse_duration
 from engines.core.waiting import within
 from engines.errors import ConfigError, TraylmError
 from engines.events.codec import to_plain
-from engines.events.tune import TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
+from engines.events.tune import (
+    TuneConfig,
+    TuneFinished,
+    TuneJob,
+    TuneProgress,
+    TuneState,
+    TuneTarget,
+)
 
 FINISH_POLL_S = 5.0
 CANCEL_ANSWER_S = 300.0  # the restore starts the engines that ran before
@@ -38,13 +49,16 @@ def add_parsers(sub: Any) -> None:
         description=(__doc__ or "").replace("``", ""),  # plain text in a terminal
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("model", nargs="?", help="a profile name, or the model name it serves")
+    s.add_argument(
+        "model", nargs="?", help="a profile, a model folder or a downloaded model (--targets)"
+    )
     add_workload_arguments(s, runs_of="candidate")
     s.add_argument("--goal", default="throughput", help="latency, throughput, efficiency, quiet")
     s.add_argument("--only", default="", help="candidate keys to try, e.g. max-num-seqs-64")
     s.add_argument("--apply", action="store_true", help="write the recommended profile")
     s.add_argument("--undo", action="store_true", help="put back the profile --apply replaced")
     s.add_argument("--cancel", action="store_true", help="stop the running tune")
+    s.add_argument("--targets", action="store_true", help="list what can be tuned here")
     s.add_argument("--html", type=Path, help="also write the HTML report here")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_tune)
@@ -94,6 +108,10 @@ def config_of(args: argparse.Namespace) -> TuneConfig:
 
 
 async def cmd_tune(args: argparse.Namespace) -> int:
+    if args.targets:
+        async with await DaemonClient.connect(plain_calls=True) as c:
+            print(format_targets(*await c.tune_targets()))
+        return 0
     if args.cancel:
         async with await DaemonClient.connect(plain_calls=True) as c:
             job = await c.tune_cancel(timeout_s=CANCEL_ANSWER_S)
@@ -160,6 +178,16 @@ async def _wait(
         if event.job_id == job_id:
             print(f"[{event.step}/{event.steps}, {event.elapsed_s:.0f}/{event.budget_s:.0f} s] "
                   f"{event.detail}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def format_targets(can: tuple[TuneTarget, ...], cannot: tuple[TuneTarget, ...]) -> str:
+    """`traylm tune --targets`: one line each, those that cannot start here after, with why."""
+    lines = [f"{t.name}  ({t.kind}, serves {t.served_name}{', loaded' * t.loaded})" for t in can]
+    lines = lines or ["nothing can be tuned here: add a model folder or a profile"]
+    if cannot:
+        lines += ["", "cannot start here:"]
+        lines += [f"  {t.name}  ({t.kind}): {t.blocked}" for t in cannot]
+    return "\n".join(lines)
 
 
 def _print(job: TuneJob, as_json: bool) -> None:

@@ -11,6 +11,9 @@ Control API (token-protected like the rest of /api):
     POST /api/tune/undo            {"profile": NAME} → {"profile", "detail"}
     GET  /api/tune/previous        {"profiles": names whose pre-tune profile is kept for undo}
     GET  /api/tune/report          the last job's self-contained HTML page
+    GET  /api/tune/targets         {"targets": what can be tuned here, "left_out": what cannot,
+                                   each with why} (engines/tune/targets.py)
+    GET  /api/tune/budget          ?model=NAME&repeat=N → TuneBudget: the least budget here
 Events: tune.progress (TuneProgress), tune.finished (TuneFinished). /api/status gains "tune".
 
 A run: the engines serving the model are stopped (kept in mind); each candidate is started as
@@ -454,12 +457,17 @@ class TuneFeature:
         if winner.power_pct is not None:
             return await self._apply_power(job, winner.power_pct)
         path = await asyncio.to_thread(
-            self.previous.apply, winner.applied(self._profiles.load(plan.base.name))
+            self.previous.apply, winner.applied(self._as_saved(plan.base))
         )
         return dataclasses.replace(
             job, applied=True, detail=f"written to {path}; `traylm tune --undo "
             f"{plan.base.name}` puts the previous one back; it applies at the next load"
         )  # fmt: skip
+
+    def _as_saved(self, base: Profile) -> Profile:
+        """The profile file as it is now; a model folder's or a downloaded model's profile
+        (no file yet) as the tune measured it: the apply writes it as a profile of its own."""
+        return self._profiles.load(base.name) if base.name in self._profiles.names() else base
 
     async def apply_last(self) -> TuneJob:
         """Write the last finished tune's recommendation now, as if it had run with --apply
