@@ -163,7 +163,7 @@ class Planner:
             await self._control.check_start(alone)
         except TraylmError as exc:
             return exc.message
-        entry = entry_for(base, self.ondemand)
+        entry = await entry_for(base, self.ondemand)
         if entry is None or entry.profile is None:
             return None
         placement = self.ondemand.placer.preview(dataclasses.replace(entry, profile=profile))

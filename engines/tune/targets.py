@@ -65,8 +65,16 @@ async def target_profile(name: str, profiles: ProfileStore, ondemand: ModelsOnDe
     )
 
 
-def entry_for(profile: Profile, ondemand: ModelsOnDemand) -> Entry | None:
+async def entry_for(profile: Profile, ondemand: ModelsOnDemand) -> Entry | None:
     """The catalog entry that runs ``profile`` (found by its engine id, never by its served
     name: a profile serving a folder's name under a name of its own claims that name beside the
-    folder, and a lookup by the name would be refused as ambiguous)."""
-    return next((e for e in ondemand.catalog.index.entries if e.engine_id == profile.name), None)
+    folder, and a lookup by the name would be refused as ambiguous); a profile written a moment
+    ago is found after a fresh read."""
+
+    def find() -> Entry | None:
+        entries = ondemand.catalog.index.entries
+        return next((e for e in entries if e.engine_id == profile.name), None)
+
+    if find() is None:
+        await ondemand.catalog.refresh_fresh()
+    return find()

@@ -19,6 +19,7 @@ from desktop.dashboard.tune_page import TunePage
 from desktop.dashboard.tune_results import COST, HEADERS, PARETO_MARK, TuneResults
 from engines.events import EngineState, TuneConfig, TuneJob, TuneProgress, TuneRow, TuneState
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
+from tests.fakes.fake_trt_env import make_tiny_hf_model
 
 pytestmark = pytest.mark.slow
 TOKEN_S = 0.005  # 128 tokens a reply: 0.64 s; max-num-seqs 2 at 8 in flight: 4 waves
@@ -104,9 +105,9 @@ def test_tune_from_the_page_then_apply_and_undo(qtbot, app: DesktopApp, daemon_t
     assert not page.apply_button.isEnabled() and "already written" in page.why.text()
     model = page.form.model
     other = next(i for i in range(model.count()) if model.itemData(i) != "chat")
-    model.setCurrentIndex(other)  # Undo follows the profile picked
-    assert not page.undo_button.isEnabled()
-    assert f"the tuner has not changed profile {model.itemData(other)}" in page.why.text()
+    model.setCurrentIndex(other)  # Undo follows the model picked (a greyed one: none)
+    assert not page.undo_button.isEnabled() and not page.start_button.isEnabled()
+    assert "the tuner has not changed profile (none)" in page.why.text()
     model.setCurrentIndex(model.findData("chat"))
     assert page.undo_button.isEnabled()
     page.undo_button.click()
@@ -221,6 +222,44 @@ def test_my_recorded_traffic_is_exported_and_replayed(
     assert len(path.read_text().splitlines()) == 3
     run = d.run(lambda c: c.bench_run(page.job.measures[0].bench_run_id or 0))
     assert run.levels[0].completed == 3  # the three recorded requests, replayed
+
+
+def test_the_folder_model_is_tuned_and_a_small_budget_offers_the_least(
+    qtbot, app: DesktopApp, daemon_thread, tmp_path: Path
+) -> None:
+    """The only model this computer can run is a registered folder: the page lists it (the GPU
+    presets greyed, with why), picks it, answers a 3-minute budget with the smallest that
+    works as a button, and the button starts the tune of the folder, as it is."""
+    d = daemon_thread
+    model = make_tiny_hf_model(tmp_path / "tiny-chat")
+    d.run(lambda c: c.add_local_folder(str(model), name="tiny"))
+    page = app.open_dashboard("tune").page("tune")
+    assert isinstance(page, TunePage)
+    page.page_shown()
+    qtbot.waitUntil(lambda: page.form.selected_profile() == "tiny", timeout=20000)
+    combo = page.form.model
+    assert combo.currentText() == "tiny (model folder)"
+    preset = combo.findData("llama-3.1-8b-1gpu")
+    entry = combo.model().item(preset)
+    assert not entry.isEnabled() and "needs an NVIDIA GPU" in entry.toolTip()
+    assert combo.itemText(preset).endswith(": cannot start here)")
+    page.form.budget.setValue(3)
+    page.form.requests.setValue(4)
+    page.form.concurrency.setValue(2)
+    page.form.only.setText("max-num-seqs-8")
+    page.start_button.click()
+    qtbot.waitUntil(lambda: page.use_budget.isVisible(), timeout=20000)
+    assert page.status.state == "error"
+    assert "the smallest budget that fits 2 candidates is 8 min" in page.status.message
+    assert "--" not in page.status.message  # no command-line option in the app
+    assert page.use_budget.text() == "Use 8 min"
+    page.use_budget.click()
+    assert page.form.budget.value() == 8 and not page.use_budget.isVisible()
+    qtbot.waitUntil(
+        lambda: page.job is not None and page.job.state == TuneState.DONE, timeout=120000
+    )
+    assert page.job.profile == "tiny" and page.job.config.budget_s == 480
+    assert [r.key for r in page.job.rows] == ["default", "max-num-seqs-8"]
 
 
 def test_simulated_figures_and_what_was_not_measured_are_said(qtbot) -> None:

@@ -217,7 +217,7 @@ async def test_gpu_only_candidates_on_simulated_gpus_with_energy_and_cost(
     assert "worker-process" not in str(refused.value)  # a CPU-only candidate
     for i in (0, 1):
         feature(d).backend.set_load(sim_uuid(i), 0.5)  # type: ignore[attr-defined]
-    config = TuneConfig(model="chat", concurrency=2, requests=6, only=("tp-2",), budget_s=600)
+    config = TuneConfig(model="chat", concurrency=2, requests=6, only=("tp-2",), budget_s=900)
     seen_gpus: list[tuple[int, ...]] = []
 
     async def watch() -> None:
