@@ -231,8 +231,8 @@ class TunePage(Page):
 
     def on_event_received(self, event: Event) -> None:
         if isinstance(event, TuneProgress):
-            if self.running != event.job_id:
-                self.refresh()  # started elsewhere (`traylm tune`): learn what it tunes
+            if self.running != event.job_id or event.phase == "measured":
+                self.refresh()  # started elsewhere, or a row changed: read the job again
             self.running = event.job_id
             self.progress_event, self._progress_at = event, time.monotonic()
             self._show_progress(event)
@@ -462,8 +462,9 @@ def _with_file(config: TuneConfig, path: str) -> TuneConfig:
 
 
 def started_words(job: TuneJob) -> str:
-    left_out = f"; {len(job.dropped)} candidate(s) left out, listed below" if job.dropped else ""
-    return f"Tune #{job.id} of {job.profile} started{left_out}."
+    """What a start says (the counts are the progress bar's and the table's: they change as
+    the tuner learns how long a measurement takes)."""
+    return f"Tune #{job.id} of {job.profile} started: its rows appear below as they are measured."
 
 
 def finished_words(job_id: int, state: TuneState, detail: str) -> tuple[str, str]:

@@ -18,10 +18,16 @@ TYPICAL_COLD_START_S = {"cpu": 60.0, "cuda": 90.0}
 tiny model on 2 cores; a 7-8B model on one GPU takes about as long again)."""
 
 
+def per_run_estimate_s(cold_start_s: float) -> float:
+    """A measurement's time before one was made: a start, then the workload and a stop about as
+    long again."""
+    return 2 * cold_start_s
+
+
 def least_budget_s(repeat: int, cold_start_s: float) -> float:
     """The smallest budget a tune here works with: ``repeat`` measurements each of the default
-    and one candidate, each a start and then the workload and a stop about as long again."""
-    return 2 * repeat * 2 * cold_start_s
+    and one candidate."""
+    return 2 * repeat * per_run_estimate_s(cold_start_s)
 
 
 def least_words(repeat: int, cold_start_s: float) -> str:

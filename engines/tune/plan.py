@@ -33,6 +33,7 @@ class Plan:
     candidates: list[Candidate]  # DEFAULT first
     dropped: list[str]
     concurrency: int
+    per_run_s: float = 0.0  # a measurement's time, estimated before any (0: not estimated)
 
 
 class Planner:
@@ -92,8 +93,10 @@ class Planner:
                 f"{base.name} fits no candidate to compare with on this machine"
                 + (f" ({'; '.join(dropped)})" if dropped else "")
             )
-        budget.check_minimum(config.budget_s, config.repeat, self._cold_start_prior(base, device))
-        return Plan(base, frozenset(base.served_names), kept, dropped, concurrency)
+        cold_start_s = self._cold_start_prior(base, device)
+        budget.check_minimum(config.budget_s, config.repeat, cold_start_s)
+        per_run_s = budget.per_run_estimate_s(cold_start_s)
+        return Plan(base, frozenset(base.served_names), kept, dropped, concurrency, per_run_s)
 
     async def check_base(self, config: TuneConfig, base: Profile) -> int:
         """TuneError unless ``base`` itself can start here and the budget holds the least

@@ -123,6 +123,44 @@ def test_tune_from_the_page_then_apply_and_undo(qtbot, app: DesktopApp, daemon_t
     qtbot.waitUntil(lambda: page.results.table.rowCount() == 2, timeout=10000)
 
 
+def test_rows_arrive_live_counts_agree_and_the_tuners_engines_stay_quiet(
+    qtbot, app: DesktopApp, daemon_thread
+) -> None:
+    """During the run the table gains a row as each candidate is first measured; the progress
+    bar, the heading and the job say one count of planned measurements; the tuner's own
+    engines raise no pop-up and leave no row on the Engines page; the figures show the runs'
+    real spread."""
+    d = daemon_thread
+    page = _tune_page(qtbot, app, d, f"--token-delay {TOKEN_S}")
+    notes: list[str] = []
+    app.notifier.notified.connect(lambda n: notes.append(n.title))
+    app.notifier.history.clear()  # "chat is ready" said: the same words again are not hidden
+    page.form.requests.setValue(4)
+    page.form.concurrency.setValue(4)
+    page.form.only.setText("max-num-seqs-16")
+    page.start_button.click()
+
+    def rows_while_running(count: int) -> bool:
+        running = page.job is not None and page.job.state == TuneState.RUNNING
+        return running and page.results.table.rowCount() == count
+
+    qtbot.waitUntil(lambda: rows_while_running(1), timeout=30000)  # your profile, measured once
+    assert _cell(page, 0, "Output\ntok/s").endswith("\none run: no spread")
+    qtbot.waitUntil(lambda: rows_while_running(2), timeout=30000)  # then the candidate
+    qtbot.waitUntil(
+        lambda: page.job is not None and page.job.state == TuneState.DONE, timeout=120000
+    )
+    job = page.job
+    assert job.planned == 4 == len(job.measures)
+    assert page.progress.format() == f"tune #{job.id}: done"
+    assert "4 of 4 measurements" in page.results.heading.text()
+    assert not [t for t in notes if t.startswith("tune-")], notes
+    qtbot.waitUntil(lambda: "tune-chat" not in app.state.engines, timeout=10000)
+    values = [m.figures["output_tps"] for m in job.measures if m.candidate == "max-num-seqs-16"]
+    spread = (max(values) - min(values)) / 2 / (sum(values) / 2)
+    assert _cell(page, 1, "Output\ntok/s").endswith(f"\n±{spread * 100:.0f}%")
+
+
 def test_a_tune_started_elsewhere_shows_and_cancels_here(
     qtbot, app: DesktopApp, daemon_thread
 ) -> None:

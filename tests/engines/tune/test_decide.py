@@ -147,3 +147,24 @@ def test_a_candidate_measured_once_has_no_band_and_is_never_called_better() -> N
                price_per_kwh=0.3, currency="EUR")  # fmt: skip
     assert {r.key: r.verdict for r in d.rows}["fast"] == "one run"
     assert d.recommended == ""
+
+
+def test_the_figures_show_the_measured_spread_and_one_run_says_it_has_none() -> None:
+    found = [
+        *measures("default", (100.0, 160.0), 50.0, 0.5),
+        *measures("fast", (300.0,), 50.0, 0.5),
+        *measures("same", (100.0, 100.0), 50.0, 0.5),
+    ]
+    d = decide(
+        [DEFAULT, FAST, SAME],
+        found,
+        goal="throughput",
+        concurrency=8,
+        price_per_kwh=0.3,
+        currency="EUR",
+    )
+    rows = {r.key: r for r in d.rows}
+    assert rows["default"].figure_text("output_tps", 1) == "130.0 ±23%"  # 30 of 130
+    assert rows["fast"].figure_text("output_tps", 1) == "300.0 one run: no spread"
+    assert "output_tps" not in rows["fast"].spread and rows["fast"].band["output_tps"] == 0.02
+    assert rows["same"].figure_text("output_tps", 1) == "100.0 ±0%"  # measured: none at all
