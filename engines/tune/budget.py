@@ -18,10 +18,14 @@ TYPICAL_COLD_START_S = {"cpu": 60.0, "cuda": 90.0}
 tiny model on 2 cores; a 7-8B model on one GPU takes about as long again)."""
 
 
+STOP_ALLOWANCE_S = 10.0
+"""A stop and the next placement, in each measurement's cost."""
+
+
 def per_run_estimate_s(cold_start_s: float) -> float:
-    """A measurement's time before one was made: a start, then the workload and a stop about as
-    long again."""
-    return 2 * cold_start_s
+    """A measurement's time before one was made: a start, the workload about as long again, and
+    the stop (what the first measurement's time, which corrects it, is counted as)."""
+    return 2 * cold_start_s + STOP_ALLOWANCE_S
 
 
 def least_budget_s(repeat: int, cold_start_s: float) -> float:

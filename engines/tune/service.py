@@ -62,7 +62,7 @@ from engines.tune.variants import ModelOnDisk
 from engines.tune.verdict import decide
 
 log = logging.getLogger(__name__)
-STOP_ALLOWANCE_S = 10.0  # a stop and the next placement, in each measurement's cost
+STOP_ALLOWANCE_S = budget.STOP_ALLOWANCE_S
 DOWN = (EngineState.STOPPED, EngineState.FAILED)
 CRASH_NOTICE_S = 5.0
 """How long after a failed bench run the engine's exit may still reach its supervisor (the

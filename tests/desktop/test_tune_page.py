@@ -288,15 +288,15 @@ def test_the_folder_model_is_tuned_and_a_small_budget_offers_the_least(
     page.start_button.click()
     qtbot.waitUntil(lambda: page.use_budget.isVisible(), timeout=20000)
     assert page.status.state == "error"
-    assert "the smallest budget that fits 2 candidates is 8 min" in page.status.message
+    assert "the smallest budget that fits 2 candidates is 9 min" in page.status.message
     assert "--" not in page.status.message  # no command-line option in the app
-    assert page.use_budget.text() == "Use 8 min"
+    assert page.use_budget.text() == "Use 9 min"
     page.use_budget.click()
-    assert page.form.budget.value() == 8 and not page.use_budget.isVisible()
+    assert page.form.budget.value() == 9 and not page.use_budget.isVisible()
     qtbot.waitUntil(
         lambda: page.job is not None and page.job.state == TuneState.DONE, timeout=120000
     )
-    assert page.job.profile == "tiny" and page.job.config.budget_s == 480
+    assert page.job.profile == "tiny" and page.job.config.budget_s == 540
     assert [r.key for r in page.job.rows] == ["default", "max-num-seqs-8"]
 
 

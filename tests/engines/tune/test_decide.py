@@ -67,10 +67,10 @@ def test_a_profile_on_vllms_worker_process_gets_the_in_process_worker() -> None:
 
 def test_the_budget_refuses_less_than_two_repetitions_and_drops_the_last_candidates() -> None:
     with pytest.raises(
-        TuneError, match="60 s here; the smallest budget that fits 2 candidates is 8 min"
+        TuneError, match="60 s here; the smallest budget that fits 2 candidates is 9 min"
     ):
-        budget.check_minimum(240, 2, 60)
-    budget.check_minimum(480, 2, 60)
+        budget.check_minimum(480, 2, 60)
+    budget.check_minimum(520, 2, 60)  # 4 runs of a start, the workload and a stop
     fit = budget.candidates_that_fit(
         left_s=100, per_run_s=20, repeat=2, candidates=5, default_runs_left=1
     )
