@@ -325,6 +325,43 @@ def test_simulated_figures_and_what_was_not_measured_are_said(qtbot) -> None:
     assert not view.simulated.isVisible() and not view.table.isVisible()
 
 
+def test_the_table_gets_the_room_for_its_rows(qtbot, app_factory: AppFactory) -> None:
+    """Eight candidates and nine left out: all eight rows show whole in the dashboard's own
+    size, the "not measured" lines folded into one line that opens them."""
+    figures = {"output_tps": 100.0, "ttft_p95_ms": 50.0}
+    spread = {"output_tps": 0.3, "ttft_p95_ms": 0.1}
+    rows = tuple(
+        TuneRow(
+            key=f"c{i}",
+            label=f"candidate {i}",
+            changes=(),
+            runs=2,
+            figures=figures,
+            spread=spread,
+            verdict="within noise",
+        )
+        for i in range(8)
+    )
+    dropped = tuple(f"candidate {i}: over the time budget (70 s a measurement)" for i in range(9))
+    config = TuneConfig(model="chat")
+    job = TuneJob(id=1, config=config, state=TuneState.DONE, rows=rows, dropped=dropped)
+    app = app_factory(connect=False)
+    dash = app.open_dashboard("tune")
+    page = dash.page("tune")
+    assert isinstance(page, TunePage)
+    page.results.show_job(job)
+    qtbot.waitUntil(lambda: page.results.table.isVisible())
+    table = page.results.table
+    qtbot.waitUntil(lambda: table.viewport().height() > 0)
+    bottom = table.viewport().height()
+    shown = [r for r in range(8) if table.rowViewportPosition(r) + table.rowHeight(r) <= bottom]
+    assert shown == list(range(8)) and table.verticalScrollBar().maximum() == 0
+    assert page.results.dropped_toggle.text() == "Not measured: 9 (show why)"
+    assert not page.results.dropped.isVisible()
+    page.results.dropped_toggle.click()
+    assert page.results.dropped.isVisible() and "candidate 8: over" in page.results.dropped.text()
+
+
 def test_without_the_daemon_the_page_says_so(qtbot, app_factory: AppFactory) -> None:
     app = app_factory(connect=False)
     page = app.open_dashboard("tune").page("tune")
