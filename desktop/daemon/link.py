@@ -46,6 +46,7 @@ from engines.events import (
     LibraryChanged,
     Notice,
     RemoteRouted,
+    TuneFinished,
     from_plain,
 )
 
@@ -285,7 +286,8 @@ class DaemonLink:
 
     def _refresh_after(self, client: DaemonClient, event: Event) -> None:
         """Snapshots an event changes but does not carry: an engine the app has not seen (its
-        version and device), the engine envs after an install, the library after a change."""
+        version and device), the engine envs after an install, the library after a change, the
+        engines after a tune (its candidates' are gone)."""
         load: Callable[[DaemonClient], Awaitable[None]] | None = None
         if isinstance(event, EngineStateChanged) and event.engine_id not in self._known:
             self._known.add(event.engine_id)
@@ -298,6 +300,8 @@ class DaemonLink:
             load = self.load_envs
         elif isinstance(event, LibraryChanged):
             load = self.load_library
+        elif isinstance(event, TuneFinished):  # the tuner forgot its candidates' engines
+            load = self.load_engines
         if load is not None:
             task = asyncio.create_task(self._quietly(load, client), name="refresh")
             self._refreshes.add(task)

@@ -1,4 +1,5 @@
-"""Desktop notifications: engine ready, engine failed (with the diagnosis and its advice),
+"""Desktop notifications: engine ready, engine failed (with the diagnosis and its advice; not
+for the engines the tuner starts to measure, whose outcome the Tune page shows),
 download finished or failed, notices from the daemon (the thermal guard's warnings and the PSU
 headroom arrive as ``Notice`` events with source ``gpu.guard``/``gpu.psu``), and errors of
 actions. The tray shows them as balloons (when ``ui.notifications`` is on); without a tray the
@@ -23,6 +24,7 @@ from engines.events import (
     EngineStateChanged,
     Event,
     Notice,
+    tuner_engine,
 )
 
 REPEAT_WINDOW_S = 10.0  # the same message again within this time is not shown twice
@@ -90,6 +92,8 @@ class Notifier(QObject):
 
     def _on_engine(self, ev: EngineStateChanged) -> None:
         names = ", ".join(ev.served_names) or ev.engine_id
+        if tuner_engine(ev.engine_id):  # a measurement's own: the Tune page follows the tune
+            return
         if ev.state == EngineState.READY and ev.previous == EngineState.STARTING:
             url = self.state.endpoint_url
             where = f" at {url}" if url else ""

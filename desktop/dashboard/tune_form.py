@@ -1,11 +1,14 @@
-"""The Tune page's form: what to tune (a profile), against which traffic (a preset, the recorded
-traffic, a file), for which goal, within which time; as the daemon's TuneConfig. A refusal
-from the daemon names the field it is about (the CLI's option names): that field is marked
+"""The Tune page's form: what to tune (a profile, a model folder, a downloaded model), against
+which traffic (a preset, the recorded traffic, a file), for which goal, within which time; as the
+daemon's TuneConfig. A refusal from the daemon names the field it is about: that field is marked
 and gets the focus, so the fix starts where the cursor is."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -19,9 +22,10 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.dashboard.tune_workload import FILE, GOALS, RECORDED, WORKLOADS
-from engines.events import TuneConfig
+from engines.events import TuneConfig, TuneTarget
 
 INVALID_STYLE = "border: 2px solid #d62828"
+BLOCKED_ROLE = Qt.ItemDataRole.UserRole + 1  # why a greyed target cannot start here
 
 
 class TuneForm(QGroupBox):
@@ -35,7 +39,11 @@ class TuneForm(QGroupBox):
         columns.addLayout(more, 2)
         self._rows = form
         self.model = _combo("tuneModel")
-        self.model.setToolTip("The profile whose settings are tuned (loaded ones are marked)")
+        self.model.setToolTip(
+            "What is tuned: a profile, a model folder or a downloaded model that can start on "
+            "this computer, as it is (the tuner makes the settings it tries itself); those that "
+            "cannot start here are greyed, with why"
+        )
         form.addRow("&Model", self.model)
         self.workload = _combo("tuneWorkload")
         for key, text in WORKLOADS:
@@ -88,23 +96,42 @@ class TuneForm(QGroupBox):
             spin.valueChanged.connect(self.clear_invalid)
         self._on_workload_changed()
 
-    def set_profiles(self, names: list[str], loaded: set[str]) -> None:
-        """The profiles to pick from, those loaded now marked (and picked first)."""
-        current = self.model.currentData()
-        items = [(f"{n} (loaded)" if n in loaded else n, n) for n in names]
-        if items == [(self.model.itemText(i), self.model.itemData(i))
-                     for i in range(self.model.count())]:  # fmt: skip
+    def set_targets(
+        self, targets: Sequence[TuneTarget], left_out: Sequence[TuneTarget], default: str
+    ) -> None:
+        """What can be tuned here (the daemon's list: profiles, model folders, downloaded
+        models), then, greyed, what cannot start here with why as its tooltip. The pick stays;
+        else ``default`` (the loaded or last-used model); else a loaded one; else the first."""
+        current = self.selected_profile()
+        items = [(_target_text(t), t.name, t.blocked) for t in (*targets, *left_out)]
+        shown = [
+            (self.model.itemText(i), self.model.itemData(i), self.model.itemData(i, BLOCKED_ROLE))
+            for i in range(self.model.count())
+        ]
+        if items == shown:
             return
+        self.model.blockSignals(True)
         self.model.clear()
-        for text, name in items:
+        entries = self.model.model()
+        assert isinstance(entries, QStandardItemModel)
+        for i, (text, name, blocked) in enumerate(items):
             self.model.addItem(text, name)
-        wanted = current if current in names else next((n for n in names if n in loaded), None)
-        if wanted is not None:
-            self.model.setCurrentIndex(names.index(wanted))
+            self.model.setItemData(i, blocked, BLOCKED_ROLE)
+            if blocked:
+                entry = entries.item(i)
+                entry.setEnabled(False)
+                entry.setToolTip(f"{name} cannot start on this computer: {blocked}")
+        names = [t.name for t in targets]
+        loaded = [t.name for t in targets if t.loaded]
+        wanted = next((n for n in (current, default, *loaded) if n in names), None)
+        self.model.setCurrentIndex(names.index(wanted) if wanted else (0 if names else -1))
+        self.model.blockSignals(False)
+        self.model.currentIndexChanged.emit(self.model.currentIndex())
 
     def selected_profile(self) -> str:
+        """The target picked (what TuneConfig.model takes); "" for none or a greyed one."""
         data = self.model.currentData()
-        return str(data) if data else ""
+        return str(data) if data and not self.model.currentData(BLOCKED_ROLE) else ""
 
     def _on_workload_changed(self) -> None:
         is_file = self.workload.currentData() == FILE
@@ -168,6 +195,13 @@ class TuneForm(QGroupBox):
         if self._invalid is not None:
             self._invalid.setStyleSheet("")
             self._invalid = None
+
+
+def _target_text(t: TuneTarget) -> str:
+    """ "tiny (model folder, loaded)"; a greyed one says it cannot start here."""
+    kind = {"folder": "model folder", "library": "downloaded model"}.get(t.kind, t.kind)
+    said = ", loaded" if t.loaded else (": cannot start here" if t.blocked else "")
+    return f"{t.name} ({kind}{said})"
 
 
 def _combo(name: str) -> QComboBox:

@@ -1,9 +1,12 @@
-"""Tune: `traylm tune` from the dashboard. Pick a profile, a workload (a preset, the recorded
-traffic or a file), a goal and a time budget; Start; follow the tuner's ``tune.progress`` events
-(which candidate, starting or measuring, the time used against the budget); Cancel (the daemon
-starts again what ran before); then this machine's table with the recommendation, Apply (the
-profile is written, the previous one kept) and Undo. The daemon owns the run: a tune started
-with `traylm tune` shows here the same way, and the last one is shown when the page opens.
+"""Tune: `traylm tune` from the dashboard. Pick what to tune (the daemon's list of what can
+start here: profiles, model folders, downloaded models; the loaded or last-used one first), a
+workload (a preset, the recorded traffic or a file), a goal and a time budget (one too small is
+answered with the smallest that works, offered as a button); Start; follow the tuner's
+``tune.progress`` events (which candidate, starting or measuring, the time used against the
+budget, the rows as they are measured); Cancel (the daemon starts again what ran before); then
+this machine's table with the recommendation, Apply (the profile is written, the previous one
+kept) and Undo. The daemon owns the run: a tune started with `traylm tune` shows here the same
+way, and the last one is shown when the page opens.
 
 Every button that cannot act now is disabled and the line under the buttons says why; an error
 from the daemon is shown beside the form, and the field it names is marked and gets the focus.
@@ -13,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
-from PySide6.QtCore import QTimer, QUrl
+from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QGroupBox,
@@ -39,7 +43,15 @@ from desktop.look.theme import primary
 from desktop.widgets.result_label import ResultLabel
 from engines.client import DaemonClient
 from engines.config.tomlfile import write_bytes_atomic
-from engines.events import Event, TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
+from engines.events import (
+    Event,
+    TuneBudget,
+    TuneConfig,
+    TuneFinished,
+    TuneJob,
+    TuneProgress,
+    TuneState,
+)
 
 OpenURL = Callable[[QUrl], object]
 TIPS = {
@@ -63,6 +75,7 @@ class TunePage(Page):
         self.previous: tuple[str, ...] = ()  # profiles whose pre-tune version Undo puts back
         self.busy = ""  # "starting" | "cancelling" | "applying" | "undoing" while a call runs
         self.progress_event: TuneProgress | None = None
+        self._loaded: set[str] = set()  # engines ready when the targets were last asked for
         self._progress_at = 0.0  # monotonic time the event came
         self.open_url: OpenURL = QDesktopServices.openUrl  # tests look instead of opening
         layout = QVBoxLayout(self)
@@ -77,11 +90,11 @@ class TunePage(Page):
         self.clock.setInterval(1000)
         self.clock.timeout.connect(self._show_clock)
         ctx.state.event_received.connect(self.on_event_received)
-        ctx.state.profiles_changed.connect(self.on_profiles_changed)
-        ctx.state.engines_changed.connect(self.on_profiles_changed)
+        ctx.state.profiles_changed.connect(self.load_targets)
+        ctx.state.servable_changed.connect(self.load_targets)
+        ctx.state.engines_changed.connect(self.on_engines_changed)
         ctx.state.connection_changed.connect(self.on_connection_changed)
         self.form.model.currentIndexChanged.connect(lambda _row: self.update_buttons())
-        self.on_profiles_changed()
         self.update_buttons()
 
     # ----------------------------------------------------------------- building
@@ -116,6 +129,12 @@ class TunePage(Page):
         layout.addWidget(self.time_left)
         self.status = ResultLabel("tuneStatus")
         layout.addWidget(self.status)
+        self.use_budget = QPushButton("")
+        self.use_budget.setObjectName("tuneUseBudget")
+        self.use_budget.setToolTip("Set the budget to the smallest that works here, and start")
+        self.use_budget.clicked.connect(self.on_use_budget_clicked)
+        self.use_budget.hide()
+        layout.addWidget(self.use_budget, 0, Qt.AlignmentFlag.AlignLeft)
         return box
 
     def _result_group(self) -> QGroupBox:
@@ -168,6 +187,7 @@ class TunePage(Page):
 
         if self.ctx.state.connected:
             self.ctx.bridge.call(load, done)
+            self.load_targets()
         self.update_buttons()
 
     def show_job(self, job: TuneJob | None) -> None:
@@ -182,11 +202,26 @@ class TunePage(Page):
         self.results.show_job(job)
         self.update_buttons()
 
-    def on_profiles_changed(self) -> None:
-        state = self.ctx.state
-        loaded = {n for n, e in state.engines.items() if e.state in LOADED_STATES}
-        self.form.set_profiles([p.name for p in state.profiles], loaded)
+    def load_targets(self) -> None:
+        """Ask the daemon again what can be tuned here (GET /api/tune/targets)."""
+
+        def done(result: CallResult) -> None:
+            if result.ok and isinstance(result.value, tuple):
+                targets, left_out = result.value
+                self.form.set_targets(targets, left_out, self.ctx.state.current_profile())
+            self.update_buttons()
+
+        if self.ctx.state.connected:
+            self.ctx.bridge.call(lambda c: c.tune_targets(), done)
         self.update_buttons()
+
+    def on_engines_changed(self) -> None:
+        """An engine loaded or stopped: the "loaded" marks change (a tune's own candidates,
+        ``tune-…``, are not targets and change nothing)."""
+        loaded = {n for n, e in self.ctx.state.engines.items() if e.state in LOADED_STATES}
+        if loaded != self._loaded:
+            self._loaded = loaded
+            self.load_targets()
 
     def on_connection_changed(self, conn: ConnectionChanged) -> None:
         if conn.state.usable:
@@ -196,8 +231,8 @@ class TunePage(Page):
 
     def on_event_received(self, event: Event) -> None:
         if isinstance(event, TuneProgress):
-            if self.running != event.job_id:
-                self.refresh()  # started elsewhere (`traylm tune`): learn what it tunes
+            if self.running != event.job_id or event.phase == "measured":
+                self.refresh()  # started elsewhere, or a row changed: read the job again
             self.running = event.job_id
             self.progress_event, self._progress_at = event, time.monotonic()
             self._show_progress(event)
@@ -259,7 +294,10 @@ class TunePage(Page):
             if job is not None and profile == job.profile:
                 why_undo = f"Undo: a tune of {profile} is running; cancel it first."
         elif not profile:
-            why_start = "No profile to tune: make one on the Engines page."
+            why_start = (
+                "Nothing to tune picked: pick a model that can start here, or add a model "
+                "folder on the Models page."
+            )
         if self.busy:  # one call at a time: a second click would race the first
             wait = f"Wait: {self.busy}…"
             why_start, why_apply, why_undo = why_start or wait, why_apply or wait, why_undo or wait
@@ -321,12 +359,32 @@ class TunePage(Page):
             else:
                 self.status.error(result.error)
                 self.form.mark_invalid(self.form.field_for(result.error))
+                if result.error_code == "tune_budget":
+                    self._offer_least_budget(config)
                 self.update_buttons()
 
+        self.use_budget.hide()
         self.busy = "starting"
         self.status.neutral("Checking the candidates…")
         self.update_buttons()
         self.ctx.bridge.call(start, done)
+
+    def _offer_least_budget(self, config: TuneConfig) -> None:
+        """Ask the daemon for the smallest budget that works, and offer it as a button."""
+
+        def done(result: CallResult) -> None:
+            if result.ok and isinstance(result.value, TuneBudget):
+                minutes = max(1, math.ceil(result.value.least_budget_s / 60))
+                self.use_budget.setText(f"Use {minutes} min")
+                self.use_budget.setProperty("minutes", minutes)
+                self.use_budget.show()
+
+        self.ctx.bridge.call(lambda c: c.tune_least_budget(config.model, config.repeat), done)
+
+    def on_use_budget_clicked(self) -> None:
+        self.form.budget.setValue(int(self.use_budget.property("minutes")))
+        self.use_budget.hide()
+        self.on_start_clicked()
 
     def on_cancel_clicked(self) -> None:
         def done(result: CallResult) -> None:
@@ -404,8 +462,9 @@ def _with_file(config: TuneConfig, path: str) -> TuneConfig:
 
 
 def started_words(job: TuneJob) -> str:
-    left_out = f"; {len(job.dropped)} candidate(s) left out, listed below" if job.dropped else ""
-    return f"Tune #{job.id} of {job.profile} started{left_out}."
+    """What a start says (the counts are the progress bar's and the table's: they change as
+    the tuner learns how long a measurement takes)."""
+    return f"Tune #{job.id} of {job.profile} started: its rows appear below as they are measured."
 
 
 def finished_words(job_id: int, state: TuneState, detail: str) -> tuple[str, str]:

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont
-from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHeaderView,
+    QLabel,
+    QTableWidgetItem,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from desktop.look.formatting import fmt_when
 from desktop.widgets.table import read_only_table
@@ -43,11 +50,13 @@ HEADERS = ("Candidate", "Verdict", *(c.header for c in COLUMNS), COST)
 FIRST_FIGURE = 2  # the column of COLUMNS[0]
 CANDIDATE_WIDTH = 140  # longer labels wrap ("tensor parallel on 2 GPUs")
 PARETO_MARK = "★"
+SHOWN_ROWS = 8  # rows the table shows whole without scrolling (more scroll)
 VERDICT_COLORS = {"better": "#2f9e44", "worse": "#d62828", "failed": "#d62828", "mixed": "#b7791f"}
 
 
 def cell_text(row: TuneRow, column: Column) -> str:
-    """ "1234.5" over "±3%" (the noise band over the runs), "–" when not measured here."""
+    """ "1234.5" over "±3%" (the runs' spread) or "one run: no spread", "–" when not measured
+    here."""
     return row.figure_text(column.key, column.digits, sep="\n", missing="–")
 
 
@@ -78,8 +87,10 @@ def heading_html(job: TuneJob) -> str:
     workload = f"your recorded traffic ({c.workload_file})" if c.workload == "file" else (
         f"preset {c.workload}")  # fmt: skip
     when = fmt_when(job.finished_s or job.started_s)
+    done = sum(1 for m in job.measures if not m.error)
+    count = f"{done} of {job.planned} measurements · " if job.planned else ""
     return (
-        f"<b>Tune #{job.id} of {html.escape(job.profile)}</b> · {job.state} · "
+        f"<b>Tune #{job.id} of {html.escape(job.profile)}</b> · {job.state} · {count}"
         f"{html.escape(workload)}, concurrency {job.concurrency}, goal {html.escape(c.goal)}, "
         f"{c.repeat} runs of each candidate, interleaved · {when}"
     )
@@ -105,15 +116,22 @@ class TuneResults(QWidget):
         self.table.setColumnWidth(0, CANDIDATE_WIDTH)
         self.note = self._label(
             "tuneNote",
-            f"± is the noise band: half the spread of the runs, relative to their mean (2 % at "
-            f"least); a candidate is better or worse only outside it. {PARETO_MARK}: on the "
+            "± is the spread of the runs: half their range, relative to their mean (after one "
+            "run there is none); a candidate is better or worse only outside the wider of its "
+            f"and your profile's spread (2 % at least). {PARETO_MARK}: on the "
             "Pareto front (tokens/s, TTFT p95, J/token): nothing beats it on all three.",
         )
         self.dropped = self._label("tuneDropped", "")
+        self.dropped_toggle = QToolButton()
+        self.dropped_toggle.setObjectName("tuneDroppedToggle")
+        self.dropped_toggle.setCheckable(True)
+        self.dropped_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.dropped_toggle.toggled.connect(self.dropped.setVisible)
         for w in (self.heading, self.simulated, self.recommendation):
             layout.addWidget(w)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.note)
+        layout.addWidget(self.dropped_toggle)
         layout.addWidget(self.dropped)
         layout.addStretch(0)  # takes the room while there is no table (factor 0: not beside it)
         self.job: TuneJob | None = None
@@ -143,23 +161,29 @@ class TuneResults(QWidget):
         for i, column in enumerate(COLUMNS, start=FIRST_FIGURE):
             item = self.table.horizontalHeaderItem(i)
             if item is not None:
-                item.setToolTip(column.tip + "; ± the noise band over the runs")
+                item.setToolTip(column.tip + "; ± the spread of the runs")
         for i, column in enumerate(COLUMNS, start=FIRST_FIGURE):
             self.table.setColumnHidden(i, column not in shown)  # no GPU columns on a CPU
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
             assert job is not None
             self._fill(r, row, job)
-        self.table.resizeRowsToContents()  # two lines: the figure over its noise band
+        self.table.resizeRowsToContents()  # two lines: the figure over its spread
+        self.table.setMinimumHeight(self._rows_height(min(len(rows), SHOWN_ROWS)))
         self.table.setVisible(bool(rows))
         self.note.setVisible(bool(rows))
         dropped = job.dropped if job is not None else ()
-        self.dropped.setText(
-            "<b>Not measured:</b><br>" + "<br>".join(html.escape(d) for d in dropped)
-            if dropped
-            else ""
-        )
-        self.dropped.setVisible(bool(dropped))
+        self.dropped.setText("<br>".join(html.escape(d) for d in dropped))
+        self.dropped_toggle.setText(f"Not measured: {len(dropped)} (show why)")
+        self.dropped_toggle.setVisible(bool(dropped))
+        self.dropped.setVisible(bool(dropped) and self.dropped_toggle.isChecked())
+
+    def _rows_height(self, rows: int) -> int:
+        """The table's height that shows ``rows`` rows whole, with its header and frame."""
+        height = self.table.horizontalHeader().sizeHint().height() + 2 * self.table.frameWidth()
+        height += sum(self.table.rowHeight(r) for r in range(rows))
+        scroll = self.table.horizontalScrollBar().sizeHint().height()
+        return height + scroll
 
     def _fill(self, r: int, row: TuneRow, job: TuneJob) -> None:
         cells = [

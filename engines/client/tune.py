@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engines.client.base import ClientBase
 from engines.events.codec import from_plain, to_plain
-from engines.events.tune import TuneConfig, TuneJob
+from engines.events.tune import TuneBudget, TuneConfig, TuneJob, TuneTarget
 
 
 class TuneCalls(ClientBase):
@@ -41,3 +41,16 @@ class TuneCalls(ClientBase):
 
     async def tune_report_html(self) -> str:
         return await self._text("/api/tune/report")
+
+    async def tune_targets(self) -> tuple[tuple[TuneTarget, ...], tuple[TuneTarget, ...]]:
+        """(what can be tuned on this computer, what cannot: each with ``blocked``)."""
+        data = await self._call("GET", "/api/tune/targets")
+        return (
+            tuple(from_plain(TuneTarget, t) for t in data["targets"]),
+            tuple(from_plain(TuneTarget, t) for t in data["left_out"]),
+        )
+
+    async def tune_least_budget(self, model: str, repeat: int) -> TuneBudget:
+        """The smallest budget a tune of ``model`` works with here (a refusal's offer)."""
+        params = {"model": model, "repeat": str(repeat)}
+        return from_plain(TuneBudget, await self._call("GET", "/api/tune/budget", params=params))

@@ -63,6 +63,10 @@ class TuneRow:
     runs: int
     figures: Mapping[str, float] = dataclasses.field(default_factory=dict)
     band: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    spread: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Each figure's measured spread over the runs (half their range, relative to the mean,
+    with no floor: what the runs really did); absent after one run. ``band`` is the same with
+    the verdict's least assumed noise (2 %)."""
     ratios: Mapping[str, float] = dataclasses.field(default_factory=dict)  # / the default
     verdict: str = ""  # default | better | worse | mixed | within noise | failed
     pareto: bool = False
@@ -70,13 +74,16 @@ class TuneRow:
     error: str = ""
 
     def figure_text(self, key: str, digits: int, *, sep: str = " ", missing: str = "-") -> str:
-        """ "1234.5 ±3%" (the mean over the runs, ``sep``, its noise band), ``missing`` when the
-        figure was not measured: as `traylm tune` and the dashboard's Tune page show it."""
+        """ "1234.5 ±3%" (the mean over the runs, ``sep``, their measured spread), "1234.5 one
+        run: no spread" after one run, ``missing`` when the figure was not measured: as `traylm
+        tune`, its report and the dashboard's Tune page show it."""
         value = self.figures.get(key)
         if value is None:
             return missing
-        band = self.band.get(key)
-        return f"{value:.{digits}f}" + (f"{sep}±{band * 100:.0f}%" if band is not None else "")
+        spread = self.spread.get(key)
+        if spread is not None:
+            return f"{value:.{digits}f}{sep}±{spread * 100:.0f}%"
+        return f"{value:.{digits}f}" + (f"{sep}one run: no spread" if self.runs == 1 else "")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,6 +100,7 @@ class TuneJob:
     rows: tuple[TuneRow, ...] = ()
     measures: tuple[TuneMeasure, ...] = ()
     dropped: tuple[str, ...] = ()  # "candidate: why" for each one not measured
+    planned: int = 0  # measurements planned now (TuneProgress.steps): the one count said
     recommended: str = ""  # a row key, "" when the default stays best
     recommendation: str = ""  # in words
     applied: bool = False
@@ -101,13 +109,24 @@ class TuneJob:
     detail: str = ""  # the error of a failed run, or what a cancel restored
 
 
+TUNER_ENGINE_PREFIX = "tune-"
+"""The candidates' engine ids: ``tune-<profile>`` (engines/tune/candidates.py engine_id), their
+replicas ``tune-<profile>.r2``..."""
+
+
+def tuner_engine(engine_id: str) -> bool:
+    """Whether ``engine_id`` is one the tuner started for a measurement (not the user's: the
+    app does not announce it, and it is gone when the tune ends)."""
+    return engine_id == "tune" or engine_id.startswith(TUNER_ENGINE_PREFIX)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TuneProgress(Event):
     """A running tune: at each step (a candidate starting, measured, the restore)."""
 
     kind: ClassVar[str] = "tune.progress"
     job_id: int
-    phase: str  # plan | start | measure | restore
+    phase: str  # plan | start | measure | measured (a row changed: GET /api/tune) | restore
     candidate: str = ""
     round: int = 0
     step: int = 0  # measurements done
@@ -125,3 +144,26 @@ class TuneFinished(Event):
     job_id: int
     state: TuneState
     detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuneTarget:
+    """Something `traylm tune NAME` takes (GET /api/tune/targets): a profile, a registered
+    model folder or a downloaded model, as the servable list has it."""
+
+    name: str  # what TuneConfig.model takes: the profile's or folder's name, the engine id
+    kind: str  # profile | folder | library
+    served_name: str  # the name requests send it by
+    model: str  # repo id or folder
+    loaded: bool = False  # an engine of it is ready now
+    blocked: str = ""  # why it cannot start on this computer ("" when it can)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuneBudget:
+    """The least budget a tune of a model needs here (GET /api/tune/budget)."""
+
+    model: str
+    repeat: int
+    least_budget_s: float
+    words: str  # "the smallest budget that fits 2 candidates is 8 min"

@@ -6,6 +6,10 @@ traylm tune MODEL [--workload FILE.jsonl | --preset chat|rag|agent|batch]
 traylm tune --undo MODEL      put back the profile `--apply` replaced
 traylm tune cancel            stop the running tune (what ran before is started again);
                               `traylm tune --cancel`, the old form, does the same
+traylm tune --targets         what can be tuned on this computer (profiles, model folders,
+                              downloaded models), and what cannot start here and why
+
+MODEL is any of those, as it is: the tuner makes the candidate profiles it measures itself.
 
 Ctrl-C while it runs cancels the tune in the daemon, which stops the candidate and starts again
 the engines that ran before.
@@ -24,7 +28,14 @@ from engines.client.follow import Followed, follow
 from engines.config.fields import parse_duration
 from engines.errors import ConfigError
 from engines.events.codec import Event, to_plain
-from engines.events.tune import TuneConfig, TuneFinished, TuneJob, TuneProgress, TuneState
+from engines.events.tune import (
+    TuneConfig,
+    TuneFinished,
+    TuneJob,
+    TuneProgress,
+    TuneState,
+    TuneTarget,
+)
 
 FINISH_POLL_S = 5.0
 CANCEL_ANSWER_S = 300.0  # the restore starts the engines that ran before
@@ -40,7 +51,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument(
         "model",
         nargs="?",
-        help="a profile name, or the model name it serves; cancel: stop the running tune",
+        help="a profile, a model folder or a downloaded model (--targets); cancel: stop the tune",
     )
     add_workload_arguments(s, runs_of="candidate")
     s.add_argument("--goal", default="throughput", help="latency, throughput, efficiency, quiet")
@@ -48,6 +59,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--apply", action="store_true", help="write the recommended profile")
     s.add_argument("--undo", action="store_true", help="put back the profile --apply replaced")
     s.add_argument("--cancel", action="store_true", help="the old form of `traylm tune cancel`")
+    s.add_argument("--targets", action="store_true", help="list what can be tuned here")
     s.add_argument("--html", type=Path, help="also write the HTML report here")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=cmd_tune)
@@ -97,6 +109,10 @@ def config_of(args: argparse.Namespace) -> TuneConfig:
 
 
 async def cmd_tune(args: argparse.Namespace) -> int:
+    if args.targets:
+        async with await DaemonClient.connect(plain_calls=True) as c:
+            print(format_targets(*await c.tune_targets()))
+        return 0
     if args.cancel or (args.model == "cancel" and not args.undo):
         async with await DaemonClient.connect(plain_calls=True) as c:
             job = await c.tune_cancel(timeout_s=CANCEL_ANSWER_S)
@@ -152,6 +168,16 @@ def _line(event: Event, job_id: int) -> tuple[str, bool]:
         where = f"{event.step}/{event.steps}, {event.elapsed_s:.0f}/{event.budget_s:.0f} s"
         return f"[{where}] {event.detail}", False
     return "", False
+
+
+def format_targets(can: tuple[TuneTarget, ...], cannot: tuple[TuneTarget, ...]) -> str:
+    """`traylm tune --targets`: one line each, those that cannot start here after, with why."""
+    lines = [f"{t.name}  ({t.kind}, serves {t.served_name}{', loaded' * t.loaded})" for t in can]
+    lines = lines or ["nothing can be tuned here: add a model folder or a profile"]
+    if cannot:
+        lines += ["", "cannot start here:"]
+        lines += [f"  {t.name}  ({t.kind}): {t.blocked}" for t in cannot]
+    return "\n".join(lines)
 
 
 def _print(job: TuneJob, as_json: bool) -> None:

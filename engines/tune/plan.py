@@ -12,14 +12,15 @@ from collections.abc import Awaitable, Callable
 from engines.config.profiles import Profile, ProfileStore
 from engines.control.service import EngineControl, resolve_device
 from engines.envs.manager import EnvManager
-from engines.errors import ConfigError, EngineEnvError, TraylmError, TuneError, quoted
-from engines.events.tune import TuneConfig
+from engines.errors import ConfigError, EngineEnvError, TraylmError, TuneError
+from engines.events.tune import TuneBudget, TuneConfig
 from engines.ondemand.service import ModelsOnDemand
 from engines.runtime.supervisor import Supervisor
 from engines.tune import budget, workloads
 from engines.tune.candidates import DEFAULT, Candidate, Machine, engine_id, machine_candidates
 from engines.tune.drafts import eagle3_draft
 from engines.tune.power import PowerLimits
+from engines.tune.targets import entry_for, target_profile
 from engines.tune.variants import ModelOnDisk, Variant, quantized_variants
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -32,6 +33,7 @@ class Plan:
     candidates: list[Candidate]  # DEFAULT first
     dropped: list[str]
     concurrency: int
+    per_run_s: float = 0.0  # a measurement's time, estimated before any (0: not estimated)
 
 
 class Planner:
@@ -50,31 +52,16 @@ class Planner:
         """No I/O. ``local_models``: the models on this computer (blocking)."""
         self._control = control
         self._engines = engines
-        self._ondemand = ondemand
+        self.ondemand = ondemand  # the servable list the targets come from (targets.py)
         self._envs = envs
         self._profiles = profiles
         self._gpu_count = gpu_count
         self._power = power
         self._local_models = local_models
 
-    def _profile(self, model: str) -> Profile:
-        names = self._profiles.names()
-        if model in names:
-            return self._profiles.load(model)
-        good, _ = self._profiles.load_all()
-        serving = [p for p in good if model in p.served_names]
-        if len(serving) == 1:
-            return serving[0]
-        raise ConfigError(
-            f"no profile named or serving {quoted(model)}"
-            + (f" (several serve it: {', '.join(p.name for p in serving)})" if serving else "")
-            + "; `traylm profiles` lists them, and the tuner tunes one of them",
-            code="profile_not_found",
-        )
-
     async def plan(self, config: TuneConfig) -> Plan:
         """The plan, or ConfigError / TuneError saying what stands in the way."""
-        base = self._profile(config.model)
+        base = await target_profile(config.model, self._profiles, self.ondemand)
         device = resolve_device(base)
         gpus = await self._gpu_count() if device == "cuda" else 0
         installed = frozenset(e for e in ENGINES if self._installed(e, device))
@@ -106,8 +93,10 @@ class Planner:
                 f"{base.name} fits no candidate to compare with on this machine"
                 + (f" ({'; '.join(dropped)})" if dropped else "")
             )
-        budget.check_minimum(config.budget_s, config.repeat, self._cold_start_prior(base, device))
-        return Plan(base, frozenset(base.served_names), kept, dropped, concurrency)
+        cold_start_s = self._cold_start_prior(base, device)
+        budget.check_minimum(config.budget_s, config.repeat, cold_start_s)
+        per_run_s = budget.per_run_estimate_s(cold_start_s)
+        return Plan(base, frozenset(base.served_names), kept, dropped, concurrency, per_run_s)
 
     async def check_base(self, config: TuneConfig, base: Profile) -> int:
         """TuneError unless ``base`` itself can start here and the budget holds the least
@@ -133,6 +122,17 @@ class Planner:
             raise TuneError(f"{other.label}: {why}")
         first = dataclasses.replace(DEFAULT, label=label)
         return Plan(base, frozenset(base.served_names), [first, other], [], concurrency)
+
+    async def least_budget(self, model: str, repeat: int) -> TuneBudget:
+        """The smallest budget a tune of ``model`` with ``repeat`` runs works with here."""
+        base = await target_profile(model, self._profiles, self.ondemand)
+        cold_start_s = self._cold_start_prior(base, resolve_device(base))
+        return TuneBudget(
+            model=model,
+            repeat=repeat,
+            least_budget_s=budget.least_budget_s(repeat, cold_start_s),
+            words=budget.least_words(repeat, cold_start_s),
+        )
 
     def _local(self, base: Profile, device: str) -> tuple[tuple[Variant, ...], str, list[str]]:
         """From the models on this computer: the quantized variants of ``base``'s model, its
@@ -164,12 +164,12 @@ class Planner:
         alone = dataclasses.replace(profile, served_name=profile.name, aliases=())
         try:
             await self._control.check_start(alone)
-            entry = await self._ondemand.find(base.effective_served_name)
         except TraylmError as exc:
             return exc.message
+        entry = await entry_for(base, self.ondemand)
         if entry is None or entry.profile is None:
             return None
-        placement = self._ondemand.placer.preview(dataclasses.replace(entry, profile=profile))
+        placement = self.ondemand.placer.preview(dataclasses.replace(entry, profile=profile))
         return None if placement.fits else placement.reason
 
     def _cold_start_prior(self, base: Profile, device: str) -> float:

@@ -43,8 +43,9 @@ def render_tune(job: TuneJob) -> str:
         )
     body.append("</table>")
     body.append(
-        '<p class="note">± is the noise band: half the spread of the repeats, relative to '
-        "their mean (2 % at least). A candidate is better or worse only outside it.</p>"
+        '<p class="note">± is the spread of the repeats: half their range, relative to their '
+        "mean (after one run there is none). A candidate is better or worse only outside the "
+        "wider of its and your profile's spread (2 % at least).</p>"
     )
     if job.dropped:
         items = "".join(f"<li>{escape(d)}</li>" for d in job.dropped)

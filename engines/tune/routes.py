@@ -11,6 +11,7 @@ from engines.errors import ConfigError, TuneError
 from engines.events.tune import TuneConfig
 from engines.tune.report import render_tune
 from engines.tune.service import TuneFeature
+from engines.tune.targets import tune_targets
 
 routes = web.RouteTableDef()
 
@@ -45,6 +46,24 @@ async def cancel(request: web.Request) -> web.Response:
 @traylm_errors
 async def apply(request: web.Request) -> web.Response:
     return ok(await request.app[TUNE].apply_last())
+
+
+@routes.get("/api/tune/targets")
+@traylm_errors
+async def targets(request: web.Request) -> web.Response:
+    can, cannot = await tune_targets(request.app[TUNE].planner.ondemand)
+    return ok({"targets": can, "left_out": cannot})
+
+
+@routes.get("/api/tune/budget")
+@traylm_errors
+async def least_budget(request: web.Request) -> web.Response:
+    model = request.query.get("model", "")
+    try:
+        repeat = int(request.query.get("repeat", "2"))
+    except ValueError:
+        raise ConfigError("give ?model=NAME&repeat=N, N a whole number") from None
+    return ok(await request.app[TUNE].planner.least_budget(model, repeat))
 
 
 @routes.get("/api/tune/previous")

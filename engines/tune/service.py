@@ -11,6 +11,9 @@ Control API (token-protected like the rest of /api):
     POST /api/tune/undo            {"profile": NAME} → {"profile", "detail"}
     GET  /api/tune/previous        {"profiles": names whose pre-tune profile is kept for undo}
     GET  /api/tune/report          the last job's self-contained HTML page
+    GET  /api/tune/targets         {"targets": what can be tuned here, "left_out": what cannot,
+                                   each with why} (engines/tune/targets.py)
+    GET  /api/tune/budget          ?model=NAME&repeat=N → TuneBudget: the least budget here
 Events: tune.progress (TuneProgress), tune.finished (TuneFinished). /api/status gains "tune".
 
 A run: the engines serving the model are stopped (kept in mind); each candidate is started as
@@ -60,7 +63,7 @@ from engines.tune.variants import ModelOnDisk
 from engines.tune.verdict import decide
 
 log = logging.getLogger(__name__)
-STOP_ALLOWANCE_S = 10.0  # a stop and the next placement, in each measurement's cost
+STOP_ALLOWANCE_S = budget.STOP_ALLOWANCE_S
 DOWN = (EngineState.STOPPED, EngineState.FAILED)
 CRASH_NOTICE_S = 5.0
 """How long after a failed bench run the engine's exit may still reach its supervisor (the
@@ -276,23 +279,21 @@ class TuneFeature:
     async def _rounds(self, r: _Job, started: float) -> None:
         config, plan = r.job.config, r.plan
         default, others = plan.candidates[0], plan.candidates[1:]  # the profile as it is first
-        r.steps = config.repeat * len(plan.candidates)
+        before = r.job.dropped  # left out by the plan; those over the budget are said below
+        fit = len(others)
+        if plan.per_run_s:  # estimated from the last start: the count planned from the start
+            fit = self._fit(
+                r, before, others, config.budget_s, plan.per_run_s, config.repeat, "estimated"
+            )
+        self._set_steps(r, config.repeat * (1 + fit))
         first = await self._measure(r, default, 0, started)
         if first.error:
             raise TuneError(f"your profile {plan.base.name} itself failed: {first.error}")
         per_run = time.monotonic() - started + STOP_ALLOWANCE_S
-        fit = budget.candidates_that_fit(
-            left_s=config.budget_s - (time.monotonic() - started),
-            per_run_s=per_run,
-            repeat=config.repeat,
-            candidates=len(others),
-            default_runs_left=config.repeat - 1,
-        )
-        over = [f"{c.label}: over the time budget ({per_run:.0f} s a measurement)"
-                for c in others[fit:]]  # fmt: skip
-        r.job = dataclasses.replace(r.job, dropped=(*r.job.dropped, *over))
+        left_s = config.budget_s - (time.monotonic() - started)
+        fit = self._fit(r, before, others, left_s, per_run, config.repeat - 1, "measured")
         chosen = [default, *others[:fit]]
-        r.steps = config.repeat * len(chosen)
+        self._set_steps(r, config.repeat * len(chosen))
         for round_ in range(config.repeat):
             for c in chosen:
                 if round_ == 0 and c is default:
@@ -301,8 +302,56 @@ class TuneFeature:
                     r.job = dataclasses.replace(r.job, dropped=(
                         *r.job.dropped, f"{c.label}: run {round_ + 1} left out, the budget "
                         "was spent (slower starts than the first)"))  # fmt: skip
+                    self._set_steps(r, r.steps - 1)
                     continue
                 await self._measure(r, c, round_, started)
+
+    def _fit(
+        self,
+        r: _Job,
+        before: tuple[str, ...],
+        others: list[Candidate],
+        left_s: float,
+        per_run_s: float,
+        default_runs_left: int,
+        how: str,
+    ) -> int:
+        """How many of ``others`` the time left holds; those that it does not, said in the
+        job's ``dropped`` after ``before`` (one list, replaced as the estimate gets better)."""
+        repeat = r.job.config.repeat
+        fit = budget.candidates_that_fit(
+            left_s=left_s,
+            per_run_s=per_run_s,
+            repeat=repeat,
+            candidates=len(others),
+            default_runs_left=default_runs_left,
+        )
+        over = [
+            f"{c.label}: over the time budget ({per_run_s:.0f} s a measurement, {how})"
+            for c in others[fit:]
+        ]
+        r.job = dataclasses.replace(r.job, dropped=(*before, *over))
+        return fit
+
+    def _set_steps(self, r: _Job, steps: int) -> None:
+        """The measurements planned now: the one count the progress and the job say."""
+        r.steps = steps
+        r.job = dataclasses.replace(r.job, planned=steps)
+
+    def _so_far(self, r: _Job, started: float, c: Candidate) -> None:
+        """A measurement is in: the job's rows as they stand (GET /api/tune shows them while
+        it runs), said by a ``measured`` progress event."""
+        energy = self._settings.current.energy
+        d = decide(
+            r.plan.candidates,
+            r.measures,
+            goal=r.job.config.goal,
+            concurrency=r.plan.concurrency,
+            price_per_kwh=energy.electricity_price_per_kwh,
+            currency=energy.currency,
+        )
+        r.job = dataclasses.replace(r.job, measures=tuple(r.measures), rows=d.rows)
+        self._progress(r, "measured", started, c, r.measures[-1].round, f"measured {c.label}")
 
     async def _measure(self, r: _Job, c: Candidate, round_: int, started: float) -> TuneMeasure:
         plan = r.plan
@@ -324,6 +373,7 @@ class TuneFeature:
             await self._power.release()  # the engine gone: its GPUs back to what they had
         r.measures.append(measure)
         r.step += 1
+        self._so_far(r, started, c)
         return measure
 
     async def _started(self, profile: Profile) -> ManagedEngine:
@@ -468,12 +518,17 @@ class TuneFeature:
         if winner.power_pct is not None:
             return await self._apply_power(job, winner.power_pct)
         path = await asyncio.to_thread(
-            self.previous.apply, winner.applied(self._profiles.load(plan.base.name))
+            self.previous.apply, winner.applied(self._as_saved(plan.base))
         )
         return dataclasses.replace(
             job, applied=True, detail=f"written to {path}; `traylm tune --undo "
             f"{plan.base.name}` puts the previous one back; it applies at the next load"
         )  # fmt: skip
+
+    def _as_saved(self, base: Profile) -> Profile:
+        """The profile file as it is now; a model folder's or a downloaded model's profile
+        (no file yet) as the tune measured it: the apply writes it as a profile of its own."""
+        return self._profiles.load(base.name) if base.name in self._profiles.names() else base
 
     async def apply_last(self) -> TuneJob:
         """Write the last finished tune's recommendation now, as if it had run with --apply

@@ -16,7 +16,7 @@ def shown_figures(job: TuneJob) -> list[Figure]:
 
 
 def value_text(row: TuneRow, f: Figure) -> str:
-    """ "1234.5 ±3%" (the noise band), "-" when not measured."""
+    """ "1234.5 ±3%" (the runs' spread), "1234.5 one run: no spread", "-" when not measured."""
     return row.figure_text(f.key, f.digits)
 
 
@@ -57,7 +57,10 @@ def format_job(job: TuneJob) -> str:
     ]
     lines += table_lines(job)
     if job.rows:
-        lines.append("  * on the Pareto front (tokens/s, TTFT p95, J/token); ±: noise band")
+        lines.append("  * on the Pareto front (tokens/s, TTFT p95, J/token); ±: the runs' spread")
+    if job.planned:
+        done = sum(1 for m in job.measures if not m.error)
+        lines.append(f"  {done} of {job.planned} measurements planned were made")
     for line in job.dropped:
         lines.append(f"  not measured: {line}")
     if job.recommendation:

@@ -78,12 +78,15 @@ def _row(c: Candidate, measures: Sequence[TuneMeasure], price: float) -> TuneRow
     error = next((m.error for m in measures if m.error), "")
     figures: dict[str, float] = {}
     band: dict[str, float] = {}
+    spread: dict[str, float] = {}
     for key in {k for m in good for k in m.figures}:
         values = [m.figures[key] for m in good if key in m.figures]
         mean = math.fsum(values) / len(values)
         figures[key] = mean
-        spread = (max(values) - min(values)) / 2
-        band[key] = max(MIN_BAND, spread / abs(mean)) if mean else MIN_BAND
+        half = (max(values) - min(values)) / 2 / abs(mean) if mean else 0.0
+        band[key] = max(MIN_BAND, half)
+        if len(values) > 1:
+            spread[key] = half
     jpt = figures.get("joules_per_token")
     cost = jpt * 1e8 / JOULES_PER_KWH * price if jpt is not None else None
     return TuneRow(
@@ -93,6 +96,7 @@ def _row(c: Candidate, measures: Sequence[TuneMeasure], price: float) -> TuneRow
         runs=len(good),
         figures=figures,
         band=band,
+        spread=spread,
         verdict="failed" if error and not good else ("default" if c.key == "default" else ""),
         cost_per_100m=cost,
         error=error,

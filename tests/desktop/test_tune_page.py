@@ -19,6 +19,7 @@ from desktop.dashboard.tune_page import TunePage
 from desktop.dashboard.tune_results import COST, HEADERS, PARETO_MARK, TuneResults
 from engines.events import EngineState, TuneConfig, TuneJob, TuneProgress, TuneRow, TuneState
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
+from tests.fakes.fake_trt_env import make_tiny_hf_model
 
 pytestmark = pytest.mark.slow
 TOKEN_S = 0.005  # 128 tokens a reply: 0.64 s; max-num-seqs 2 at 8 in flight: 4 waves
@@ -104,9 +105,9 @@ def test_tune_from_the_page_then_apply_and_undo(qtbot, app: DesktopApp, daemon_t
     assert not page.apply_button.isEnabled() and "already written" in page.why.text()
     model = page.form.model
     other = next(i for i in range(model.count()) if model.itemData(i) != "chat")
-    model.setCurrentIndex(other)  # Undo follows the profile picked
-    assert not page.undo_button.isEnabled()
-    assert f"the tuner has not changed profile {model.itemData(other)}" in page.why.text()
+    model.setCurrentIndex(other)  # Undo follows the model picked (a greyed one: none)
+    assert not page.undo_button.isEnabled() and not page.start_button.isEnabled()
+    assert "the tuner has not changed profile (none)" in page.why.text()
     model.setCurrentIndex(model.findData("chat"))
     assert page.undo_button.isEnabled()
     page.undo_button.click()
@@ -120,6 +121,44 @@ def test_tune_from_the_page_then_apply_and_undo(qtbot, app: DesktopApp, daemon_t
     page.results.show_job(None)
     page.page_shown()
     qtbot.waitUntil(lambda: page.results.table.rowCount() == 2, timeout=10000)
+
+
+def test_rows_arrive_live_counts_agree_and_the_tuners_engines_stay_quiet(
+    qtbot, app: DesktopApp, daemon_thread
+) -> None:
+    """During the run the table gains a row as each candidate is first measured; the progress
+    bar, the heading and the job say one count of planned measurements; the tuner's own
+    engines raise no pop-up and leave no row on the Engines page; the figures show the runs'
+    real spread."""
+    d = daemon_thread
+    page = _tune_page(qtbot, app, d, f"--token-delay {TOKEN_S}")
+    notes: list[str] = []
+    app.notifier.notified.connect(lambda n: notes.append(n.title))
+    app.notifier.history.clear()  # "chat is ready" said: the same words again are not hidden
+    page.form.requests.setValue(4)
+    page.form.concurrency.setValue(4)
+    page.form.only.setText("max-num-seqs-16")
+    page.start_button.click()
+
+    def rows_while_running(count: int) -> bool:
+        running = page.job is not None and page.job.state == TuneState.RUNNING
+        return running and page.results.table.rowCount() == count
+
+    qtbot.waitUntil(lambda: rows_while_running(1), timeout=30000)  # your profile, measured once
+    assert _cell(page, 0, "Output\ntok/s").endswith("\none run: no spread")
+    qtbot.waitUntil(lambda: rows_while_running(2), timeout=30000)  # then the candidate
+    qtbot.waitUntil(
+        lambda: page.job is not None and page.job.state == TuneState.DONE, timeout=120000
+    )
+    job = page.job
+    assert job.planned == 4 == len(job.measures)
+    assert page.progress.format() == f"tune #{job.id}: done"
+    assert "4 of 4 measurements" in page.results.heading.text()
+    assert not [t for t in notes if t.startswith("tune-")], notes
+    qtbot.waitUntil(lambda: "tune-chat" not in app.state.engines, timeout=10000)
+    values = [m.figures["output_tps"] for m in job.measures if m.candidate == "max-num-seqs-16"]
+    spread = (max(values) - min(values)) / 2 / (sum(values) / 2)
+    assert _cell(page, 1, "Output\ntok/s").endswith(f"\n±{spread * 100:.0f}%")
 
 
 def test_a_tune_started_elsewhere_shows_and_cancels_here(
@@ -223,6 +262,44 @@ def test_my_recorded_traffic_is_exported_and_replayed(
     assert run.levels[0].completed == 3  # the three recorded requests, replayed
 
 
+def test_the_folder_model_is_tuned_and_a_small_budget_offers_the_least(
+    qtbot, app: DesktopApp, daemon_thread, tmp_path: Path
+) -> None:
+    """The only model this computer can run is a registered folder: the page lists it (the GPU
+    presets greyed, with why), picks it, answers a 3-minute budget with the smallest that
+    works as a button, and the button starts the tune of the folder, as it is."""
+    d = daemon_thread
+    model = make_tiny_hf_model(tmp_path / "tiny-chat")
+    d.run(lambda c: c.add_local_folder(str(model), name="tiny"))
+    page = app.open_dashboard("tune").page("tune")
+    assert isinstance(page, TunePage)
+    page.page_shown()
+    qtbot.waitUntil(lambda: page.form.selected_profile() == "tiny", timeout=20000)
+    combo = page.form.model
+    assert combo.currentText() == "tiny (model folder)"
+    preset = combo.findData("llama-3.1-8b-1gpu")
+    entry = combo.model().item(preset)
+    assert not entry.isEnabled() and "needs an NVIDIA GPU" in entry.toolTip()
+    assert combo.itemText(preset).endswith(": cannot start here)")
+    page.form.budget.setValue(3)
+    page.form.requests.setValue(4)
+    page.form.concurrency.setValue(2)
+    page.form.only.setText("max-num-seqs-8")
+    page.start_button.click()
+    qtbot.waitUntil(lambda: page.use_budget.isVisible(), timeout=20000)
+    assert page.status.state == "error"
+    assert "the smallest budget that fits 2 candidates is 9 min" in page.status.message
+    assert "--" not in page.status.message  # no command-line option in the app
+    assert page.use_budget.text() == "Use 9 min"
+    page.use_budget.click()
+    assert page.form.budget.value() == 9 and not page.use_budget.isVisible()
+    qtbot.waitUntil(
+        lambda: page.job is not None and page.job.state == TuneState.DONE, timeout=120000
+    )
+    assert page.job.profile == "tiny" and page.job.config.budget_s == 540
+    assert [r.key for r in page.job.rows] == ["default", "max-num-seqs-8"]
+
+
 def test_simulated_figures_and_what_was_not_measured_are_said(qtbot) -> None:
     row = TuneRow(key="tp-2", label="tensor parallel on 2 GPUs", changes=("tensor_parallel = 2",),
                   runs=1, figures={"output_tps": 300.0, "power_mean_w": 700.0},
@@ -246,6 +323,43 @@ def test_simulated_figures_and_what_was_not_measured_are_said(qtbot) -> None:
     assert "KV cache fp8: the engine refuses" in view.dropped.text()
     view.show_job(None)
     assert not view.simulated.isVisible() and not view.table.isVisible()
+
+
+def test_the_table_gets_the_room_for_its_rows(qtbot, app_factory: AppFactory) -> None:
+    """Eight candidates and nine left out: all eight rows show whole in the dashboard's own
+    size, the "not measured" lines folded into one line that opens them."""
+    figures = {"output_tps": 100.0, "ttft_p95_ms": 50.0}
+    spread = {"output_tps": 0.3, "ttft_p95_ms": 0.1}
+    rows = tuple(
+        TuneRow(
+            key=f"c{i}",
+            label=f"candidate {i}",
+            changes=(),
+            runs=2,
+            figures=figures,
+            spread=spread,
+            verdict="within noise",
+        )
+        for i in range(8)
+    )
+    dropped = tuple(f"candidate {i}: over the time budget (70 s a measurement)" for i in range(9))
+    config = TuneConfig(model="chat")
+    job = TuneJob(id=1, config=config, state=TuneState.DONE, rows=rows, dropped=dropped)
+    app = app_factory(connect=False)
+    dash = app.open_dashboard("tune")
+    page = dash.page("tune")
+    assert isinstance(page, TunePage)
+    page.results.show_job(job)
+    qtbot.waitUntil(lambda: page.results.table.isVisible())
+    table = page.results.table
+    qtbot.waitUntil(lambda: table.viewport().height() > 0)
+    bottom = table.viewport().height()
+    shown = [r for r in range(8) if table.rowViewportPosition(r) + table.rowHeight(r) <= bottom]
+    assert shown == list(range(8)) and table.verticalScrollBar().maximum() == 0
+    assert page.results.dropped_toggle.text() == "Not measured: 9 (show why)"
+    assert not page.results.dropped.isVisible()
+    page.results.dropped_toggle.click()
+    assert page.results.dropped.isVisible() and "candidate 8: over" in page.results.dropped.text()
 
 
 def test_without_the_daemon_the_page_says_so(qtbot, app_factory: AppFactory) -> None:

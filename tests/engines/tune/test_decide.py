@@ -66,9 +66,11 @@ def test_a_profile_on_vllms_worker_process_gets_the_in_process_worker() -> None:
 
 
 def test_the_budget_refuses_less_than_two_repetitions_and_drops_the_last_candidates() -> None:
-    with pytest.raises(TuneError, match="takes about 60 s here; give --budget 8m or more"):
-        budget.check_minimum(100, 2, 60)
-    budget.check_minimum(240, 2, 60)
+    with pytest.raises(
+        TuneError, match="60 s here; the smallest budget that fits 2 candidates is 9 min"
+    ):
+        budget.check_minimum(480, 2, 60)
+    budget.check_minimum(520, 2, 60)  # 4 runs of a start, the workload and a stop
     fit = budget.candidates_that_fit(
         left_s=100, per_run_s=20, repeat=2, candidates=5, default_runs_left=1
     )
@@ -145,3 +147,24 @@ def test_a_candidate_measured_once_has_no_band_and_is_never_called_better() -> N
                price_per_kwh=0.3, currency="EUR")  # fmt: skip
     assert {r.key: r.verdict for r in d.rows}["fast"] == "one run"
     assert d.recommended == ""
+
+
+def test_the_figures_show_the_measured_spread_and_one_run_says_it_has_none() -> None:
+    found = [
+        *measures("default", (100.0, 160.0), 50.0, 0.5),
+        *measures("fast", (300.0,), 50.0, 0.5),
+        *measures("same", (100.0, 100.0), 50.0, 0.5),
+    ]
+    d = decide(
+        [DEFAULT, FAST, SAME],
+        found,
+        goal="throughput",
+        concurrency=8,
+        price_per_kwh=0.3,
+        currency="EUR",
+    )
+    rows = {r.key: r for r in d.rows}
+    assert rows["default"].figure_text("output_tps", 1) == "130.0 ±23%"  # 30 of 130
+    assert rows["fast"].figure_text("output_tps", 1) == "300.0 one run: no spread"
+    assert "output_tps" not in rows["fast"].spread and rows["fast"].band["output_tps"] == 0.02
+    assert rows["same"].figure_text("output_tps", 1) == "100.0 ±0%"  # measured: none at all

@@ -63,7 +63,7 @@ async def test_eagle3_runs_from_the_cached_draft_and_says_why_when_absent(
     make_fake_vllm_env(d.paths.envs_dir, device="cuda")
     d.write_profile("llama", model=TARGET, served_name="llama", device="cuda",
                     env={"FAKE_ENGINE_ARGS": f"--token-delay {TOKEN_S}"})  # fmt: skip
-    job = await d.client.tune_start(TuneConfig(model="llama", budget_s=600))
+    job = await d.client.tune_start(TuneConfig(model="llama", budget_s=900))
     await d.client.tune_cancel()
     assert f"EAGLE-3: its draft {DRAFT} is not on this computer" in " ".join(job.dropped)
     assert f"quantized variants: none of {TARGET} on this computer" in job.dropped
@@ -71,7 +71,7 @@ async def test_eagle3_runs_from_the_cached_draft_and_says_why_when_absent(
     assert cache == tmp_path / "hf" / "hub"
     snapshot = cache_repo(cache, DRAFT)
     config = TuneConfig(model="llama", concurrency=2, requests=4, only=("eagle3-spec",),
-                        budget_s=600)  # fmt: skip
+                        budget_s=900)  # fmt: skip
     done = await tune_to_end(d, config)
     assert done.state == TuneState.DONE, done.detail
     assert next(r for r in done.rows if r.key == "eagle3-spec").runs == 2
