@@ -51,6 +51,8 @@ def call_chunks(model: str, calls: list[tuple[str, str]]) -> list[bytes]:
         }
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
+    if not calls:
+        return []
     out = [event({"role": "assistant", "content": None})]
     for index, (name, arguments) in enumerate(calls):
         half = len(arguments) // 2
