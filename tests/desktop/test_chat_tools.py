@@ -181,3 +181,34 @@ def test_a_model_without_a_tool_parser_is_said_and_asked_without_tools(
     assert "fake cannot call tools" in notice and "tool_parser" in notice
     reply = _reply(qtbot, daemon_thread, chat)
     assert reply.content == "w0 w1 w2 " and reply.tools == ()
+
+
+def test_the_tools_menu_imports_another_apps_file(qtbot, app, paths: Paths, tmp_path: Path) -> None:
+    chat = app.open_chat("")
+    button = chat.tools_button
+    source = tmp_path / "claude_desktop_config.json"
+    source.write_text(json.dumps({"mcpServers": {"calc": {"command": "calc-server"}}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"servers": {}}')
+    chosen = iter([str(bad), str(source)])
+    button.choose_file = lambda: next(chosen)
+
+    def notices() -> list[str]:
+        return [e.text() for e in chat.transcript.extras if e.objectName() == "toolNotice"]
+
+    def import_now() -> None:
+        button.menu().aboutToShow.emit()
+        action = next(a for a in button.menu().actions() if a.objectName() == "importMcp")
+        action.trigger()
+
+    import_now()
+    qtbot.waitUntil(lambda: len(notices()) == 1, timeout=5000)
+    assert "Nothing was imported" in notices()[0] and '"mcpServers"' in notices()[0]
+    assert not (paths.config_dir / "mcp.json").exists()
+    import_now()
+    qtbot.waitUntil(lambda: len(notices()) == 2, timeout=5000)
+    assert "1 MCP server(s) configured now" in notices()[1]
+    stored = json.loads((paths.config_dir / "mcp.json").read_text())
+    assert stored == {"mcpServers": {"calc": {"command": "calc-server", "args": []}}}
+    button.menu().aboutToShow.emit()
+    assert any(a.text().startswith("calc — calc-server") for a in button.menu().actions())
