@@ -26,10 +26,6 @@ from engines.errors import ConfigError
 MAX_TOOL_ROUNDS = 8
 ALLOW_ONCE, ALWAYS, DENY = "once", "always", "deny"
 DENIED = "The user denied this tool call; do not try it again, answer without it."
-NO_PARSER_FIX = (
-    "To turn it on, give its profile a tool calling format: tool_parser in the profile "
-    "(Profiles ▸ Edit, e.g. hermes for Qwen, llama3_json for Llama 3.1)."
-)
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class ToolLoop(QObject):
             self._told = True
             self.noticed.emit(
                 f"{model} cannot call tools, so it is asked without the MCP servers' tools. "
-                f"{self._blocked(model)} {NO_PARSER_FIX}"
+                f"{self._blocked(model)}"
             )
 
     def turns_json(self) -> str:
