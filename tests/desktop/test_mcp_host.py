@@ -4,8 +4,10 @@ that times out, what the server's environment holds, and its process gone after 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from desktop.chat.mcp_config import MCPServerConfig
 from desktop.chat.mcp_host import MCPHost
+from engines.core.procs import free_loopback_port
 
 SERVER = str(Path(__file__).parents[1] / "fakes" / "mcp_server.py")
 
@@ -83,3 +86,25 @@ async def test_the_server_gets_no_traylm_env_and_is_gone_after_close(
     await host.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert os.environ["TRAYLM_API_KEY"]  # (the test's own process still has it)
+
+
+async def test_a_streamable_http_server_is_reached_by_its_url() -> None:
+    port = free_loopback_port()
+    proc = subprocess.Popen([sys.executable, SERVER, "--http-port", str(port)])
+    try:
+        while True:  # until it listens (or fails)
+            assert proc.poll() is None, "the HTTP MCP server exited"
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        host = MCPHost((MCPServerConfig("web", url=f"http://127.0.0.1:{port}/mcp"),))
+        ready = await host.ensure_started()
+        assert ready.failures == () and {t.server for t in ready.tools} == {"web"}
+        assert (await host.call("add", '{"a": 20, "b": 22}')).text == "42"
+        await host.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

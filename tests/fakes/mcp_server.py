@@ -2,11 +2,12 @@
 mcp 2), for the chat's MCP host tests. Only its tools are made up: ``add(a, b)``, and
 ``slow(seconds)`` that sleeps past a call's timeout.
 
-    python -m tests.fakes.mcp_server [--env-file PATH] [--crash]
+    python tests/fakes/mcp_server.py [--env-file PATH] [--crash] [--http-port PORT]
 
 ``--env-file`` writes the server's environment and pid as JSON at start (the tests check that
 no TRAYLM_* variable or key reached it, and that the process is gone after the chat closes);
-``--crash`` exits with an error before speaking MCP (a server that fails to start).
+``--crash`` exits with an error before speaking MCP (a server that fails to start);
+``--http-port`` serves streamable HTTP instead of stdio.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="a real MCP test server over stdio")
     parser.add_argument("--env-file", help="write the environment and pid here as JSON at start")
     parser.add_argument("--crash", action="store_true", help="exit 3 before speaking MCP")
+    parser.add_argument(
+        "--http-port", type=int, default=0, help="serve streamable HTTP on 127.0.0.1:PORT/mcp"
+    )
     args = parser.parse_args()
     if args.env_file:
         info = {"pid": os.getpid(), "env": dict(os.environ)}
@@ -47,7 +51,10 @@ def main() -> None:
     if args.crash:
         print("mcp test server: crashing at start on purpose", file=sys.stderr, flush=True)
         sys.exit(3)
-    server.run("stdio")
+    if args.http_port:
+        server.run("streamable-http", host="127.0.0.1", port=args.http_port)
+    else:
+        server.run("stdio")
 
 
 if __name__ == "__main__":
