@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop.chat.context import DROP_OLDEST, STOP, dropped_positions, left_out
+from desktop.chat.tool_loop import ToolLoop
 from desktop.daemon.bridge import Bridge
 from desktop.daemon.gateway import (
     ChatDelta,
@@ -97,6 +98,7 @@ class ChatController(QObject):
         self.context_refused = False  # the last request was refused as too long
         self.summarizing = False  # a summary for a new chat is being asked
         self._ids = itertools.count(1)
+        self.tools = ToolLoop(bridge, state, parent=self)  # MCP servers' tools, on demand
         self._reload_chats = _debounced(self, self.load_chats)
         self._reload_models = _debounced(self, self.load_models)
         bridge.message_received.connect(self.on_message_received)
@@ -294,12 +296,17 @@ class ChatController(QObject):
 
     retry = regenerate  # an unanswered or interrupted last message gets a (new) reply
 
-    def _stream(self, position: int) -> None:
+    def _stream(self, position: int, *, continuing: bool = False) -> None:
+        """Ask for the reply at ``position``; ``continuing``: after its tool calls ran."""
         assert self.transcript is not None
         options = self.options or self._options_from(self.transcript.chat)
         if not options.model:
             self._raise(ChatError("model_not_found", "no model is served: start an engine first"))
             return
+        if not continuing:
+            self.tools.new_reply()
+            if not self.tools.prepare(options.model, lambda: self._stream(position)):
+                return  # the MCP servers start first
         history = self._history(position, options, self.dropped)
         if history is None:  # nothing more can be left out
             self.dropped = 0
@@ -313,6 +320,8 @@ class ChatController(QObject):
             options.max_tokens,
             chat_id=self.transcript.chat.chat_id,
             position=position,
+            tools_json=self.tools.tools_json(options.model),
+            tool_turns_json=self.tools.turns_json(),
         )
         call_id = self.bridge.call_gateway(lambda g: g.stream_chat(request), self._on_stream_done)
         self.streaming = Streaming(
@@ -360,8 +369,20 @@ class ChatController(QObject):
         )
 
     def stop(self) -> None:
-        if self.streaming is not None:
-            self.bridge.cancel(self.streaming.call_id)
+        if self.streaming is None:
+            return
+        if self.tools.stop():  # it waited for the user or a tool: the reply ends here
+            self.streaming = None
+            self.state.set_local_streams(0)
+            self.stream_ended.emit(None)
+            return
+        self.bridge.cancel(self.streaming.call_id)
+
+    def close_tools(self, *, wait_s: float = 0.0) -> None:
+        """Stop the MCP servers (a reply waiting on a tool ends); ``wait_s``: until they are."""
+        if self.tools.busy:
+            self.stop()
+        self.tools.close(wait_s=wait_s)
 
     def on_message_received(self, message: object) -> None:
         if isinstance(message, ChatDelta):
@@ -389,6 +410,12 @@ class ChatController(QObject):
             if not result.ok and not result.cancelled:
                 self._raise(ChatError("http_error", result.error))
             return
+        position = streaming.position
+        if self.tools.handle(ended, lambda: self._stream(position, continuing=True)):
+            self.streaming = streaming  # still this reply: its tool calls first
+            self.state.set_local_streams(1)
+            self.stream_ended.emit(None)
+            return
         if self._leave_out_more(streaming, ended):
             self.stream_ended.emit(None)
             self._stream(streaming.position)  # again, with one more turn left out
@@ -397,7 +424,7 @@ class ChatController(QObject):
         self.context_full = requested_tokens(ended.error.message) if ended.error else None
         if ended.content and ended.prompt_tokens is not None:
             self.context_used = ended.prompt_tokens + ended.completion_tokens
-        if ended.content:
+        if ended.content or self.tools.runs:
             reply: dict[str, object] = {
                 "role": "assistant",
                 "content": ended.content,
@@ -405,6 +432,8 @@ class ChatController(QObject):
                 "stats": ended.stats(),
                 "finish_reason": ended.finish_reason,
             }
+            if self.tools.runs:
+                reply["tools"] = [run.stored() for run in self.tools.runs]
             self._store_reply(streaming.chat_id, reply, streaming.position)
         self.stream_ended.emit(ended)
         if ended.error is not None:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from desktop.chat.images import Thumbnails
 from desktop.chat.markdown import Block, split_blocks
+from desktop.chat.tool_calls import Run, ToolCallView
 from desktop.daemon.fixes import in_words
 from desktop.look.theme import text_label
 from engines.events import ChatMessage
@@ -170,6 +171,8 @@ class MessageView(QFrame):
         outer.addWidget(self.left_out_note)
         self.images = Thumbnails(removable=False)
         outer.addWidget(self.images)
+        self.tools = QVBoxLayout()  # the tool calls a reply made, before its text
+        outer.addLayout(self.tools)
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         outer.addLayout(self.body)
@@ -189,6 +192,11 @@ class MessageView(QFrame):
     def show_images(self, images: tuple[str, ...]) -> None:
         """The pictures the message carries, as thumbnails above its text."""
         self.images.set_images(images)
+
+    def show_tools(self, runs: Sequence[Run]) -> None:
+        """The tool calls the reply made, each with its result collapsed."""
+        for run in runs:
+            self.tools.addWidget(ToolCallView(run))
 
     def set_text(self, text: str) -> None:
         self.text = text
@@ -318,14 +326,36 @@ class TranscriptView(QScrollArea):
         self.streaming: MessageView | None = None
         self._follow = True
         self.system_view: MessageView | None = None
+        self.extras: list[QWidget] = []  # the streaming reply's tool calls and notices
+        self._chat_id: int | None = None
         self.verticalScrollBar().rangeChanged.connect(self.on_range_changed)
         self.verticalScrollBar().valueChanged.connect(self.on_scrolled)
 
     def _insert(self, view: QWidget) -> None:
         self.column.insertWidget(self.column.indexOf(self.error_card), view)
 
+    def add_extra(self, view: QWidget) -> None:
+        """A tool call or notice of the reply being made (gone when the chat is shown anew:
+        the stored reply shows its tool calls itself)."""
+        self._insert(view)
+        self.extras.append(view)
+        self.placeholder.setVisible(False)
+        self._follow = True
+
     def set_messages(self, messages: Sequence[ChatMessage], assistant_name: str) -> None:
         self.clear_streaming()
+        chat_id = messages[0].chat_id if messages else None
+        # notices (a server that did not start) stay while the same chat is shown, after its
+        # messages; the live tool calls go: the stored reply shows them itself
+        kept = [e for e in self.extras if e.objectName() == "toolNotice"]
+        kept = kept if chat_id is not None and chat_id == self._chat_id else []
+        for extra in self.extras:
+            if extra in kept:
+                self.column.removeWidget(extra)
+            else:
+                extra.deleteLater()
+        self.extras = []
+        self._chat_id = chat_id
         for view in self.messages:
             view.deleteLater()
         self.messages = []
@@ -339,6 +369,7 @@ class TranscriptView(QScrollArea):
             view = MessageView(msg.role, title, msg.position)
             view.set_text(msg.content)
             view.show_images(msg.images)
+            view.show_tools(msg.tools)
             view.set_stats(stats_text(msg.stats, msg.finish_reason))
             # the last message unanswered (the app or the daemon died before the reply) or
             # answered only in part: Retry asks for a (new) reply
@@ -356,6 +387,8 @@ class TranscriptView(QScrollArea):
             view.regenerate_requested.connect(self.regenerate_requested)
             self._insert(view)
             self.messages.append(view)
+        for notice in kept:
+            self.add_extra(notice)
         self.placeholder.setVisible(not messages)
         self._follow = True
 

@@ -44,6 +44,7 @@ from desktop.chat.images import (
     read_image,
 )
 from desktop.chat.start_card import StartCard
+from desktop.chat.tool_calls import ToolCallsShown, ToolsButton, notice_label
 from desktop.chat.transcript import TranscriptView, stats_text
 from desktop.daemon.actions import Actions
 from desktop.daemon.bridge import Bridge
@@ -60,6 +61,7 @@ from desktop.widgets.elided_list import elide_rows
 from desktop.widgets.sizing import resize_within_screen
 
 NO_MODEL = "(no model served)"
+SERVERS_STOP_S = 10.0  # how long quitting waits for the MCP servers to end
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -103,6 +105,9 @@ class ChatWindow(QMainWindow):
         c.stream_ended.connect(self.on_stream_ended)
         c.error_raised.connect(self.on_error_raised)
         c.error_cleared.connect(lambda: self.transcript.error_card.setVisible(False))
+        self.tool_calls = ToolCallsShown(c.tools, self.transcript.add_extra)
+        c.transcript_changed.connect(self.tool_calls.forget)
+        self.tools_button.imported.connect(lambda t: self.transcript.add_extra(notice_label(t)))
         key = read_key(bridge.paths)
         if key:
             c.set_api_key(key)
@@ -172,6 +177,8 @@ class ChatWindow(QMainWindow):
         self.params_toggle.setCheckable(True)
         self.params_toggle.setObjectName("paramsToggle")
         top.addWidget(self.params_toggle)
+        self.tools_button = ToolsButton(self.bridge, self.controller.tools)
+        top.addWidget(self.tools_button)
         layout.addLayout(top)
         layout.addWidget(self._params_panel())
         self.transcript = TranscriptView()
@@ -324,6 +331,7 @@ class ChatWindow(QMainWindow):
 
     def prepare_close(self) -> None:
         self.controller.stop()
+        self.controller.close_tools(wait_s=SERVERS_STOP_S)  # the app quits: none left behind
 
     def options(self) -> ChatOptions:
         model = self.model_picker.currentText()
@@ -731,4 +739,5 @@ class ChatWindow(QMainWindow):
         return super().eventFilter(watched, event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        self.controller.close_tools()  # its MCP servers stop with it (they start again)
         event.accept()  # the window hides; the app keeps running in the tray

@@ -31,6 +31,10 @@ T = TypeVar("T")
 OnDone = Callable[[CallResult], None]
 
 
+async def _awaited(awaitable: Awaitable[object]) -> None:
+    await awaitable
+
+
 class Bridge(QObject):
     """Start with ``start()``; ``stop()`` before the QApplication goes away."""
 
@@ -114,6 +118,22 @@ class Bridge(QObject):
     ) -> int:
         """Run ``fn(link)``: start or restart the daemon, refresh what the GUI shows."""
         return self._submit(lambda call_id: self.link.run_link(call_id, fn), on_done)
+
+    def wait_gateway(
+        self, fn: Callable[[GatewayHTTP], Awaitable[object]], timeout_s: float
+    ) -> None:
+        """Run ``fn(gateway)`` and wait for it, at most ``timeout_s`` (the GUI thread blocks):
+        for what must be over before the app quits, such as child processes to end."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(_awaited(fn(self.link.gateway)), loop)
+        try:
+            future.result(timeout_s)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            log.warning("a closing call did not finish within %.0f s", timeout_s)
+        except Exception:  # boundary: quitting must go on whatever the call raised
+            log.exception("a closing call failed")
 
     def cancel(self, call_id: int) -> None:
         future = self._futures.get(call_id)

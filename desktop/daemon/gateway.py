@@ -38,20 +38,32 @@ class ChatRequest:
     max_tokens: int
     chat_id: int = 0  # with position: the daemon keeps the reply there as it streams
     position: int = -1
+    tools_json: str = ""
+    """OpenAI ``tools`` (a JSON list) the model may call; "" offers none."""
+    tool_turns_json: str = ""
+    """This reply's tool rounds so far (a JSON list of OpenAI messages: the assistant's
+    ``tool_calls``, then one ``tool`` message per call), sent after ``messages``."""
 
     def payload(self) -> dict[str, object]:
-        return {
+        messages: list[object] = [
+            {"role": role, "content": _content(text, images)}
+            for role, text, images in self.messages
+        ]
+        if self.tool_turns_json:
+            messages += json.loads(self.tool_turns_json)
+        out: dict[str, object] = {
             "model": self.model,
-            "messages": [
-                {"role": role, "content": _content(text, images)}
-                for role, text, images in self.messages
-            ],
+            "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
         }
+        if self.tools_json:
+            out["tools"] = json.loads(self.tools_json)
+            out["tool_choice"] = "auto"
+        return out
 
 
 def _content(text: str, images: tuple[str, ...]) -> str | list[dict[str, object]]:
@@ -68,6 +80,19 @@ def _content(text: str, images: tuple[str, ...]) -> str | list[dict[str, object]
 class ChatDelta:
     request_id: int
     text: str  # new text since the previous delta
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a reply, gathered from its streamed deltas."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+    def openai(self) -> dict[str, object]:
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.call_id, "type": "function", "function": function}
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,7 @@ class ChatStreamEnded:
     error: ChatError | None = None
     prompt_tokens: int | None = None  # how much of the context the conversation took
     load_s: float | None = None  # the model loaded first (on demand): how long that took
+    tool_calls: tuple[ToolCall, ...] = ()  # the model asks for these (finish "tool_calls")
 
     def stats(self) -> dict[str, float]:
         out = {"duration_s": round(self.duration_s, 3)}
@@ -191,6 +217,7 @@ class _Collector:
         self.prompt_tokens: int | None = None
         self.finish = ""
         self.error: ChatError | None = None
+        self.calls: dict[int, list[str]] = {}  # index: [id, name, arguments so far]
 
     def feed(self, line: bytes) -> bool:
         """One SSE line; False once the stream says [DONE]."""
@@ -227,12 +254,25 @@ class _Collector:
             prompt = usage.get("prompt_tokens")
             self.prompt_tokens = prompt if isinstance(prompt, int) else None
         for choice in chunk.get("choices") or ():
-            delta = (choice.get("delta") or {}).get("content")
-            if delta:
-                self._add(delta)
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self._add(str(delta["content"]))
+            for call in delta.get("tool_calls") or ():
+                self._add_call(call)
             if choice.get("finish_reason"):
                 self.finish = str(choice["finish_reason"])
         return True
+
+    def _add_call(self, call: object) -> None:
+        """A tool call's delta: its first names the call; the later ones add arguments."""
+        if not isinstance(call, dict):
+            return
+        index = call.get("index", 0)
+        parts = self.calls.setdefault(index if isinstance(index, int) else 0, ["", "", ""])
+        function = call.get("function") or {}
+        parts[0] = str(call.get("id") or parts[0])
+        parts[1] += str(function.get("name") or "")
+        parts[2] += str(function.get("arguments") or "")
 
     def _add(self, text: str) -> None:
         now = time.perf_counter()
@@ -284,6 +324,11 @@ class _Collector:
             error=error,
             prompt_tokens=self.prompt_tokens,
             load_s=load_s,
+            tool_calls=tuple(
+                ToolCall(call_id or f"call_{i}", name, arguments)
+                for i, (call_id, name, arguments) in sorted(self.calls.items())
+                if name
+            ),
         )
 
 

@@ -9,6 +9,7 @@ Bad input raises ``ConfigError`` naming the field; an unknown id raises ``ChatNo
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import json
 import math
 import re
@@ -20,7 +21,7 @@ from typing import Any
 
 from engines.core.store import Store, dumps
 from engines.errors import ChatNotFound, ConfigError
-from engines.events.chat import CHAT_ROLES, ChatMessage, ChatSummary, ChatTranscript
+from engines.events.chat import CHAT_ROLES, ChatMessage, ChatSummary, ChatToolRun, ChatTranscript
 
 TITLE_MAX_CHARS = 200
 CONTENT_MAX_CHARS = 1_000_000
@@ -39,10 +40,16 @@ INTERRUPTED = "interrupted"
 """A reply that did not complete: still streaming, or cut off (app or daemon killed, engine
 died). The chat window offers Retry for it."""
 # "context": cut because the model's context was full (before max_tokens)
-FINISH_REASONS = frozenset({"", "stop", "length", "context", "stopped", "error", INTERRUPTED})
+# "tool_calls": the reply asked for tools and stopped there
+FINISH_REASONS = frozenset(
+    {"", "stop", "length", "context", "stopped", "error", "tool_calls", INTERRUPTED}
+)
 UPDATABLE = ("title", "model", "system_prompt", "params")
 IMAGES_MAX = 4
 IMAGE_MAX_CHARS = 8_000_000  # one image's data URL (about 6 MB of picture)
+TOOLS_MAX = 64  # tool calls kept with one reply
+TOOL_FIELDS = ("name", "server", "arguments", "outcome", "result")
+TOOL_OUTCOMES = frozenset({"allowed", "denied", "failed"})
 IMAGE_URL = re.compile(r"data:image/(png|jpeg|webp|gif);base64,([A-Za-z0-9+/=]+)")
 
 _SUMMARY_SQL = (
@@ -61,6 +68,7 @@ class NewMessage:
     stats: Mapping[str, float] = field(default_factory=dict)
     finish_reason: str = ""
     images: tuple[str, ...] = ()
+    tools: tuple[ChatToolRun, ...] = ()
 
     @classmethod
     def parse(cls, data: object, where: str) -> NewMessage:
@@ -81,7 +89,26 @@ class NewMessage:
             )
         stats = _parse_stats(data.get("stats", {}), where)
         images = _parse_images(data.get("images", []), where)
-        return cls(role, content, model, stats, finish, images)
+        tools = _parse_tools(data.get("tools", []), where)
+        return cls(role, content, model, stats, finish, images, tools)
+
+
+def _parse_tools(raw: object, where: str) -> tuple[ChatToolRun, ...]:
+    """A reply's tool calls: objects of text fields (name, server, arguments, outcome, result)."""
+    if not isinstance(raw, list) or len(raw) > TOOLS_MAX:
+        raise ConfigError(f"{where}.tools must be a list of at most {TOOLS_MAX} tool calls")
+    runs = []
+    for i, item in enumerate(raw):
+        at = f"{where}.tools[{i}]"
+        if not isinstance(item, Mapping) or not all(
+            isinstance(item.get(k, ""), str) for k in TOOL_FIELDS
+        ):
+            raise ConfigError(f"{at} must be an object of text: {', '.join(TOOL_FIELDS)}")
+        if item.get("outcome") not in TOOL_OUTCOMES:
+            raise ConfigError(f"{at}.outcome must be one of {', '.join(sorted(TOOL_OUTCOMES))}")
+        fields = {k: str(item.get(k, ""))[:CONTENT_MAX_CHARS] for k in TOOL_FIELDS}
+        runs.append(ChatToolRun(**fields))
+    return tuple(runs)
 
 
 def _parse_images(raw: object, where: str) -> tuple[str, ...]:
@@ -248,9 +275,9 @@ class ChatStore:
                 }
                 db.execute(
                     "INSERT INTO messages (chat_id, position, role, content, model, stats_json,"
-                    " created_s, images_json) VALUES (?,?,?,?,?,?,?,?)",
+                    " created_s, images_json, tools_json) VALUES (?,?,?,?,?,?,?,?,?)",
                     (chat_id, position, msg.role, msg.content, msg.model, dumps(stats), now,
-                     dumps(list(msg.images))),
+                     dumps(list(msg.images)), dumps([dataclasses.asdict(t) for t in msg.tools])),
                 )  # fmt: skip
                 position += 1
             title = title or _title_from(messages)
@@ -351,4 +378,5 @@ def _message(row: Mapping[str, Any]) -> ChatMessage:
         finish_reason=finish,
         created_s=float(row["created_s"]),
         images=tuple(str(url) for url in json.loads(row["images_json"])),
+        tools=tuple(ChatToolRun(**t) for t in json.loads(row["tools_json"])),
     )

@@ -108,6 +108,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN images_json TEXT NOT NULL DEFAULT '[]';
     """,
+    # 4 (chats): the tool calls a reply made (the chat's MCP tools) and their results
+    """
+    ALTER TABLE messages ADD COLUMN tools_json TEXT NOT NULL DEFAULT '[]';
+    """,
 )
 
 

@@ -26,6 +26,18 @@ class ChatSummary:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChatToolRun:
+    """A tool call a reply made (the chat's MCP tools): what the model asked, what the user
+    answered (``outcome``: allowed, denied or failed) and what came back."""
+
+    name: str
+    server: str
+    arguments: str  # JSON text, as the model wrote it
+    outcome: str
+    result: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ChatMessage:
     """One message of a conversation. ``stats`` holds per-reply figures (ttft_s, tokens_per_s,
     completion_tokens); ``finish_reason`` is stop, length, stopped (by the user), error, or
@@ -42,6 +54,8 @@ class ChatMessage:
     created_s: float
     images: tuple[str, ...] = ()
     """Images the message carries (a user's, for a vision model), each a ``data:`` URL."""
+    tools: tuple[ChatToolRun, ...] = ()
+    """The tool calls a reply made before its text, in order (none for older messages)."""
 
 
 @dataclasses.dataclass(frozen=True)

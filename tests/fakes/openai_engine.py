@@ -29,6 +29,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by the fake env
 
+from tests.fakes.fake_tool_calls import call_chunks, calls_asked, tool_answers
 from tests.fakes.openai_engine_apis import (
     TOOL_CHOICE_ERROR,
     FakeAPIs,
@@ -129,6 +130,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "which vLLM, SGLang and trtllm-serve run with: 5)",
     )
     p.add_argument("--chunk-bytes", type=int, default=0, help="pad each token chunk to N bytes")
+    p.add_argument(
+        "--tool-call",
+        action="append",
+        metavar="NAME:JSON",
+        help="to a request with tools, stream a call of NAME with these arguments (repeatable); "
+        "once a tool answered, reply in text that starts with what it said "
+        "(tests/fakes/fake_tool_calls.py)",
+    )
     p.add_argument(
         "--end-delay",
         type=float,
@@ -422,9 +431,13 @@ class FakeEngine:
                 holds = True
             if self.args.first_token_delay:
                 await asyncio.sleep(self.args.first_token_delay)
-            for i in range(max_tokens):
+            calls = calls_asked(body, self.args.tool_call) if chat else []
+            for event in call_chunks(str(body["model"]), calls):
+                await resp.write(event)
+            told = tool_answers(body) if chat and self.args.tool_call else ""
+            for i in range(0 if calls else max_tokens):
                 await self.token()
-                delta = {"content": f"w{i} {pad}"} if chat else None
+                delta = {"content": f"{told if i == 0 else ''}w{i} {pad}"} if chat else None
                 choice = (
                     {"index": 0, "delta": delta, "finish_reason": None}
                     if chat

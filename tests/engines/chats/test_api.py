@@ -28,6 +28,26 @@ async def test_images_are_kept_with_their_message(daemon: RunningDaemon) -> None
     assert (await c.chat(chat.chat_id)).messages[0].images == (PNG_URL, PNG_URL)
 
 
+async def test_tool_calls_are_kept_with_their_reply(daemon: RunningDaemon) -> None:
+    """A reply's tool calls (the chat's MCP tools) are stored with it, in order; a bad one is
+    refused with the field named, and nothing is stored."""
+    c = daemon.client
+    chat = await c.create_chat(model="fake")
+    run = {"name": "add", "server": "calc", "arguments": '{"a": 1}', "outcome": "allowed"}
+    reply = {"role": "assistant", "content": "3", "tools": [{**run, "result": "3"}]}
+    denied = {**run, "outcome": "denied", "result": "the user denied it"}
+    await c.add_chat_messages(chat.chat_id, [{"role": "user", "content": "add"}, reply])
+    await c.add_chat_messages(chat.chat_id, [{**reply, "tools": [denied, {**run, "result": "3"}]}])
+    messages = (await c.chat(chat.chat_id)).messages
+    assert messages[0].tools == ()
+    assert [(t.name, t.outcome, t.result) for t in messages[1].tools] == [("add", "allowed", "3")]
+    assert [t.outcome for t in messages[2].tools] == ["denied", "allowed"]
+    assert messages[2].tools[0].arguments == '{"a": 1}' and messages[2].tools[0].server == "calc"
+    with pytest.raises(ControlAPIError, match=r"messages\[0\]\.tools\[0\]\.outcome"):
+        await c.add_chat_messages(chat.chat_id, [{**reply, "tools": [{**run, "outcome": "x"}]}])
+    assert len((await c.chat(chat.chat_id)).messages) == 3
+
+
 async def test_conversation_lifecycle(daemon: RunningDaemon) -> None:
     c = daemon.client
     chat = await c.create_chat(model="fake", params={"temperature": 0.5, "max_tokens": 64})
