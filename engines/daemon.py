@@ -19,6 +19,8 @@ from typing import IO, Protocol
 from aiohttp import web
 
 from engines import __version__
+from engines.batch.files import FileStore
+from engines.batch.routes import FILES, file_routes
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
 from engines.chats.routes import CHATS, chats_routes
@@ -160,6 +162,7 @@ class Daemon:
             paths.data_dir / "requests.db", live, upstream_of=self.ondemand.upstream
         )
         self.chats = ChatsFeature(ChatStore(self.store), publish)
+        self.files = FileStore(self.store, paths.data_dir / "files")
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
@@ -337,6 +340,7 @@ class Daemon:
         mount(app, PEERS, self.peers, peers_routes())
         mount(app, SPREAD, self.multinode, spread_routes())
         mount(app, REQUESTS, self.requests, requests_routes())
+        mount(app, FILES, self.files, file_routes())
         return app
 
     def _peer_app(self, peers: PeersFeature) -> web.Application:

@@ -108,6 +108,17 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN images_json TEXT NOT NULL DEFAULT '[]';
     """,
+    # 4 (batch): uploaded files (OpenAI's Files API); the bytes are in the data folder
+    """
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_s REAL NOT NULL
+    );
+    """,
 )
 
 
