@@ -119,6 +119,22 @@ MIGRATIONS: tuple[str, ...] = (
         created_s REAL NOT NULL
     );
     """,
+    # 5 (batch): batches (OpenAI's Batch API) and each finished line's answer, kept as it ends
+    """
+    CREATE TABLE batches (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        record_json TEXT NOT NULL,
+        created_s REAL NOT NULL
+    );
+    CREATE TABLE batch_lines (
+        batch_id TEXT NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+        line INTEGER NOT NULL,
+        ok INTEGER NOT NULL,
+        result_json TEXT NOT NULL,
+        PRIMARY KEY (batch_id, line)
+    );
+    """,
 )
 
 
