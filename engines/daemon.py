@@ -20,6 +20,8 @@ from typing import IO, Protocol
 from aiohttp import web
 
 from engines import __version__
+from engines.batch.files import FileStore
+from engines.batch.routes import FILES, file_routes
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
 from engines.chats.routes import CHATS, chats_routes
@@ -173,6 +175,7 @@ class Daemon:
             paths.data_dir / "requests.db", live, upstream_of=self.ondemand.upstream
         )
         self.chats = ChatsFeature(ChatStore(self.store), publish)
+        self.files = FileStore(self.store, paths.data_dir / "files")
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
@@ -353,6 +356,7 @@ class Daemon:
         mount(app, SPREAD, self.multinode, spread_routes())
         mount(app, REQUESTS, self.requests, requests_routes())
         app.router.add_routes(router_routes(self.ondemand))  # llama.cpp's, for Open WebUI
+        mount(app, FILES, self.files, file_routes())
         return app
 
     def _peer_app(self, peers: PeersFeature) -> web.Application:

@@ -88,6 +88,11 @@ class GatewaySettings:
         "vLLM has its own 25 MB limit (VLLM_MAX_AUDIO_CLIP_FILESIZE_MB).",
         min=1024,
     )
+    max_file_bytes: int = setting(
+        200 * 1024 * 1024,
+        "Largest file uploaded to /v1/files (batch input); larger gets 400 while it uploads.",
+        min=1024,
+    )
     max_messages: int = setting(2048, "Most chat messages in one request.", min=1)
     max_n: int = setting(16, "Largest `n` (choices per request) accepted.", min=1)
     upstream_connect_timeout_s: float = setting(

@@ -112,6 +112,33 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN tools_json TEXT NOT NULL DEFAULT '[]';
     """,
+    # 5 (batch): uploaded files (OpenAI's Files API); the bytes are in the data folder
+    """
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_s REAL NOT NULL
+    );
+    """,
+    # 6 (batch): batches (OpenAI's Batch API) and each finished line's answer, kept as it ends
+    """
+    CREATE TABLE batches (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        record_json TEXT NOT NULL,
+        created_s REAL NOT NULL
+    );
+    CREATE TABLE batch_lines (
+        batch_id TEXT NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+        line INTEGER NOT NULL,
+        ok INTEGER NOT NULL,
+        result_json TEXT NOT NULL,
+        PRIMARY KEY (batch_id, line)
+    );
+    """,
 )
 
 
