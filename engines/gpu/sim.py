@@ -32,6 +32,7 @@ from typing import Any
 from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
+from engines.gpu.sim_driver import DEFAULT_DRIVER, driver_cuda
 
 MIB = 1024 * 1024
 NAME = "NVIDIA GeForce RTX 4090 (simulated)"
@@ -124,9 +125,11 @@ class SimulatedBackend:
         time_constant_s: float = TIME_CONSTANT_S,
         ambient_c: float = AMBIENT_C,
         state_path: Path | None = None,
+        driver: str = DEFAULT_DRIVER,
     ) -> None:
         """``state_path``: write the control state (fan modes, power limits) there after every
-        write, so that another process can check what this one left behind."""
+        write, so that another process can check what this one left behind. ``driver``: the
+        NVIDIA driver version the GPUs report (it sets their CUDA version)."""
         self._clock = clock
         self._wall = wall
         self.time_scale = time_scale
@@ -136,7 +139,7 @@ class SimulatedBackend:
         self._state_path = state_path
         self._lock = threading.RLock()
         self._last_s = clock()
-        self._gpus = {g.info.uuid: g for g in (_GPU(_sim_info(i)) for i in range(count))}
+        self._gpus = {g.info.uuid: g for g in (_GPU(_sim_info(i, driver)) for i in range(count))}
         self.writes: list[tuple[str, str, int, int | None]] = []
         """Every accepted write: (op, uuid, fan or -1, value): tests read the control history."""
 
@@ -406,15 +409,15 @@ def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def _sim_info(index: int) -> GPUInfo:
+def _sim_info(index: int, driver: str = DEFAULT_DRIVER) -> GPUInfo:
     return GPUInfo(
         uuid=sim_uuid(index),
         index=index,
         name=NAME,
         simulated=True,
         pci_bus_id=f"00000000:{index + 1:02X}:00.0",
-        driver_version="570.133.07 (simulated)",
-        cuda_version="12.8",
+        driver_version=f"{driver} (simulated)",
+        cuda_version=driver_cuda(driver),
         memory_total_bytes=MEMORY_TOTAL_BYTES,
         compute_capability="8.9",
         slowdown_temperature_c=SLOWDOWN_C,
