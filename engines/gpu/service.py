@@ -83,7 +83,7 @@ def build_backend(settings: Settings) -> GPUBackend:
 
         return ReplayBackend(Path(g.replay_file).expanduser(), retime=True, loop=True)
     if g.simulate_gpus > 0:
-        return SimulatedBackend(g.simulate_gpus)
+        return SimulatedBackend(g.simulate_gpus, driver=g.simulate_driver)
     from engines.gpu.nvml import NVMLBackend
 
     return NVMLBackend()

@@ -42,6 +42,7 @@ from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailabl
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
 from engines.gpu.card_profile import CardProfile
+from engines.gpu.sim_driver import DEFAULT_DRIVER, driver_cuda
 
 MIB = 1024 * 1024
 NAME = "NVIDIA GeForce RTX 4090 (simulated)"
@@ -146,14 +147,18 @@ class SimulatedBackend:
         card: CardProfile | None = None,
         desktop: bool = True,
         reserved_bytes: int = RESERVED_BYTES,
+        driver: str | None = None,
     ) -> None:
         """``state_path``: write the control state (fan modes, power limits) there after every
         write, so that another process can check what this one left behind. ``card``: a card
         profile (engines.gpu.card_profile) whose name, memory total and driver reserve the
         simulated cards take instead of a stock RTX 4090's. ``desktop``: GPU 0 drives a
         desktop (Xorg and a compositor hold memory there); ``reserved_bytes``: what the driver
-        reserves on each card (NVML v2) without a card profile."""
+        reserves on each card (NVML v2) without a card profile. ``driver``: the NVIDIA driver
+        version the GPUs report (it sets their CUDA version); else the card profile's, else a
+        current 580-series one."""
         self.reserved_bytes = card.memory_reserved_bytes if card else reserved_bytes
+        driver = driver or (card.driver_version if card else "") or DEFAULT_DRIVER
         self._clock = clock
         self._wall = wall
         self.time_scale = time_scale
@@ -165,7 +170,7 @@ class SimulatedBackend:
         self._last_s = clock()
         self.memory_total_bytes = card.memory_total_bytes if card else MEMORY_TOTAL_BYTES
         self.memory_reserved_bytes = self.reserved_bytes
-        infos = (_sim_info(i, card) for i in range(count))
+        infos = (_sim_info(i, driver, card) for i in range(count))
         self._gpus = {g.info.uuid: g for g in (_GPU(info) for info in infos)}
         if desktop and count:
             first = self._gpus[sim_uuid(0)]
@@ -444,15 +449,15 @@ def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def _sim_info(index: int, card: CardProfile | None = None) -> GPUInfo:
+def _sim_info(index: int, driver: str = DEFAULT_DRIVER, card: CardProfile | None = None) -> GPUInfo:
     return GPUInfo(
         uuid=sim_uuid(index),
         index=index,
         name=f"{card.name} (simulated)" if card else NAME,
         simulated=True,
         pci_bus_id=f"00000000:{index + 1:02X}:00.0",
-        driver_version="570.133.07 (simulated)",
-        cuda_version="12.8",
+        driver_version=f"{driver} (simulated)",
+        cuda_version=driver_cuda(driver),
         memory_total_bytes=card.memory_total_bytes if card else MEMORY_TOTAL_BYTES,
         compute_capability="8.9",
         slowdown_temperature_c=SLOWDOWN_C,

@@ -24,7 +24,11 @@ def _vllm_parser() -> argparse.ArgumentParser:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older releases
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
-    for module in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+    for module in (
+        "vllm.entrypoints.common.cli_args",  # 0.34
+        "vllm.entrypoints.launchers.cli_args",
+        "vllm.entrypoints.openai.cli_args",
+    ):
         try:
             make = importlib.import_module(module).make_arg_parser
         except (ImportError, AttributeError):

@@ -19,6 +19,7 @@ import re
 from engines.config.profiles import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.runtime.adapters import cuda_init
 from engines.runtime.adapters.base import (
     PORT_IN_USE,
     EngineRuntime,
@@ -38,6 +39,7 @@ def _suggest_context(m: re.Match[str]) -> dict[str, str]:
 
 
 RULES: tuple[LogRule, ...] = (
+    *cuda_init.RULES,
     LogRule(
         "no_cache_memory",
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),

@@ -24,6 +24,7 @@ from typing import Any
 from engines.config.profiles import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.runtime.adapters import cuda_init
 from engines.runtime.adapters.base import (
     PORT_IN_USE,
     RUN_DIR,
@@ -67,6 +68,7 @@ def _suggest_window(m: re.Match[str]) -> dict[str, str]:
 
 
 RULES: tuple[LogRule, ...] = (
+    *cuda_init.RULES,
     LogRule(
         "fp8_unsupported",
         re.compile(r"Networks with FP8 precision require hardware with FP8 support"),

@@ -14,6 +14,7 @@ import re
 from engines.config.profiles import Profile
 from engines.errors import ConfigError
 from engines.events.core import Diagnosis
+from engines.runtime.adapters import cuda_init
 from engines.runtime.adapters.base import (
     PORT_IN_USE,
     EngineRuntime,
@@ -65,6 +66,7 @@ def _suggest_derived(m: re.Match[str]) -> dict[str, str]:
 
 
 RULES: tuple[LogRule, ...] = (
+    *cuda_init.RULES,
     LogRule(
         "kv_cache_too_small",
         re.compile(

@@ -4,7 +4,6 @@ CUDA recipe (whose 0.33 ships no list) recording the installed version's flags."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from packaging.version import Version
 
 from engines.config.profiles import profile_from_mapping
+from engines.envs import manager as manager_module
+from engines.envs.builds import Build, PipStep
 from engines.envs.manager import FLAGS_FILE, RECIPES, EnvManager, load_flags
 from engines.events import EngineState
 from engines.runtime.adapters.base import EngineRuntime
@@ -92,7 +93,7 @@ def write_fake_vllm_package(root: Path) -> Path:
     check and for resources/probes/argparse_flags.py to build "its" parser."""
     modules = {
         "setup.py": FAKE_VLLM_SETUP,
-        "torch.py": "__version__ = '2.9.0+fake'\n",
+        "torch.py": "import types\n__version__ = '2.9.0+fake'\nversion = types.SimpleNamespace(cuda='13.0')\n",
         "vllm/__init__.py": "__version__ = '0.33.0'\n",
         "vllm/utils/__init__.py": "",
         "vllm/utils/argparse_utils.py": "from argparse import ArgumentParser as FlexibleArgumentParser\n",
@@ -111,12 +112,16 @@ async def test_the_cuda_recipe_probes_the_flags_of_the_version_it_installs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recipe = RECIPES[("vllm", "cuda")]
-    assert recipe.default_version == "0.33.0" and recipe.probe_flags
+    assert recipe.default_version == "0.34.0" and recipe.probe_flags
     pkg = write_fake_vllm_package(tmp_path / "src")
-    monkeypatch.setitem(
-        RECIPES, ("vllm", "cuda"), dataclasses.replace(recipe, requirement=str(pkg))
-    )
-    env = await EnvManager(tmp_path / "envs").install("vllm", device="cuda", extra_index_urls=())
+
+    def local_build(engine: str, version: str, cuda: str) -> Build:
+        """The driver's build, but its one pip step installs the FAKE 0.33 package (the real
+        ones come from PyPI and PyTorch's index: tests/engines/test_builds.py checks those)."""
+        return Build(engine, "cuda", "0.33.0", "13.0", (PipStep((str(pkg),), engine=True),), "")
+
+    monkeypatch.setattr(manager_module, "choose_build", local_build)
+    env = await EnvManager(tmp_path / "envs").install("vllm", device="cuda", version="0.33.0")
     recorded = json.loads((env.path / FLAGS_FILE).read_text())
     assert recorded["version"] == "0.33.0"
     assert recorded["flags"]["--new-in-0-33"]["choices"] == ["a", "b"]
