@@ -54,6 +54,29 @@ def _vllm_parser_choices(flags: dict[str, dict[str, object]]) -> None:
         flags[flag]["choices"] = sorted(str(n) for n in names)
 
 
+def _vllm_typed_choices(flags: dict[str, dict[str, object]]) -> None:
+    """Some of vLLM's flags take any string in argparse while its config types name the values
+    (a Literal, or the quantization registry); record those as the choices where argparse has
+    none, so a profile's value renamed or removed between versions is refused before a start."""
+    from typing import get_args
+
+    sources = {
+        "--quantization": ("vllm.model_executor.layers.quantization", "QUANTIZATION_METHODS"),
+        "--kv-cache-dtype": ("vllm.config.cache", "CacheDType"),
+        "--tokenizer-mode": ("vllm.config.model", "TokenizerMode"),
+    }
+    for flag, (module, name) in sources.items():
+        if flag not in flags or flags[flag].get("choices"):
+            continue
+        try:
+            found = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # another layout: leave the flag open
+            continue
+        names = found if isinstance(found, list | tuple) else get_args(found)
+        if names:
+            flags[flag]["choices"] = sorted(str(n) for n in names)
+
+
 def _sglang_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -162,6 +185,7 @@ def _probe(what: str) -> dict[str, object]:
         flags, engine, version = _describe(parser), what, installed_version(what, f"{what}-cpu")
         if what == "vllm":
             _vllm_parser_choices(flags)
+            _vllm_typed_choices(flags)
     return {"engine": engine, "version": version, "style": style, "flags": flags}
 
 

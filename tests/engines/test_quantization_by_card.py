@@ -43,9 +43,12 @@ def test_mxfp4_from_compute_capability_8_0() -> None:
 
 def test_nvfp4_stays_blackwell_only() -> None:
     for cc in (ADA, ""):
-        with pytest.raises(ConfigError, match="needs a Blackwell GPU"):
-            launch("nvfp4", cc)
-    launch("nvfp4", "10.0")
+        for name in ("nvfp4", "modelopt_fp4"):
+            with pytest.raises(ConfigError, match="needs a Blackwell GPU"):
+                launch(name, cc)
+    launch("modelopt_fp4", "10.0")  # vLLM's name for NVFP4 checkpoints
+    with pytest.raises(ConfigError, match="'nvfp4' is not a name vllm 0.32.0 knows"):
+        launch("nvfp4", "10.0")  # not one of vLLM's quantization methods, whatever the card
 
 
 def turing_trace(path: Path) -> Path:

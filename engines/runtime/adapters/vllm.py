@@ -202,7 +202,7 @@ class VLLMAdapter:
         self, profile: Profile, *, runtime: EngineRuntime, port: int, model: str
     ) -> LaunchSpec:
         check_quantization(profile, runtime)
-        check_parsers(profile, runtime)
+        check_choices(profile, runtime)
         argv = self._flags(profile, port=port, model=model, runtime=runtime)
         worker_flags, worker_env = in_process_worker(profile, runtime)
         argv += worker_flags
@@ -362,12 +362,16 @@ def capability(cc: str) -> tuple[int, int]:
         return 0, 0
 
 
-def check_parsers(profile: Profile, runtime: EngineRuntime) -> None:
-    """The profile's parsers must be ones the installed version knows (its flag list records
-    vLLM's parser registries); said in the profile's words, with the valid names."""
+def check_choices(profile: Profile, runtime: EngineRuntime) -> None:
+    """The profile's parsers, quantization and KV-cache dtype must be names the installed
+    version knows (its flag list records vLLM's parser registries, quantization methods and
+    cache dtypes: a name renamed or removed since the profile was written is caught here); said
+    in the profile's words, with the valid names."""
     fields = (
         ("tool_parser", profile.tool_parser, "--tool-call-parser"),
         ("reasoning_parser", profile.reasoning_parser, "--reasoning-parser"),
+        ("quantization", profile.quantization, "--quantization"),
+        ("kv_cache_dtype", profile.kv_cache_dtype, "--kv-cache-dtype"),
     )
     for field_name, value, flag in fields:
         spec = runtime.flags.flags.get(flag)
@@ -376,8 +380,8 @@ def check_parsers(profile: Profile, runtime: EngineRuntime) -> None:
         close = difflib.get_close_matches(value, spec.choices, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"{field_name} = {value!r} is not a format vllm {runtime.version} knows{hint}; "
-            f"valid: {', '.join(spec.choices)}. Leave it empty to turn it off."
+            f"{field_name} = {value!r} is not a name vllm {runtime.version} knows{hint}; "
+            f"valid: {', '.join(spec.choices)}. Leave it empty for the engine's default."
         )
 
 

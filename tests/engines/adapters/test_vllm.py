@@ -330,10 +330,24 @@ def test_an_unknown_parser_is_named_with_the_valid_ones() -> None:
     with pytest.raises(ConfigError) as err:
         launch(profile(tool_parser="llama3-json"))
     text = str(err.value)
-    assert "tool_parser = 'llama3-json' is not a format vllm 0.32.0 knows" in text
+    assert "tool_parser = 'llama3-json' is not a name vllm 0.32.0 knows" in text
     assert "did you mean 'llama3_json'?" in text and "hermes" in text
     with pytest.raises(ConfigError, match="reasoning_parser = 'qwen9'"):
         launch(profile(reasoning_parser="qwen9"))
+
+
+def test_a_quantization_removed_since_the_profile_was_written_is_refused_by_name() -> None:
+    """vLLM 0.34 dropped 'fp_quant' from its quantization methods (the shipped flag lists
+    record each version's registry): a 0.32 profile that names it is refused before a start."""
+    p = profile(quantization="fp_quant", dtype="bfloat16")
+    assert "fp_quant" in load_flags("vllm", "0.32.0").flags["--quantization"].choices
+    newer = dataclasses.replace(
+        runtime(), version=Version("0.34.0"), flags=load_flags("vllm", "0.34.0")
+    )
+    with pytest.raises(ConfigError, match="quantization = 'fp_quant' is not a name vllm 0.34.0"):
+        VLLMAdapter().launch(p, runtime=newer, port=41234, model=p.model)
+    for name in ("awq_marlin", "mxfp4", "fp8"):  # the presets' and the Ada-capable ones stay
+        assert name in newer.flags.flags["--quantization"].choices
 
 
 def test_parsers_and_runner_are_vllm_settings() -> None:
