@@ -64,6 +64,9 @@ class GPUInfo:
     driver_version: str = ""
     cuda_version: str = ""
     memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    """What the driver reserves inside ``memory_total_bytes`` and no program can use (NVML
+    v2's reserved); None where only v1 answered."""
     compute_capability: str = ""
     """CUDA compute capability, "8.9" (Ada); "" when the driver did not say."""
     slowdown_temperature_c: int | None = None

@@ -221,6 +221,7 @@ class NVMLBackend:
             driver_version=driver,
             cuda_version=cuda,
             memory_total_bytes=_int(getattr(memory, "total", None)),
+            memory_reserved_bytes=_int(getattr(memory, "reserved", None)),
             compute_capability=_capability(
                 self.call("nvmlDeviceGetCudaComputeCapability", h, uuid=uuid)
             ),

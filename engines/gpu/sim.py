@@ -170,7 +170,12 @@ class SimulatedBackend:
         self._last_s = clock()
         self.memory_total_bytes = card.memory_total_bytes if card else MEMORY_TOTAL_BYTES
         self.memory_reserved_bytes = self.reserved_bytes
-        infos = (_sim_info(i, driver, card) for i in range(count))
+        infos = (
+            dataclasses.replace(
+                _sim_info(i, driver, card), memory_reserved_bytes=self.reserved_bytes
+            )
+            for i in range(count)
+        )
         self._gpus = {g.info.uuid: g for g in (_GPU(info) for info in infos)}
         if desktop and count:
             first = self._gpus[sim_uuid(0)]

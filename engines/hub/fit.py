@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from engines.events.gpu import GPUInfo
 from engines.events.hub import FitFix, FitResult, ModelDetails
-from engines.gpu.inventory import RTX_4090, capability
+from engines.gpu.inventory import RTX_4090, capability, cuda_total_bytes
 
 GIB = 1 << 30
 FIT_ENGINES = ("vllm", "trtllm")
@@ -132,7 +132,7 @@ def _estimate(model: ModelDetails, req: FitRequest) -> FitResult:
         budget = weights = overhead = 0
         kv_budget = req.cpu_kv_cache_bytes
     else:
-        memory = min(g.memory_total_bytes or 0 for g in req.gpus[:tp]) if req.gpus else 0
+        memory = min(cuda_total_bytes(g) for g in req.gpus[:tp]) if req.gpus else 0
         budget = int(memory * req.gpu_memory_utilization)
         weights = math.ceil(weights_total / tp)
         overhead = _overhead(model, tp, *batch_defaults(req))

@@ -72,7 +72,8 @@ def cards(
     out = []
     for index, info in enumerate(cuda_order(infos)):
         snap = latest.get(info.uuid)
-        reserve = (snap.memory_reserved_bytes or 0) if snap is not None else 0
+        reserve = snap.memory_reserved_bytes if snap is not None else None
+        reserve = info.memory_reserved_bytes or 0 if reserve is None else reserve
         total = (info.memory_total_bytes or 0) - reserve
         other, names = _other(snap, index, total, running, bookings)
         out.append(Card(index, info.name, total, other, names, index in reserved, reserve))

@@ -207,3 +207,20 @@ def test_activations_follow_the_profile_s_batched_tokens_else_vllm_s_default_for
     )
     same = estimate(LLAMA_8B, FitRequest(gpus=(a100,), context_len=8192))
     assert same.overhead_bytes_per_gpu == default.overhead_bytes_per_gpu  # A100s keep 2048
+
+
+def test_the_budget_is_a_share_of_the_memory_cuda_sees_not_nvmls_total() -> None:
+    """A 4090 is 23.99 GiB in NVML and 23.64 GiB in torch: the driver's reserve is in NVML's
+    total and no engine gets it, so the utilisation share is taken of the rest (the simulated
+    cards, NVML v2 and the default 4090 all carry the reserve)."""
+    from engines.gpu.sim import RESERVED_BYTES, SimulatedBackend
+
+    assert RTX_4090.memory_reserved_bytes == RESERVED_BYTES
+    for gpu in (RTX_4090, SimulatedBackend(1).open()[0]):
+        assert gpu.memory_total_bytes and gpu.memory_reserved_bytes == RESERVED_BYTES
+        result = estimate(LLAMA_8B, FitRequest(gpus=(gpu,), gpu_memory_utilization=0.9))
+        usable = gpu.memory_total_bytes - RESERVED_BYTES
+        assert result.budget_bytes_per_gpu == int(usable * 0.9)
+    headless = dataclasses.replace(RTX_4090, memory_reserved_bytes=None)  # NVML v1 only
+    result = estimate(LLAMA_8B, FitRequest(gpus=(headless,), gpu_memory_utilization=0.9))
+    assert result.budget_bytes_per_gpu == int(RTX_4090.memory_total_bytes * 0.9)
