@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engines import __version__
@@ -226,6 +227,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="the NVIDIA driver the simulated GPUs report, e.g. 550.163.01 (default: "
         "gpu.simulate_driver, a 580-series driver); its CUDA version picks the engine builds",
     )
+    s.add_argument(
+        "--simulate-card",
+        metavar="FILE",
+        type=Path,
+        help="a card profile from tests/gpu/truth.py: the simulated GPUs take its name, memory "
+        "and driver (default: gpu.simulate_card, stock RTX 4090s)",
+    )
     s.set_defaults(func=cmd_serve)
 
     engines_sub = _engines_parser(sub)
@@ -314,6 +322,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
         driver_cuda(args.simulate_driver)  # a bad version is refused before the daemon starts
         overrides["gpu.simulate_driver"] = args.simulate_driver
+    if args.simulate_card:
+        from engines.gpu import card_profile
+
+        card = args.simulate_card.expanduser().resolve()
+        card_profile.load(card)  # a file that is not a card profile is refused here, in words
+        overrides["gpu.simulate_card"] = str(card)
     settings = await asyncio.to_thread(LiveSettings.load, paths.config_file, overrides)
     await Daemon(paths, settings, serve_args=_serve_args(args)).run(freeze_heap=True)
     return 0
@@ -328,6 +342,10 @@ def _serve_args(args: argparse.Namespace) -> tuple[str, ...]:
         out += ["--ollama-port", str(args.ollama_port)]
     if args.simulate_gpus is not None:
         out += ["--simulate-gpus", str(args.simulate_gpus)]
+    if args.simulate_driver:
+        out += ["--simulate-driver", args.simulate_driver]
+    if args.simulate_card:
+        out += ["--simulate-card", str(args.simulate_card.expanduser().resolve())]
     return tuple(out)
 
 

@@ -187,10 +187,16 @@ class GPUSettings:
         0, "Use the simulated RTX 4090 backend with this many GPUs (0: real NVML).", min=0, max=8
     )
     simulate_driver: str = setting(
-        "580.95.05",
+        "",
         "The NVIDIA driver version the simulated GPUs report; it sets their CUDA version, which "
         "picks the engine builds `traylm engines install` chooses (550: CUDA 12.4, 575: 12.9, "
-        "580: 13.0).",
+        "580: 13.0). Empty: the card profile's driver, else a current 580-series one.",
+    )
+    simulate_card: str = setting(
+        "",
+        "A card profile (the JSON tests/gpu/truth.py writes on a real NVIDIA machine) whose "
+        "name, memory totals, driver reserve and driver the simulated GPUs take. Empty: stock "
+        "RTX 4090s.",
     )
     sample_interval_s: float = setting(1.0, "Telemetry sampling period.", min=0.1, max=60)
     history_resolution_s: float = setting(

@@ -39,6 +39,7 @@ from engines.events.gpu import (
     HelperStatus,
     PSUStatus,
 )
+from engines.gpu import card_profile
 from engines.gpu.backend import GPUBackend, cuda_order
 from engines.gpu.energy import (
     EnergyPoint,
@@ -83,7 +84,8 @@ def build_backend(settings: Settings) -> GPUBackend:
 
         return ReplayBackend(Path(g.replay_file).expanduser(), retime=True, loop=True)
     if g.simulate_gpus > 0:
-        return SimulatedBackend(g.simulate_gpus, driver=g.simulate_driver)
+        card = card_profile.load(Path(g.simulate_card).expanduser()) if g.simulate_card else None
+        return SimulatedBackend(g.simulate_gpus, driver=g.simulate_driver or None, card=card)
     from engines.gpu.nvml import NVMLBackend
 
     return NVMLBackend()

@@ -92,3 +92,39 @@ def test_a_bad_profile_says_what_is_wrong(tmp_path: Path, data: object, words: s
 def test_a_missing_profile_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tests/gpu/truth.py"):
         load(tmp_path / "absent.json")
+
+
+def test_the_daemon_simulates_the_card_a_profile_names(tmp_path: Path) -> None:
+    """gpu.simulate_card (`traylm serve --simulate-card FILE`) gives the daemon's GPUs the
+    profile's name, memory, reserve and driver; an explicit simulated driver still wins."""
+    from engines.config.sections import GPUSettings, Settings
+    from engines.gpu.service import build_backend
+
+    card = GPUSettings(simulate_gpus=2, simulate_card=str(HANDWRITTEN))
+    infos = build_backend(Settings(gpu=card)).open()
+    assert [i.name for i in infos] == ["NVIDIA GeForce RTX 4090 (simulated)"] * 2
+    assert {i.memory_reserved_bytes for i in infos} == {374341632}
+    assert {i.driver_version for i in infos} == {"580.95.05 (simulated)"}
+    older = GPUSettings(simulate_gpus=1, simulate_card=str(HANDWRITTEN), simulate_driver="575")
+    assert build_backend(Settings(gpu=older)).open()[0].cuda_version == "12.9"
+
+
+def test_serve_refuses_a_file_that_is_no_card_profile_before_starting(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "card.json"
+    bad.write_text('{"kind": "something else"}')
+    env = {**os.environ, "TRAYLM_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "engines", "serve", "--port", "0", "--simulate-gpus", "1"]
+    out = subprocess.run(
+        [*argv, "--simulate-card", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0 and "is not a traylm card profile" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
