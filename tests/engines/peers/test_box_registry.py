@@ -33,7 +33,7 @@ from engines.ondemand.service import ModelsOnDemand
 from engines.peers.replicas import BoxReplicas
 from engines.peers.store import Peer
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 SERVES = {
     "name": "box-b",
