@@ -79,9 +79,13 @@ class DesktopApp(QObject):
         self.dashboard: DashboardWindow | None = None
         self.setup: SetupDialog | None = None
         self._setup_offered = False
-        for signal in (self.state.envs_changed, self.state.settings_changed,
-                       self.state.profiles_changed, self.state.gpu.overview_changed,
-                       self.state.servable_changed):  # fmt: skip
+        for signal in (
+            self.state.envs_changed,
+            self.state.settings_changed,
+            self.state.profiles_changed,
+            self.state.gpu.overview_changed,
+            self.state.servable_changed,
+        ):
             signal.connect(self.offer_setup_once)
         self.state.event_received.connect(self.on_event_received)
         self.quit_dialog: QuitDialog | None = None
@@ -142,9 +146,12 @@ class DesktopApp(QObject):
             from desktop.setup.dialog import SetupDialog
 
             self.setup = SetupDialog(
-                self.bridge, self.state, self.actions, open_chat=self.open_chat,
+                self.bridge,
+                self.state,
+                self.actions,
+                open_chat=self.open_chat,
                 run_fix=self.run_fix,
-            )  # fmt: skip
+            )
             self.setup.setWindowIcon(app_icon())
         self.setup.begin()
         _raise(self.setup)

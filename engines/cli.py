@@ -401,9 +401,12 @@ async def cmd_engines_install(args: argparse.Namespace) -> int:
     say = InstallPrinter(started)
     try:
         env = await manager.install(
-            args.engine, device=device, version=args.engine_version, progress=say.line,
+            args.engine,
+            device=device,
+            version=args.engine_version,
+            progress=say.line,
             on_pip=say.pip,
-        )  # fmt: skip
+        )
     except asyncio.CancelledError:  # Ctrl-C: the half-made environment is already gone
         print("cancelled: the unfinished environment was removed", file=sys.stderr)
         raise

@@ -222,7 +222,7 @@ class Daemon:
         )
         self.bench = BenchFeature(
             store=self.store,
-            routing=self.supervisor,
+            engines=self.supervisor,
             settings=live,
             control_token=self.token,
             logs_dir=paths.logs_dir,

@@ -144,34 +144,53 @@ def gpu_findings(facts: GPUFacts, *, cpu_engine: bool) -> list[Finding]:
             else "; without one, the CPU build serves small models"
         )
         return [
-            Finding("NVIDIA driver", "warn",
-                    f"not found ({facts.error}): traylm serves on the CPU", fix),
-            Finding("NVML", "warn", "not available: no GPU telemetry, fans or power limits",
-                    "comes with the NVIDIA driver"),
-        ]  # fmt: skip
+            Finding(
+                "NVIDIA driver", "warn", f"not found ({facts.error}): traylm serves on the CPU", fix
+            ),
+            Finding(
+                "NVML",
+                "warn",
+                "not available: no GPU telemetry, fans or power limits",
+                "comes with the NVIDIA driver",
+            ),
+        ]
     found = [Finding("NVIDIA driver", "ok", f"driver {facts.driver}")]
     major = int(facts.cuda.split(".")[0]) if facts.cuda else 0
     if major < CUDA_MIN_MAJOR:
-        found.append(Finding("CUDA", "fail", f"the driver supports CUDA {facts.cuda}",
-                             f"update the NVIDIA driver to one with CUDA {CUDA_MIN_MAJOR}.x",
-                             blocks=not cpu_engine))  # fmt: skip
+        found.append(
+            Finding(
+                "CUDA",
+                "fail",
+                f"the driver supports CUDA {facts.cuda}",
+                f"update the NVIDIA driver to one with CUDA {CUDA_MIN_MAJOR}.x",
+                blocks=not cpu_engine,
+            )
+        )
     else:
         found.append(Finding("CUDA", "ok", f"the driver supports CUDA {facts.cuda}"))
     found.append(Finding("NVML", "ok", "telemetry, fan and power control available"))
-    gpus = ", ".join(f"{n} ({m / GIB:.0f} GiB)" for n, m in zip(facts.names, facts.memory_bytes,
-                                                                  strict=True))  # fmt: skip
+    gpus = ", ".join(
+        f"{n} ({m / GIB:.0f} GiB)" for n, m in zip(facts.names, facts.memory_bytes, strict=True)
+    )
     if facts.names:
         found.append(Finding("GPUs", "ok", gpus))
     else:
-        found.append(Finding("GPUs", "warn", "the driver sees no GPU", "check the card's seat "
-                             "and power cables"))  # fmt: skip
+        found.append(
+            Finding(
+                "GPUs", "warn", "the driver sees no GPU", "check the card's seat and power cables"
+            )
+        )
     for a, b, ok in facts.p2p:
-        found.append(Finding(
-            f"P2P GPU {a} ↔ {b}", "ok" if ok else "info",
-            "peer-to-peer works: profiles may set p2p = true" if ok else
-            "no peer-to-peer (stock GeForce driver): tensor parallel runs over PCIe with "
-            "NCCL_P2P_DISABLE=1, as the presets do",
-        ))  # fmt: skip
+        found.append(
+            Finding(
+                f"P2P GPU {a} ↔ {b}",
+                "ok" if ok else "info",
+                "peer-to-peer works: profiles may set p2p = true"
+                if ok
+                else "no peer-to-peer (stock GeForce driver): tensor parallel runs over PCIe with "
+                "NCCL_P2P_DISABLE=1, as the presets do",
+            )
+        )
     return found
 
 
@@ -250,11 +269,17 @@ def p2p_transfer_findings(
 def disk_finding(path: Path, free_bytes: int) -> Finding:
     where = f"{free_bytes / GIB:.1f} GiB free at {path}"
     if free_bytes < DISK_BLOCK_BYTES:
-        return Finding("disk", "fail", where, "free space there, or move the Hugging Face "
-                       "cache (HF_HOME) to a bigger disk", blocks=True)  # fmt: skip
+        return Finding(
+            "disk",
+            "fail",
+            where,
+            "free space there, or move the Hugging Face cache (HF_HOME) to a bigger disk",
+            blocks=True,
+        )
     if free_bytes < DISK_WARN_BYTES:
-        return Finding("disk", "warn", where, "enough for small models only; big ones need "
-                       "tens of GB")  # fmt: skip
+        return Finding(
+            "disk", "warn", where, "enough for small models only; big ones need tens of GB"
+        )
     return Finding("disk", "ok", where)
 
 
@@ -285,9 +310,13 @@ def port_finding(
     daemon_pid = _daemon_pid(paths)
     if daemon_pid is not None and who.startswith(f"pid {daemon_pid} "):
         return Finding("port", "ok", f"127.0.0.1:{port} is the running traylm daemon's")
-    return Finding("port", "fail", f"127.0.0.1:{port} is held by {who}",
-                   f"stop it, or move traylm: `traylm config set gateway.port {port + 1}`",
-                   blocks=True)  # fmt: skip
+    return Finding(
+        "port",
+        "fail",
+        f"127.0.0.1:{port} is held by {who}",
+        f"stop it, or move traylm: `traylm config set gateway.port {port + 1}`",
+        blocks=True,
+    )
 
 
 def ollama_port_finding(
@@ -324,21 +353,40 @@ def env_findings(envs: list[EnvInfo], *, gpu: bool) -> list[Finding]:
     found = []
     for env in envs:
         if env.installing_pid:
-            found.append(Finding(f"engine {env.name}", "info",
-                                 f"being installed now (pid {env.installing_pid})"))  # fmt: skip
+            found.append(
+                Finding(
+                    f"engine {env.name}", "info", f"being installed now (pid {env.installing_pid})"
+                )
+            )
         elif not env.complete:
-            found.append(Finding(f"engine {env.name}", "warn", "its install did not finish",
-                                 f"`traylm engines install {env.engine}"
-                                 f"{' --cpu' if env.device == 'cpu' else ''}` again"))  # fmt: skip
+            found.append(
+                Finding(
+                    f"engine {env.name}",
+                    "warn",
+                    "its install did not finish",
+                    f"`traylm engines install {env.engine}"
+                    f"{' --cpu' if env.device == 'cpu' else ''}` again",
+                )
+            )
     usable = [e for e in complete if e.device == "cpu" or gpu]
     for env in complete:
         note = "" if env in usable else " (a CUDA build: needs the NVIDIA driver)"
-        found.append(Finding(f"engine {env.name}", "ok" if not note else "warn",
-                             f"installed at {env.path}{note}"))  # fmt: skip
+        found.append(
+            Finding(
+                f"engine {env.name}", "ok" if not note else "warn", f"installed at {env.path}{note}"
+            )
+        )
     if not usable:
         cmd = "traylm engines install vllm" + ("" if gpu else " --cpu")
-        found.append(Finding("engines", "fail", "no engine that can run here is installed",
-                             f"`{cmd}` (or the setup in the tray app)", blocks=True))  # fmt: skip
+        found.append(
+            Finding(
+                "engines",
+                "fail",
+                "no engine that can run here is installed",
+                f"`{cmd}` (or the setup in the tray app)",
+                blocks=True,
+            )
+        )
     return found
 
 
@@ -350,8 +398,12 @@ async def helper_finding(settings: Settings) -> Finding:
         await client.stop()
     if status.available:
         return Finding("root helper", "ok", f"traylm-gpud {status.version} answers")
-    return Finding("root helper", "info", f"{status.detail.split(';')[0]}: fan curves and power "
-                   "limits are read-only", status.install_hint)  # fmt: skip
+    return Finding(
+        "root helper",
+        "info",
+        f"{status.detail.split(';')[0]}: fan curves and power limits are read-only",
+        status.install_hint,
+    )
 
 
 def tray_finding(environ: dict[str, str], run: Callable[..., Any] = subprocess.run) -> Finding:
@@ -363,15 +415,25 @@ def tray_finding(environ: dict[str, str], run: Callable[..., Any] = subprocess.r
             "run `traylm` from your desktop; the CLI and `traylm serve` work here",
         )
     try:
-        out = run([sys.executable, "-c", TRAY_PROBE], capture_output=True, text=True,
-                  timeout=20, env=environ, check=False).stdout  # fmt: skip
+        out = run(
+            [sys.executable, "-c", TRAY_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=environ,
+            check=False,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Finding("tray", "warn", f"could not ask Qt ({exc})")
     if "TRAY True" in out:
         return Finding("tray", "ok", "the desktop has a system tray")
     if "TRAY False" in out:
-        return Finding("tray", "info", "no system tray on this desktop: traylm opens as a window",
-                       "GNOME needs the AppIndicator extension for tray icons")  # fmt: skip
+        return Finding(
+            "tray",
+            "info",
+            "no system tray on this desktop: traylm opens as a window",
+            "GNOME needs the AppIndicator extension for tray icons",
+        )
     return Finding("tray", "warn", "Qt could not start here", "see `traylm -v` for why")
 
 

@@ -458,9 +458,13 @@ class ChatController(QObject):
                 self._raise(ChatError("context_full", "not even one turn fits the context"))
                 return
             request = ChatRequest(
-                next(self._ids), options.model, (*kept, ("user", SUMMARY_ASK, ())),
-                options.temperature, options.top_p, min(SUMMARY_MAX_TOKENS, options.max_tokens),
-            )  # fmt: skip
+                next(self._ids),
+                options.model,
+                (*kept, ("user", SUMMARY_ASK, ())),
+                options.temperature,
+                options.top_p,
+                min(SUMMARY_MAX_TOKENS, options.max_tokens),
+            )
             self.bridge.call_gateway(lambda g: g.stream_chat(request), lambda r: got(r, drop))
 
         def got(result: CallResult, drop: int) -> None:
@@ -475,9 +479,13 @@ class ChatController(QObject):
                 return
             system = f"A summary of an earlier conversation:\n{ended.content.strip()}"
             new_options = ChatOptions(
-                options.model, system, options.temperature, options.top_p,
-                options.max_tokens, options.context_policy,
-            )  # fmt: skip
+                options.model,
+                system,
+                options.temperature,
+                options.top_p,
+                options.max_tokens,
+                options.context_policy,
+            )
 
             def created(r: CallResult) -> None:
                 self.summarizing = False

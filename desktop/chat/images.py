@@ -24,9 +24,11 @@ def data_url(image: QImage) -> str:
     most ``MAX_SIDE_PX`` on its longest side."""
     if max(image.width(), image.height()) > MAX_SIDE_PX:
         image = image.scaled(
-            MAX_SIDE_PX, MAX_SIDE_PX, Qt.AspectRatioMode.KeepAspectRatio,
+            MAX_SIDE_PX,
+            MAX_SIDE_PX,
+            Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation,
-        )  # fmt: skip
+        )
     kind = "png" if image.hasAlphaChannel() else "jpeg"
     data = QByteArray()
     buffer = QBuffer(data)
@@ -57,9 +59,11 @@ def thumbnail(url: str, size_px: int = THUMB_PX) -> QPixmap:
     if pixmap.isNull():
         return pixmap
     return pixmap.scaled(
-        size_px, size_px, Qt.AspectRatioMode.KeepAspectRatio,
+        size_px,
+        size_px,
+        Qt.AspectRatioMode.KeepAspectRatio,
         Qt.TransformationMode.SmoothTransformation,
-    )  # fmt: skip
+    )
 
 
 def images_in(mime: QMimeData) -> list[QImage]:

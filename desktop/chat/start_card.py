@@ -70,8 +70,9 @@ class StartCard(QObject):
             text = engine.detail
             if engine.diagnosis is not None:
                 text = f"{engine.diagnosis.summary}. {engine.diagnosis.advice}"
-            self._failed(profile, text, Fix(ENGINE_LOG, "Open its log", profile,
-                                            f"traylm logs {profile}"))  # fmt: skip
+            self._failed(
+                profile, text, Fix(ENGINE_LOG, "Open its log", profile, f"traylm logs {profile}")
+            )
             return
         entry = self.state.profile(profile)
         served = entry.served_names[0] if entry else profile

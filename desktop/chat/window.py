@@ -92,9 +92,13 @@ class ChatWindow(QMainWindow):
         self._answered: Callable[[bool], None] | None = None
         self._build()
         self.start_card = StartCard(
-            self.transcript.error_card, state, self.controller,
-            start_again=self.on_start_fix, run_fix=run_fix, parent=self,
-        )  # fmt: skip
+            self.transcript.error_card,
+            state,
+            self.controller,
+            start_again=self.on_start_fix,
+            run_fix=run_fix,
+            parent=self,
+        )
         c = self.controller
         c.chats_changed.connect(self.on_chats_changed)
         c.transcript_changed.connect(self.on_transcript_changed)

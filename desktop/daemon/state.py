@@ -294,9 +294,21 @@ class AppState(QObject):
         old = self.engines.get(ev.engine_id)
         if old is None:
             old = EngineStatus(
-                ev.engine_id, ev.engine, ev.state, ev.served_names, ev.port, ev.pid, 0, "", None,
-                None, None, ev.engine_id, "", "",
-            )  # fmt: skip
+                ev.engine_id,
+                ev.engine,
+                ev.state,
+                ev.served_names,
+                ev.port,
+                ev.pid,
+                0,
+                "",
+                None,
+                None,
+                None,
+                ev.engine_id,
+                "",
+                "",
+            )
         self.engines[ev.engine_id] = dataclasses.replace(
             old,
             state=ev.state,

@@ -207,13 +207,23 @@ class BenchPage(Page):
         )
         self.table.setRowCount(len(self.summaries))
         for r, s in enumerate(self.summaries):
-            best = f"{s.best_output_throughput_tps:.1f} @ {s.best_concurrency}" if (
-                s.best_output_throughput_tps is not None) else "–"  # fmt: skip
+            best = (
+                f"{s.best_output_throughput_tps:.1f} @ {s.best_concurrency}"
+                if (s.best_output_throughput_tps is not None)
+                else "–"
+            )
             joules = f"{s.joules_per_token:.2f}" if s.joules_per_token is not None else "–"
             sim = " (sim)" if s.simulated and s.joules_per_token else ""
-            values = (str(s.id), s.name, str(s.state), s.model,
-                      f"{s.workload} {s.input_len}/{s.output_len}",
-                      ",".join(map(str, s.concurrency)), best, joules + sim)  # fmt: skip
+            values = (
+                str(s.id),
+                s.name,
+                str(s.state),
+                s.model,
+                f"{s.workload} {s.input_len}/{s.output_len}",
+                ",".join(map(str, s.concurrency)),
+                best,
+                joules + sim,
+            )
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)
                 item.setToolTip(f"{s.engine or 'engine unknown'} · started {fmt_when(s.created_s)}")

@@ -22,10 +22,19 @@ from desktop.look.formatting import fmt_ms, fmt_when
 from engines.events import BenchLevel, BenchRun, LatencyStats
 
 COLUMNS = (
-    "Run", "Concurrency", "Done / failed", "Output tok/s", "Total tok/s",
-    "TTFT p50 / p99", "TPOT p50 / p99", "ITL p50 / p99", "E2EL p50 / p99",
-    "J/token", "Peak °C", "Mean W",
-)  # fmt: skip
+    "Run",
+    "Concurrency",
+    "Done / failed",
+    "Output tok/s",
+    "Total tok/s",
+    "TTFT p50 / p99",
+    "TPOT p50 / p99",
+    "ITL p50 / p99",
+    "E2EL p50 / p99",
+    "J/token",
+    "Peak °C",
+    "Mean W",
+)
 
 
 def header_label(name: str) -> str:

@@ -33,8 +33,12 @@ from engines.events import (
 )
 
 COLUMNS = ("Model", "State", "Progress", "Bytes", "Rate", "ETA", "Current file", "Files")
-ACTIVE = (DownloadState.QUEUED, DownloadState.DOWNLOADING, DownloadState.VERIFYING,
-          DownloadState.RETRYING)  # fmt: skip
+ACTIVE = (
+    DownloadState.QUEUED,
+    DownloadState.DOWNLOADING,
+    DownloadState.VERIFYING,
+    DownloadState.RETRYING,
+)
 STATE_COLORS = {
     DownloadState.READY: "#2f9e44",
     DownloadState.FAILED: "#d62828",
@@ -66,8 +70,11 @@ class DownloadsView(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("cancelDownload")
         self.cancel_button.setToolTip("Stop at once and remove what this download added")
-        for button, action in ((self.pause_button, "pause"), (self.resume_button, "resume"),
-                               (self.cancel_button, "cancel")):  # fmt: skip
+        for button, action in (
+            (self.pause_button, "pause"),
+            (self.resume_button, "resume"),
+            (self.cancel_button, "cancel"),
+        ):
             button.clicked.connect(lambda _c=False, a=action: self.act(a))
             row.addWidget(button)
         row.addStretch(1)
@@ -178,8 +185,9 @@ class DownloadsView(QWidget):
         self.resume_button.setEnabled(
             d is not None and d.state in (DownloadState.PAUSED, DownloadState.FAILED)
         )
-        self.cancel_button.setEnabled(d is not None and d.state not in (
-            DownloadState.READY, DownloadState.CANCELLED))  # fmt: skip
+        self.cancel_button.setEnabled(
+            d is not None and d.state not in (DownloadState.READY, DownloadState.CANCELLED)
+        )
         if d is None:
             self.note.setText("No downloads yet: search a model and press Download.")
             return

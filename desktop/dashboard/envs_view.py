@@ -93,9 +93,16 @@ class EnvsView(QWidget):
         self.cancel_button.setToolTip("Stop the install; its unfinished environment is removed")
         self.cancel_button.setEnabled(False)
         self.cancel_button.clicked.connect(self.on_cancel_clicked)
-        for w in (QLabel("Engine"), self.engine, QLabel("Device"), self.device,
-                  QLabel("Version"), self.version, self.install_button,
-                  self.cancel_button):  # fmt: skip
+        for w in (
+            QLabel("Engine"),
+            self.engine,
+            QLabel("Device"),
+            self.device,
+            QLabel("Version"),
+            self.version,
+            self.install_button,
+            self.cancel_button,
+        ):
             row.addWidget(w)
         row.addStretch(1)
         layout.addLayout(row)

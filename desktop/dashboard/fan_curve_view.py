@@ -78,8 +78,12 @@ class FanCurveView(QGroupBox):
         self.fans_row.addStretch(1)
         self.fan_boxes: list[QCheckBox] = []
         form.addRow("Fans", self.fans_row)
-        self.hysteresis = self._spin(0, 15, " °C", "Hysteresis: on the way down the duty holds "
-                                     "until the GPU is this much cooler")  # fmt: skip
+        self.hysteresis = self._spin(
+            0,
+            15,
+            " °C",
+            "Hysteresis: on the way down the duty holds until the GPU is this much cooler",
+        )
         form.addRow("Hysteresis", self.hysteresis)
         self.min_step = self._spin(
             0, 20, " %", "Changes smaller than this are skipped (no hunting)"

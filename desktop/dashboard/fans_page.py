@@ -70,8 +70,11 @@ class FansPage(Page):
         self.fans = FanCurveView(ctx)
         self.power = PowerView(ctx)
         self.guard = GuardView(ctx)
-        for view, title in ((self.fans, "Fan curve"), (self.power, "Power limit"),
-                            (self.guard, "Thermal guard")):  # fmt: skip
+        for view, title in (
+            (self.fans, "Fan curve"),
+            (self.power, "Power limit"),
+            (self.guard, "Thermal guard"),
+        ):
             self.tabs.addTab(_top_aligned(view), title)
         layout.addWidget(self.tabs, 1)
         gpu = ctx.state.gpu

@@ -73,8 +73,14 @@ class FoldersView(QWidget):
         self.table.setRowCount(len(self.folders))
         for r, f in enumerate(self.folders):
             state = "ready to serve" if not f.problems else f.problems[0]
-            values = (f.name, f.path, fmt_bytes(f.size_bytes), f.family or f.architecture,
-                      state, served.get(f.served_name, "–"))  # fmt: skip
+            values = (
+                f.name,
+                f.path,
+                fmt_bytes(f.size_bytes),
+                f.family or f.architecture,
+                state,
+                served.get(f.served_name, "–"),
+            )
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)
                 if c == 4:
@@ -106,8 +112,10 @@ class FoldersView(QWidget):
         def done(result: CallResult) -> None:
             if result.ok and isinstance(result.value, LocalFolder):
                 f = result.value
-                self.result.ok(f"Added {f.name}: start it here, from the tray, or with "
-                               f"`traylm start {f.name}`.")  # fmt: skip
+                self.result.ok(
+                    f"Added {f.name}: start it here, from the tray, or with "
+                    f"`traylm start {f.name}`."
+                )
             else:
                 self.result.error(result.error)
 

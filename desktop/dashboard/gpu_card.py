@@ -75,8 +75,17 @@ class GPUCard(QFrame):
         grid = QGridLayout()
         grid.setHorizontalSpacing(18)
         grid.setVerticalSpacing(3)
-        names = ("Temperature", "Power", "Fans", "Load", "VRAM", "Clocks", "PCIe link",
-                 "Clock events", "Energy")  # fmt: skip
+        names = (
+            "Temperature",
+            "Power",
+            "Fans",
+            "Load",
+            "VRAM",
+            "Clocks",
+            "PCIe link",
+            "Clock events",
+            "Energy",
+        )
         for i, name in enumerate(names):
             row, col = (i, 0) if i < 5 else (i - 5, 2)
             key = QLabel(name)
@@ -137,8 +146,9 @@ class GPUCard(QFrame):
         self.clock_chart = LiveChart("Clocks", "MHz", capacity=HISTORY_POINTS, minimum_max=3000)
         self.clock_chart.add_series("SM", "#e67700")
         self.clock_chart.add_series("memory", "#5f3dc4")
-        for i, chart in enumerate((self.temp_chart, self.power_chart, self.pct_chart,
-                                   self.clock_chart)):  # fmt: skip
+        for i, chart in enumerate(
+            (self.temp_chart, self.power_chart, self.pct_chart, self.clock_chart)
+        ):
             chart.setObjectName(f"gpu{info.index}-chart{i}")
             chart.setMinimumHeight(130)
             grid.addWidget(chart, i // 2, i % 2)

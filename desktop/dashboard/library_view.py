@@ -25,8 +25,17 @@ from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import Event, LibraryChanged, LocalModel
 
-COLUMNS = ("Model", "Revision", "Size", "Files", "Checked", "Served by", "Profiles", "Engines",
-           "Own code")  # fmt: skip
+COLUMNS = (
+    "Model",
+    "Revision",
+    "Size",
+    "Files",
+    "Checked",
+    "Served by",
+    "Profiles",
+    "Engines",
+    "Own code",
+)
 VERIFIED_COLORS = {"verified": "#2f9e44", "corrupt": "#d62828", "incomplete": "#e67700"}
 Confirm = Callable[[str], bool]
 

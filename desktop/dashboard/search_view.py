@@ -33,8 +33,16 @@ from engines.events import DownloadStatus, FitResult, ModelDetails, ModelSummary
 
 SORTS = ("downloads", "likes", "recent")
 QUANTS = ("awq", "gptq", "fp8", "compressed-tensors", "bitsandbytes", "nvfp4", "mxfp4")
-COLUMNS = ("Model", "Parameters", "Weights", "Quantization", "Downloads", "Likes", "Updated",
-           "Access")  # fmt: skip
+COLUMNS = (
+    "Model",
+    "Parameters",
+    "Weights",
+    "Quantization",
+    "Downloads",
+    "Likes",
+    "Updated",
+    "Access",
+)
 
 
 class SearchView(QWidget):
@@ -156,9 +164,12 @@ class SearchView(QWidget):
         token = (
             "your token is sent"
             if get("token_sent")
-            else ("no token (gated models need one: Settings)" if not get("token_found") else
-                  f"token NOT sent: {get('token_withheld_reason')}")
-        )  # fmt: skip
+            else (
+                "no token (gated models need one: Settings)"
+                if not get("token_found")
+                else f"token NOT sent: {get('token_withheld_reason')}"
+            )
+        )
         self.access.setText(f"Hub: {get('endpoint')} · {token} · cache {get('cache_dir')}")
 
     def search(self) -> None:
@@ -283,14 +294,23 @@ def details_html(d: ModelDetails) -> str:
         ("Parameters", fmt_count(d.parameters)),
         ("Context", f"{d.max_context:,} tokens" if d.max_context else "?"),
         ("Weights", (d.dtype or "?") + (f", {d.quantization}" if d.quantization else "")),
-        ("Layers · heads · KV heads",
-         " · ".join(str(v) if v else "?" for v in (d.num_layers, d.num_attention_heads,
-                                                  d.num_kv_heads))),
+        (
+            "Layers · heads · KV heads",
+            " · ".join(
+                str(v) if v else "?" for v in (d.num_layers, d.num_attention_heads, d.num_kv_heads)
+            ),
+        ),
         ("Download", f"{fmt_bytes(d.download_bytes)} in {len(d.files)} files"),
         ("License", d.license or "?"),
-        ("Access", {"": "open", "auto": "gated: accept the terms on the Hub",
-                    "manual": "gated: the authors approve each request"}.get(d.gated, d.gated)),
-    ]  # fmt: skip
+        (
+            "Access",
+            {
+                "": "open",
+                "auto": "gated: accept the terms on the Hub",
+                "manual": "gated: the authors approve each request",
+            }.get(d.gated, d.gated),
+        ),
+    ]
     body = "".join(
         f"<tr><td style='padding-right:14px'><b>{html.escape(k)}</b></td>"
         f"<td>{html.escape(str(v))}</td></tr>"

@@ -483,8 +483,11 @@ class SettingsPage(Page):
     def on_daemon_restarted(self, back: object) -> None:
         names = ", ".join(back) if isinstance(back, tuple) else ""
         url = self.ctx.state.connection.url
-        self._say(True, f"The daemon restarted: serving on {url}"
-                        + (f"; loading {names} again" if names else ""))  # fmt: skip
+        self._say(
+            True,
+            f"The daemon restarted: serving on {url}"
+            + (f"; loading {names} again" if names else ""),
+        )
 
 
 def _current(settings: object, key: str) -> object:

@@ -28,8 +28,16 @@ from desktop.widgets.result_label import ResultLabel
 from desktop.widgets.table import read_only_table
 from engines.events import Event, TRTBuildProgress, TRTCacheEntry
 
-COLUMNS = ("Model", "Quantization", "TP × PP", "Size", "Build took", "Last used", "In use by",
-           "Runs here")  # fmt: skip
+COLUMNS = (
+    "Model",
+    "Quantization",
+    "TP × PP",
+    "Size",
+    "Build took",
+    "Last used",
+    "In use by",
+    "Runs here",
+)
 
 
 class TRTView(QWidget):
@@ -119,11 +127,16 @@ class TRTView(QWidget):
         self.entries = tuple(e for e in result.value if isinstance(e, TRTCacheEntry))
         self.table.setRowCount(len(self.entries))
         for r, e in enumerate(self.entries):
-            values = (e.model, e.quant_recipe or "none",
-                      f"{e.tensor_parallel_size} × {e.pipeline_parallel_size}",
-                      fmt_bytes(e.size_bytes), fmt_duration(e.build_s), fmt_when(e.last_used_s),
-                      ", ".join(e.in_use_by) or "–",
-                      "yes" if e.compatible else f"NO: {e.problem}")  # fmt: skip
+            values = (
+                e.model,
+                e.quant_recipe or "none",
+                f"{e.tensor_parallel_size} × {e.pipeline_parallel_size}",
+                fmt_bytes(e.size_bytes),
+                fmt_duration(e.build_s),
+                fmt_when(e.last_used_s),
+                ", ".join(e.in_use_by) or "–",
+                "yes" if e.compatible else f"NO: {e.problem}",
+            )
             for c, value in enumerate(values):
                 item = QTableWidgetItem(value)
                 if c == 7 and not e.compatible:

@@ -288,8 +288,10 @@ class TunePage(Page):
             why_start = why_apply = why_undo = why_report = NOT_RUNNING
         elif running is not None:
             who = f"#{running}" + (f" of {job.profile}" if job and job.id == running else "")
-            why_start = (f"Tune {who} is running (started here or with `traylm tune`): follow it "
-                         "here, or cancel it.")  # fmt: skip
+            why_start = (
+                f"Tune {who} is running (started here or with `traylm tune`): follow it "
+                "here, or cancel it."
+            )
             why_apply = "Apply: wait until the running tune ends."
             if job is not None and profile == job.profile:
                 why_undo = f"Undo: a tune of {profile} is running; cancel it first."
@@ -311,9 +313,13 @@ class TunePage(Page):
         if not why_report and job is None:
             why_report = "HTML report: no tune has run since the daemon started."
         tips = {**TIPS, "undoTune": f"Put back profile {profile} as it was before the tuner"}
-        pairs = ((self.start_button, why_start), (self.cancel_button, why_cancel),
-                 (self.apply_button, why_apply), (self.undo_button, why_undo),
-                 (self.report_button, why_report))  # fmt: skip
+        pairs = (
+            (self.start_button, why_start),
+            (self.cancel_button, why_cancel),
+            (self.apply_button, why_apply),
+            (self.undo_button, why_undo),
+            (self.report_button, why_report),
+        )
         for button, why in pairs:
             button.setEnabled(not why)
             button.setToolTip(why or tips[button.objectName()])

@@ -84,8 +84,11 @@ def verdict_text(row: TuneRow) -> str:
 
 def heading_html(job: TuneJob) -> str:
     c = job.config
-    workload = f"your recorded traffic ({c.workload_file})" if c.workload == "file" else (
-        f"preset {c.workload}")  # fmt: skip
+    workload = (
+        f"your recorded traffic ({c.workload_file})"
+        if c.workload == "file"
+        else (f"preset {c.workload}")
+    )
     when = fmt_when(job.finished_s or job.started_s)
     done = sum(1 for m in job.measures if not m.error)
     count = f"{done} of {job.planned} measurements · " if job.planned else ""

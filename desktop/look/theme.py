@@ -48,15 +48,37 @@ class Palette:
 
 
 LIGHT = Palette(
-    name="light", window="#f5f6f8", surface="#ffffff", surface_alt="#eef0f3", text="#1d2129",
-    muted="#5f6773", border="#d3d8df", button="#ffffff", accent="#2563eb", accent_text="#ffffff",
-    accent_soft="#dce7fd", link="#1d4ed8", tooltip="#1d2129", tooltip_text="#f5f6f8",
-)  # fmt: skip
+    name="light",
+    window="#f5f6f8",
+    surface="#ffffff",
+    surface_alt="#eef0f3",
+    text="#1d2129",
+    muted="#5f6773",
+    border="#d3d8df",
+    button="#ffffff",
+    accent="#2563eb",
+    accent_text="#ffffff",
+    accent_soft="#dce7fd",
+    link="#1d4ed8",
+    tooltip="#1d2129",
+    tooltip_text="#f5f6f8",
+)
 DARK = Palette(
-    name="dark", window="#1b1d21", surface="#24272c", surface_alt="#202328", text="#e7e9ed",
-    muted="#9aa2ad", border="#3a3f47", button="#2c3036", accent="#4f8cff", accent_text="#0b1220",
-    accent_soft="#233a66", link="#7aa7ff", tooltip="#e7e9ed", tooltip_text="#1b1d21",
-)  # fmt: skip
+    name="dark",
+    window="#1b1d21",
+    surface="#24272c",
+    surface_alt="#202328",
+    text="#e7e9ed",
+    muted="#9aa2ad",
+    border="#3a3f47",
+    button="#2c3036",
+    accent="#4f8cff",
+    accent_text="#0b1220",
+    accent_soft="#233a66",
+    link="#7aa7ff",
+    tooltip="#e7e9ed",
+    tooltip_text="#1b1d21",
+)
 THEMES = ("system", "light", "dark")
 
 
@@ -101,8 +123,11 @@ def qt_palette(p: Palette) -> QPalette:
     for role, color in roles.items():
         pal.setColor(role, QColor(color))
     disabled = QColor(p.muted)
-    for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text,
-                 QPalette.ColorRole.ButtonText):  # fmt: skip
+    for role in (
+        QPalette.ColorRole.WindowText,
+        QPalette.ColorRole.Text,
+        QPalette.ColorRole.ButtonText,
+    ):
         pal.setColor(QPalette.ColorGroup.Disabled, role, disabled)
     return pal
 

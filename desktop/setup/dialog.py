@@ -33,8 +33,12 @@ from desktop.setup.flow import OFFLINE_CODES, STEPS, SetupFlow
 from desktop.widgets.folder import ChooseFolder, ask_for_folder, start_dir
 from desktop.widgets.sizing import resize_within_screen
 
-TITLES = {"hardware": "This computer", "engine": "The engine", "model": "A model",
-          "start": "Start it and chat"}  # fmt: skip
+TITLES = {
+    "hardware": "This computer",
+    "engine": "The engine",
+    "model": "A model",
+    "start": "Start it and chat",
+}
 
 
 class SetupDialog(QDialog):
@@ -115,8 +119,9 @@ class SetupDialog(QDialog):
     def _engine_extras(self) -> None:
         self.cancel_install_button = QPushButton("Cancel the install")
         self.cancel_install_button.setObjectName("setupCancelInstall")
-        self.cancel_install_button.setToolTip("Nothing is left behind: the unfinished "
-                                              "environment is removed")  # fmt: skip
+        self.cancel_install_button.setToolTip(
+            "Nothing is left behind: the unfinished environment is removed"
+        )
         self.cancel_install_button.clicked.connect(self.flow.cancel_install)
         row = QHBoxLayout()
         row.addWidget(self.cancel_install_button)

@@ -188,9 +188,11 @@ class SetupFlow(QObject):
     @property
     def offline(self) -> bool:
         """The Hub answered no fit at all because it cannot be reached."""
-        return bool(self.fit_errors) and all(
-            code in OFFLINE_CODES for code, _ in self.fit_errors.values()
-        ) and not self.fits  # fmt: skip
+        return (
+            bool(self.fit_errors)
+            and all(code in OFFLINE_CODES for code, _ in self.fit_errors.values())
+            and not self.fits
+        )
 
     def device(self) -> str:
         return "cuda" if self.state.real_gpus else "cpu"
@@ -237,14 +239,16 @@ class SetupFlow(QObject):
         build = "CPU build" if device == "cpu" else "CUDA build"
         install = self.state.install
         if install is not None:
-            return StepView("working", f"Installing vLLM ({build}): {self.state.install_text()}",
-                            download_share(install))  # fmt: skip
+            return StepView(
+                "working",
+                f"Installing vLLM ({build}): {self.state.install_text()}",
+                download_share(install),
+            )
         if self.state.envs is None:
             return StepView("working", "checking the installed engines…")
         for env in self.state.envs:
             if env.complete and env.engine == "vllm" and env.device == device:
-                return StepView("done", f"vLLM {env.version} ({build}) is "
-                                "installed.")  # fmt: skip
+                return StepView("done", f"vLLM {env.version} ({build}) is installed.")
         size = "about 3.5 GB" if device == "cpu" else "about 8 GB"
         text = f"vLLM ({build}) is not installed yet: {size}, a few minutes."
         if self.install_cancelled:
@@ -298,8 +302,9 @@ class SetupFlow(QObject):
         if state == EngineState.READY:
             if self.done:
                 return StepView("done", f"{choice.served_name} answered in the chat.")
-            return StepView("done", f"Serving {choice.served_name}; the chat opens with a first "
-                            "question.")  # fmt: skip
+            return StepView(
+                "done", f"Serving {choice.served_name}; the chat opens with a first question."
+            )
         if state == EngineState.STARTING and engine is not None:
             since = ""
             if self.started_s is not None:

@@ -147,8 +147,11 @@ class CurveEditor(QWidget):
             y = self.to_pixel((T_MIN_C, self.floor_pct)).y()
             p.fillRect(QRectF(r.left(), y, r.width(), r.bottom() - y), QColor(214, 40, 40, 28))
             p.setPen(QColor("#d62828"))
-            p.drawText(QRectF(r.right() - 220, y - 16, 216, 16), Qt.AlignmentFlag.AlignRight,
-                       f"fan floor {self.floor_pct:.0f} %")  # fmt: skip
+            p.drawText(
+                QRectF(r.right() - 220, y - 16, 216, 16),
+                Qt.AlignmentFlag.AlignRight,
+                f"fan floor {self.floor_pct:.0f} %",
+            )
 
     def _paint_grid(self, p: QPainter, r: QRectF) -> None:
         text = self.palette().text().color()
@@ -165,8 +168,11 @@ class CurveEditor(QWidget):
             p.drawLine(QPointF(x, r.top()), QPointF(x, r.bottom()))
             p.setPen(text)
             p.drawText(QRectF(x - 20, r.bottom() + 4, 40, 14), Qt.AlignmentFlag.AlignCenter, f"{t}")
-        p.drawText(QRectF(r.left(), r.bottom() + 17, r.width(), 14),
-                   Qt.AlignmentFlag.AlignCenter, "GPU temperature (°C)")  # fmt: skip
+        p.drawText(
+            QRectF(r.left(), r.bottom() + 17, r.width(), 14),
+            Qt.AlignmentFlag.AlignCenter,
+            "GPU temperature (°C)",
+        )
 
     def _paint_curve(self, p: QPainter, r: QRectF) -> None:
         if not self.points:

@@ -141,7 +141,7 @@ async def _client() -> DaemonClient:
 
 def _workload(args: argparse.Namespace) -> tuple[str, str]:
     """(workload, its file's absolute path or "")."""
-    from engines.bench.workload import WORKLOADS  # aiohttp: only for `bench run`
+    from engines.bench.prompts import WORKLOADS  # aiohttp: only for `bench run`
 
     if args.workload in WORKLOADS:
         return args.workload, ""

@@ -71,8 +71,10 @@ def read_workload_file(path: Path, *, paced: bool) -> list[RequestSpec]:
     if not specs:
         raise ConfigError(f"{path} has no requests; `traylm requests export FILE` writes some")
     if any(s.at_s is None for s in specs):  # all paced or none: a partial pace means nothing
-        specs = [RequestSpec(messages=(), max_tokens=s.max_tokens, body=s.body, path=s.path)
-                 for s in specs]  # fmt: skip
+        specs = [
+            RequestSpec(messages=(), max_tokens=s.max_tokens, body=s.body, path=s.path)
+            for s in specs
+        ]
     return specs
 
 

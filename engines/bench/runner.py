@@ -17,9 +17,9 @@ import aiohttp
 
 from engines.bench.load import LoadResult, RequestSpec, Target, run_load
 from engines.bench.metrics import RequestTiming, level_result
+from engines.bench.prompts import WORKLOADS, EngineTokenizer, build_requests
 from engines.bench.replay import read_workload_file
 from engines.bench.telemetry import TelemetryRecorder, TelemetrySource
-from engines.bench.workload import WORKLOADS, EngineTokenizer, build_requests
 from engines.errors import BenchError, ConfigError
 from engines.events.bench import BenchConfig, BenchLevel, BenchProgress, BenchState
 

@@ -81,7 +81,7 @@ class BenchFeature:
         self,
         *,
         store: Store,
-        routing: RoutingView,
+        engines: RoutingView,
         settings: SettingsView,
         control_token: str,
         logs_dir: Path,
@@ -93,7 +93,7 @@ class BenchFeature:
         ``control_token``: handed to the worker, which reads GPU telemetry back
         from the daemon's control API during the run."""
         self.runs = RunStore(store)
-        self._routing = routing
+        self._engines = engines
         self._settings = settings
         self._token = control_token
         self._internal_key = internal_key
@@ -187,9 +187,9 @@ class BenchFeature:
     def _resolve(self, config: BenchConfig) -> tuple[str, str | None, dict[str, str]]:
         """(OpenAI base URL, server root for /tokenize or None, engine facts)."""
         if not config.url:
-            engine = self._routing.route(config.model)
+            engine = self._engines.route(config.model)
             if engine is None:
-                served = sorted({n for n, _ in self._routing.served_models()})
+                served = sorted({n for n, _ in self._engines.served_models()})
                 listing = ", ".join(served) or "none (start one with `traylm start PROFILE`)"
                 raise BenchError(
                     f"the model {quoted(config.model)} is not served; served: {listing}"
@@ -207,7 +207,7 @@ class BenchFeature:
         root = url.removesuffix("/v1")
         parts = urlsplit(url)
         facts: dict[str, str] = {}
-        for engine in self._routing.engines.values():
+        for engine in self._engines.engines.values():
             local = parts.hostname in ("127.0.0.1", "localhost", "::1")
             if local and engine.port is not None and engine.port == parts.port:
                 facts = _engine_facts(engine)

@@ -276,9 +276,18 @@ class ChatStore:
                 db.execute(
                     "INSERT INTO messages (chat_id, position, role, content, model, stats_json,"
                     " created_s, images_json, tools_json) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (chat_id, position, msg.role, msg.content, msg.model, dumps(stats), now,
-                     dumps(list(msg.images)), dumps([dataclasses.asdict(t) for t in msg.tools])),
-                )  # fmt: skip
+                    (
+                        chat_id,
+                        position,
+                        msg.role,
+                        msg.content,
+                        msg.model,
+                        dumps(stats),
+                        now,
+                        dumps(list(msg.images)),
+                        dumps([dataclasses.asdict(t) for t in msg.tools]),
+                    ),
+                )
                 position += 1
             title = title or _title_from(messages)
             db.execute(

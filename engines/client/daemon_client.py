@@ -10,8 +10,9 @@ from engines.client.gpu import GPUCalls
 from engines.client.hub import HubCalls
 from engines.client.models import ModelCalls
 from engines.client.peers import PeerCalls
+from engines.client.remote import RemoteCalls
 from engines.client.requests import RequestCalls
-from engines.client.trt import TRTRemoteCalls
+from engines.client.trt import TRTCalls
 from engines.client.tune import TuneCalls
 from engines.client.upgrade import UpgradeCalls
 
@@ -21,7 +22,8 @@ class DaemonClient(
     ModelCalls,
     GPUCalls,
     HubCalls,
-    TRTRemoteCalls,
+    TRTCalls,
+    RemoteCalls,
     BenchCalls,
     ChatCalls,
     PeerCalls,

@@ -2,7 +2,7 @@
 loopback socket: the transport of every call the CLI makes, and the whole client of a one-shot
 command. ``traylm ps`` and ``traylm status`` run without an event loop: ``OneShotClient``, this
 module and the event types the command reads are all they import
-(tests/engines/test_cli_start.py guards it; tests/perf/cli_start.py measures it). The async
+(tests/engines/cli/test_cli_start.py guards it; tests/perf/cli_start.py measures it). The async
 client (base.py) runs the same ``exchange`` in a thread (plain_calls.py) and words its errors
 with the same functions.
 """

@@ -1,15 +1,13 @@
-"""TensorRT-LLM's engine cache and builds, and the remote fallback (engines/trt/routes.py,
-engines/remote/routes.py)."""
+"""TensorRT-LLM's engine cache and builds (engines/trt/routes.py)."""
 
 from __future__ import annotations
 
 from engines.client.base import ClientBase, api_path
 from engines.events.codec import from_plain
-from engines.events.remote import RemoteStatus
 from engines.events.trt import TRTBuildProgress, TRTCacheEntry
 
 
-class TRTRemoteCalls(ClientBase):
+class TRTCalls(ClientBase):
     async def trt_cache(self) -> list[TRTCacheEntry]:
         """Cached TensorRT engines, least recently used first."""
         return [from_plain(TRTCacheEntry, e) for e in await self._call("GET", "/api/trt/cache")]
@@ -30,10 +28,3 @@ class TRTRemoteCalls(ClientBase):
     async def trt_builds(self) -> list[TRTBuildProgress]:
         data = await self._call("GET", "/api/trt/builds")
         return [from_plain(TRTBuildProgress, e) for e in data]
-
-    async def remote_status(self) -> RemoteStatus:
-        return from_plain(RemoteStatus, await self._call("GET", "/api/remote"))
-
-    async def remote_refresh_key(self) -> RemoteStatus:
-        """Make the daemon read the OS keyring again (after `traylm remote set-key`)."""
-        return from_plain(RemoteStatus, await self._call("POST", "/api/remote/refresh-key"))

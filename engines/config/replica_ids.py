@@ -1,6 +1,6 @@
 """Replica engine ids: the profile's name for the first copy, ``NAME.r2``,
 ``NAME.r3``... for the others. No imports: `traylm status` reads them without loading the
-settings' classes (tests/engines/test_cli_start.py)."""
+settings' classes (tests/engines/cli/test_cli_start.py)."""
 
 from __future__ import annotations
 

@@ -252,8 +252,11 @@ async def cmd_start(args: argparse.Namespace) -> int:
         try:
             final = await follow_start(c, start, timeout_s=args.timeout, say=say)
         except TimeoutError:
-            print(f"traylm: not ready after {args.timeout:.0f} s; it goes on starting in the "
-                  "daemon (`traylm status`, `traylm logs -f`)", file=sys.stderr)  # fmt: skip
+            print(
+                f"traylm: not ready after {args.timeout:.0f} s; it goes on starting in the "
+                "daemon (`traylm status`, `traylm logs -f`)",
+                file=sys.stderr,
+            )
             return 1
         print(_engine_line(final))
         if final.state == EngineState.FAILED:

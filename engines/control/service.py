@@ -295,9 +295,12 @@ class EngineControl:
         def progress(phase: str, line: str, pip: PipStatus | None = None) -> None:
             pip = pip or (last[-1] if last and phase == "install" else None)
             event = EnvInstallProgress(
-                engine=engine, device=device, phase=phase, line=line,
+                engine=engine,
+                device=device,
+                phase=phase,
+                line=line,
                 elapsed_s=time.monotonic() - started,
-            )  # fmt: skip
+            )
             self._publish(event if pip is None else _with_pip(event, pip))
 
         def on_pip(status: PipStatus) -> None:
@@ -310,9 +313,13 @@ class EngineControl:
         async def run(_: Job[EnvInfo | None]) -> EnvInfo:
             try:
                 return await self._envs.install(
-                    engine, device=device, version=version, progress=progress, on_pip=on_pip,
+                    engine,
+                    device=device,
+                    version=version,
+                    progress=progress,
+                    on_pip=on_pip,
                     held=held,
-                )  # fmt: skip
+                )
             except TraylmError as exc:
                 progress("failed", exc.message)
                 self.notify_error(f"installing {engine} failed", exc)
@@ -337,9 +344,13 @@ class EngineControl:
 
 def _with_pip(event: EnvInstallProgress, pip: PipStatus) -> EnvInstallProgress:
     return dataclasses.replace(
-        event, step=pip.step, package=pip.package, done_bytes=pip.done_bytes,
-        file_done_bytes=pip.file_done_bytes, file_total_bytes=pip.file_total_bytes,
-    )  # fmt: skip
+        event,
+        step=pip.step,
+        package=pip.package,
+        done_bytes=pip.done_bytes,
+        file_done_bytes=pip.file_done_bytes,
+        file_total_bytes=pip.file_total_bytes,
+    )
 
 
 class DaemonStatus:

@@ -18,8 +18,14 @@ _SIZE = re.compile(r"\((\d+(?:\.\d+)?) (bytes|kB|MB|GB)\)\s*$")
 _UNITS = {"bytes": 1, "kB": 1000, "MB": 1000**2, "GB": 1000**3}  # pip's decimal units
 _PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
-_NEXT = ("Collecting ", "Downloading ", "Using cached ", "Processing ", "Installing collected",
-         "Successfully installed")  # fmt: skip
+_NEXT = (
+    "Collecting ",
+    "Downloading ",
+    "Using cached ",
+    "Processing ",
+    "Installing collected",
+    "Successfully installed",
+)
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,11 @@ class PipProgress:
         if found:
             done, total = int(found.group(1)), int(found.group(2))
             new = dataclasses.replace(
-                s, done_bytes=self._finished_bytes + done, file_done_bytes=done,
+                s,
+                done_bytes=self._finished_bytes + done,
+                file_done_bytes=done,
                 file_total_bytes=total or s.file_total_bytes,
-            )  # fmt: skip
+            )
             self._unreported = 0
             if total and done >= total:
                 self._finished_bytes += total
@@ -73,16 +81,23 @@ class PipProgress:
             name = _NAME.match(text.removeprefix("Collecting "))
             new = dataclasses.replace(s, step="resolving", package=name.group(1) if name else "")
         elif text.startswith(("Downloading ", "Using cached ", "Processing ")):
-            rest = text.split(" ", 2)[-1] if text.startswith("Using cached ") else text.split(
-                " ", 1)[1]  # fmt: skip
+            rest = (
+                text.split(" ", 2)[-1]
+                if text.startswith("Using cached ")
+                else text.split(" ", 1)[1]
+            )
             size = _SIZE.search(text)
             total = int(float(size.group(1)) * _UNITS[size.group(2)]) if size else 0
             downloading = text.startswith("Downloading ")
             self._unreported = total if downloading else 0
             new = dataclasses.replace(
-                s, step="downloading", package=_file_name(rest), file_done_bytes=0,
-                file_total_bytes=total if downloading else 0, files=s.files + 1,
-            )  # fmt: skip
+                s,
+                step="downloading",
+                package=_file_name(rest),
+                file_done_bytes=0,
+                file_total_bytes=total if downloading else 0,
+                files=s.files + 1,
+            )
         elif text.startswith("Installing collected packages:"):
             names = [n for n in text.split(":", 1)[1].split(",") if n.strip()]
             new = dataclasses.replace(s, step="installing", package="", packages=len(names))

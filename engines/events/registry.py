@@ -36,10 +36,22 @@ MODULE_OF = {
     "upgrade": "upgrade",
 }
 """The first word of each wire name (``engine`` of ``engine.state``) → the module of its types
-(tests/engines/test_event_registry.py checks it against every Event subclass)."""
+(tests/engines/events/test_event_registry.py checks it against every Event subclass)."""
 
-MODULES = ("core", "gpu", "hub", "trt", "remote", "chat", "bench", "models", "gateway", "tune",
-           "upgrade", "peers")  # fmt: skip
+MODULES = (
+    "core",
+    "gpu",
+    "hub",
+    "trt",
+    "remote",
+    "chat",
+    "bench",
+    "models",
+    "gateway",
+    "tune",
+    "upgrade",
+    "peers",
+)
 """The feature modules, in the order ``engines.events`` looks names up in them."""
 
 _loaded: dict[str, type[Event]] = {}

@@ -33,9 +33,10 @@ from engines.gateway.capabilities import (
 )
 from engines.gateway.exchange import EXCHANGE, ReplyCapture
 from engines.gateway.loading import ColdStream
-from engines.gateway.proxy import NOT_SENT, ReplySink, Rewrite, Upstream, UsageSink, relay
+from engines.gateway.proxy import NOT_SENT, ReplySink, Rewrite, UsageSink, relay
 from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, as_openai, is_anthropic
+from engines.gateway.upstream import Upstream
 from engines.runtime.supervisor import ManagedEngine
 from engines.runtime.traffic import Flow
 

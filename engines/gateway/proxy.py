@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ from engines.gateway.sse import (
     sse_error,
     whole_events,
 )
+from engines.gateway.upstream import Upstream
 from engines.gateway.upstream_client import EngineUnreachable, UpstreamClient, UpstreamReply
 from engines.gateway.utf8 import Utf8Events
 from engines.runtime.traffic import ENGINE_ERROR, Flow
@@ -129,27 +129,6 @@ NOT_SENT = web.ResponseKey("traylm_not_sent", bool)
 """Set on an answer the gateway made because the request never reached its engine (no
 connection), or its engine was declared dead or stopped before it sent a byte of the reply:
 another replica may take it."""
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """Where a request goes: an engine's loopback URL, an attached server's, the remote
-    fallback's base URL (``remote``), or a paired box's peer listener (``box``)."""
-
-    name: str  # engine id, shown in X-Traylm-Engine
-    base_url: str  # without the /v1 suffix
-    headers: Mapping[str, str]
-    remote: bool = False
-    """The cloud API of engines/remote/ (the remote fallback), not a paired box."""
-    box: str = ""
-    """The paired box whose gateway serves it (engines/peers/replicas.py): its peer listener
-    over mutual TLS (``tls``); "" for this box's own engines and servers."""
-    tls: ssl.SSLContext | None = None
-    """The TLS context of an https upstream (a paired box's: this box's certificate, the
-    box's pinned one); None: the system's CAs."""
-    model_name: str | None = None
-    """The name the upstream knows the model by, when it is not the one requested (an
-    attached server asked for by its attach name): the route rewrites the body's ``model``."""
 
 
 Rewrite = Callable[[bytes], bytes]

@@ -23,7 +23,7 @@ from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import explain_engine_error, route_problem
 from engines.gateway.connections import is_loopback
 from engines.gateway.forward import route_of
-from engines.gateway.proxy import ReplySink, Rewrite, Upstream, relay
+from engines.gateway.proxy import ReplySink, Rewrite, relay
 from engines.gateway.response_ids import ReplyIds, new_id
 from engines.gateway.response_keep import (
     NewResponse,
@@ -36,6 +36,7 @@ from engines.gateway.response_owners import MAX_REMEMBERED
 from engines.gateway.response_replay import replay, replayable
 from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import as_openai
+from engines.gateway.upstream import Upstream
 
 INPUT_ITEMS_MAX_LIMIT = 100
 

@@ -34,11 +34,12 @@ from engines.gateway.capabilities import CapabilityCache
 from engines.gateway.exchange import Exchange
 from engines.gateway.loading import Progress
 from engines.gateway.metrics import GatewayMetrics
-from engines.gateway.proxy import ReplySink, Upstream, UsageSink
+from engines.gateway.proxy import ReplySink, UsageSink
 from engines.gateway.response_keep import ResponseStore
 from engines.gateway.response_owners import ResponseOwners
 from engines.gateway.security import Guard, header_bytes
 from engines.gateway.throughput import ThroughputReporter
+from engines.gateway.upstream import Upstream
 from engines.gateway.upstream_client import UpstreamClient
 from engines.gateway.usage import MODEL_NAME_MAX_CHARS, UNKNOWN_MODEL, UsageRecord
 from engines.runtime.supervisor import EngineView

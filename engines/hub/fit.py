@@ -379,6 +379,9 @@ def cpu_estimate(
         verdict = "tight"
         reason = f"needs about {_gib(need)} of the {_gib(ram_bytes)} of memory"
     return dataclasses.replace(
-        result, verdict=verdict, reason=reason, weights_bytes_per_gpu=weights,
+        result,
+        verdict=verdict,
+        reason=reason,
+        weights_bytes_per_gpu=weights,
         budget_bytes_per_gpu=ram_bytes,
-    )  # fmt: skip
+    )

@@ -174,8 +174,9 @@ async def model_fit(request: web.Request) -> web.Response:
     ):  # the CPU build: this computer's memory instead of GPUs
         ram = await asyncio.to_thread(lambda: psutil.virtual_memory().total)
         kv_bytes = hub.settings.current.engines.cpu_kv_cache_gib * fit.GIB
-        return ok([fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram,
-                                    context_len=context)])  # fmt: skip
+        return ok(
+            [fit.cpu_estimate(details, kv_cache_bytes=kv_bytes, ram_bytes=ram, context_len=context)]
+        )
     pool = await hub.inventory.gpus()
     engine = query_text(request, "engine") or None
     n_gpus = query_int(request, "gpus", default=None, lo=1, hi=1024)

@@ -194,9 +194,12 @@ class FollowerRanks:
         fh = open_engine_log(
             self._logs_dir / "engines" / f"{rank_id}.log",
             rank_id,
-            [f"===== rank {rank.node_rank} of {rank.nnodes} for {head}", f"===== argv: "
-             f"{argv_text(spec.argv)}", f"===== interface {rank.interface} ({rank.host_ip})"],
-        )  # fmt: skip
+            [
+                f"===== rank {rank.node_rank} of {rank.nnodes} for {head}",
+                f"===== argv: {argv_text(spec.argv)}",
+                f"===== interface {rank.interface} ({rank.host_ip})",
+            ],
+        )
         try:
             proc = await start_process(spec.argv, engine_env(spec))
         except OSError as exc:

@@ -175,8 +175,12 @@ class HeadRanks:
         self._problem = None
         try:
             for rank, box in enumerate(self._profile.boxes, start=1):
-                plan = {"nnodes": nnodes, "node_rank": rank, "master_port": found.master_port,
-                        "master_addr": found.route.address}  # fmt: skip
+                plan = {
+                    "nnodes": nnodes,
+                    "node_rank": rank,
+                    "master_port": found.master_port,
+                    "master_addr": found.route.address,
+                }
                 answer = await self._call(box, "POST", "/peer/spread/ranks", {**body, "plan": plan})
                 self._started.append(box)
                 sink(f"===== traylm: rank {rank} started on {box} ({answer.get('interface')})")
@@ -212,8 +216,9 @@ class HeadRanks:
         try:
             await self._call(box, "DELETE", path)
         except TraylmError as exc:  # its lease ends it once it stops hearing from this box
-            log.warning("%s; %s ends the rank itself within %.0f s", exc.message, box,
-                        self._lease_s)  # fmt: skip
+            log.warning(
+                "%s; %s ends the rank itself within %.0f s", exc.message, box, self._lease_s
+            )
 
     @property
     def _rank_id(self) -> str:
@@ -294,8 +299,11 @@ async def preflight(
 async def _check_box(
     channel: Channel, profile: Profile, box: str, own: Facts, route: Route, found: Preflight
 ) -> None:
-    body = {"engine_id": profile.name, "profile": follower_mapping(profile),
-            "head_host": route.address}  # fmt: skip
+    body = {
+        "engine_id": profile.name,
+        "profile": follower_mapping(profile),
+        "head_host": route.address,
+    }
     sent = time.time()
     answer = await channel.call(box, "POST", "/peer/spread/facts", body)
     took_s = time.time() - sent  # the model's digest there included
@@ -345,9 +353,12 @@ async def _link(channel: Channel, box: str, profile: Profile, rtt_s: float) -> s
     hidden = int(info.config.get("hidden_size", 0)) if info else 0
     dtype = 4 if profile.dtype == "float32" else 2
     meaning = link_meaning(
-        box=box, bandwidth_bytes_s=PROBE_BYTES / seconds, rtt_s=rtt_s, hidden_size=hidden,
+        box=box,
+        bandwidth_bytes_s=PROBE_BYTES / seconds,
+        rtt_s=rtt_s,
+        hidden_size=hidden,
         dtype_bytes=dtype,
-    )  # fmt: skip
+    )
     return meaning.text
 
 

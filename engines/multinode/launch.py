@@ -60,12 +60,17 @@ def rank_profile(profile: Profile, plan: RankPlan) -> Profile:
             "the multi-node flags itself for a model across boxes (profile field `boxes`)"
         )
     flags = [
-        "--distributed-executor-backend", "mp",
-        "--nnodes", str(plan.nnodes),
-        "--node-rank", str(plan.node_rank),
-        "--master-addr", plan.master_addr,
-        "--master-port", str(plan.master_port),
-    ]  # fmt: skip
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        str(plan.nnodes),
+        "--node-rank",
+        str(plan.node_rank),
+        "--master-addr",
+        plan.master_addr,
+        "--master-port",
+        str(plan.master_port),
+    ]
     if plan.node_rank > 0:
         flags.append("--headless")
     env = {

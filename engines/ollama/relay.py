@@ -23,9 +23,10 @@ from aiohttp import web
 from engines.gateway.admission import QueueFull
 from engines.gateway.exchange import EXCHANGE, ReplyCapture
 from engines.gateway.forward import upstream_for
-from engines.gateway.proxy import CLIENT_GONE, CLIENT_WRITE_ERRORS, REPLY_COMPLETE, Upstream
+from engines.gateway.proxy import CLIENT_GONE, CLIENT_WRITE_ERRORS, REPLY_COMPLETE
 from engines.gateway.service import GatewayContext
 from engines.gateway.sse import count_usage, error_text, whole_events
+from engines.gateway.upstream import Upstream
 from engines.ollama.errors import from_openai, ollama_error
 from engines.ollama.replies import StreamLines, Timing, whole
 

@@ -31,7 +31,7 @@ from engines.config.tomlfile import read_toml, write_toml_atomic
 from engines.errors import ConfigError, quoted
 from engines.events.codec import Event
 from engines.events.models import AttachedChanged, AttachedServer
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 from engines.ondemand.catalog import EXPLICIT, IMPLICIT, Entry
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from engines.events.models import LoadedModel, ServableModel
 
 # `traylm ps` is a one-shot command: blocking calls without an event loop (OneShotClient); the
-# others import the async client in their function (tests/engines/test_cli_start.py).
+# others import the async client in their function (tests/engines/cli/test_cli_start.py).
 
 LOAD_TIMEOUT_S = 900.0
 

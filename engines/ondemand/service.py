@@ -38,7 +38,7 @@ from engines.events.models import (
 from engines.events.peers import BoxModel
 from engines.gateway.balance import Affinity, Balancer, Replica
 from engines.gateway.loading import PROGRESS_PERIOD_S, LoadProgress, Progress
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 from engines.ondemand import proposals, views
 from engines.ondemand.attach import AttachedServers
 from engines.ondemand.catalog import Catalog, Entry, FolderSource, LibrarySource, ProfileSource

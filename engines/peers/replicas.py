@@ -26,7 +26,7 @@ from engines.errors import PeerError
 from engines.events.codec import Event, from_plain, to_plain
 from engines.events.models import LoadedModel, ModelStatus, ReplicaInfo, ServableModel
 from engines.events.peers import BoxesChanged, BoxModel, BoxServes
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 from engines.peers import link
 from engines.peers.service import PeersFeature
 

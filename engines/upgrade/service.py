@@ -142,16 +142,23 @@ class UpgradeFeature:
         old = self._envs.find(engine, device=device)
         new = config.version or await newest_available(old, RECIPES[(engine, device)])
         job = UpgradeJob(
-            id=self.jobs.next_id, config=config, state=State.RUNNING, engine=engine, device=device,
-            old_version=old.version, new_version=new, started_s=time.time(),
-        )  # fmt: skip
+            id=self.jobs.next_id,
+            config=config,
+            state=State.RUNNING,
+            engine=engine,
+            device=device,
+            old_version=old.version,
+            new_version=new,
+            started_s=time.time(),
+        )
         if not newer(new, old.version):
             self.jobs.next_id += 1
             return self._current(job, old)
         profiles, _ = await asyncio.to_thread(self._profiles.load_all)
         mine = [p for p in profiles if p.engine == engine and resolve_device(p) == device]
-        base = dataclasses.replace(self._profile(config.model, mine, engine, device),
-                                   engine_version=old.version)  # fmt: skip
+        base = dataclasses.replace(
+            self._profile(config.model, mine, engine, device), engine_version=old.version
+        )
         tune = self._tune_config(config, base)
         workloads.check(tune)
         await check_workload_file(tune)
@@ -169,10 +176,16 @@ class UpgradeFeature:
                 f"{job.new_version} is older than the {old.version} in use; a guarded upgrade "
                 "goes to a newer version (a profile's engine_version runs an older one)"
             )
-        done = dataclasses.replace(job, state=State.CURRENT, finished_s=time.time(), detail=(
-            f"{_name(job)} {old.version} ({job.device}) is the newest"
-            + ("" if job.config.version else " the package index has") + "; nothing to upgrade"
-        ))  # fmt: skip
+        done = dataclasses.replace(
+            job,
+            state=State.CURRENT,
+            finished_s=time.time(),
+            detail=(
+                f"{_name(job)} {old.version} ({job.device}) is the newest"
+                + ("" if job.config.version else " the package index has")
+                + "; nothing to upgrade"
+            ),
+        )
         self.last = done
         return done
 
@@ -188,15 +201,17 @@ class UpgradeFeature:
                     "`traylm profiles` lists them"
                 )
             return named[0]
-        using = [p for p in mine
-                 if p.engine_version is None and not self._profiles.is_preset(p.name)]  # fmt: skip
+        using = [
+            p for p in mine if p.engine_version is None and not self._profiles.is_preset(p.name)
+        ]
         if not using:
             raise UpgradeError(
                 f"no profile of yours runs {engine} ({device}): the upgrade measures one on both "
                 "versions; make one (`traylm profiles`) or name one with --model"
             )
-        running = {e.engine_id for e in self._engines.engines.values()
-                   if e.state == EngineState.READY}  # fmt: skip
+        running = {
+            e.engine_id for e in self._engines.engines.values() if e.state == EngineState.READY
+        }
         return next((p for p in using if p.name in running), using[0])
 
     def _tune_config(self, config: UpgradeConfig, base: Profile) -> TuneConfig:
@@ -207,10 +222,15 @@ class UpgradeFeature:
         if not workload and (recorded := self._recorded(base.name)):
             workload, file = "file", recorded
         return TuneConfig(
-            model=base.name, workload=workload or "chat", workload_file=file,
-            goal="throughput", budget_s=config.budget_s, repeat=config.repeat,
-            requests=config.requests, concurrency=config.concurrency,
-        )  # fmt: skip
+            model=base.name,
+            workload=workload or "chat",
+            workload_file=file,
+            goal="throughput",
+            budget_s=config.budget_s,
+            repeat=config.repeat,
+            requests=config.requests,
+            concurrency=config.concurrency,
+        )
 
     def _recorded(self, profile: str) -> str:
         """The recorded traffic the last tune of ``profile`` replayed, if it is still there."""
@@ -240,8 +260,14 @@ class UpgradeFeature:
             r.job, state=state, detail=detail, finished_s=time.time(), tune=tune or r.job.tune
         )
         if state in (State.SWITCHED, State.KEPT):
-            record = Upgraded(r.job.engine, r.job.device, r.job.old_version, r.job.new_version,
-                              state.value, time.time())  # fmt: skip
+            record = Upgraded(
+                r.job.engine,
+                r.job.device,
+                r.job.old_version,
+                r.job.new_version,
+                state.value,
+                time.time(),
+            )
             await asyncio.to_thread(self._history.save, record)
         self.last, self._running = r.job, None
         if state == State.CANCELLED:
@@ -252,8 +278,9 @@ class UpgradeFeature:
         """The new version, installed beside the old one and held back (_Kept when it does
         not install: the manager removed the half-made folder)."""
         job = r.job
-        self._progress(r, "install", f"installing {_name(job)} {job.new_version} beside "
-                       f"{job.old_version}")  # fmt: skip
+        self._progress(
+            r, "install", f"installing {_name(job)} {job.new_version} beside {job.old_version}"
+        )
         install = self._control.begin_install(
             job.engine, device=job.device, version=job.new_version, held=TRIAL
         )
@@ -267,15 +294,21 @@ class UpgradeFeature:
     async def _compared(self, r: _Run) -> tuple[State, str, TuneJob | None]:
         """SWITCHED, KEPT or FAILED (could not compare), the reason, the tune."""
         job = r.job
-        other = Candidate(f"version-{job.new_version}", f"{_name(job)} {job.new_version}",
-                          fields={"engine_version": job.new_version})  # fmt: skip
+        other = Candidate(
+            f"version-{job.new_version}",
+            f"{_name(job)} {job.new_version}",
+            fields={"engine_version": job.new_version},
+        )
         label = f"{_name(job)} {job.old_version} (in use)"
         try:
             plan = await self._tune.planner.pair(r.tune, r.base, other, label=label)
         except TraylmError as exc:  # the new version refuses the profile (a flag it dropped)
             return State.KEPT, f"{job.new_version} cannot run {r.base.name}: {exc.message}", None
-        self._progress(r, "measure", f"measuring {r.base.name} on {job.old_version} and "
-                       f"{job.new_version} ({job.workload})")  # fmt: skip
+        self._progress(
+            r,
+            "measure",
+            f"measuring {r.base.name} on {job.old_version} and {job.new_version} ({job.workload})",
+        )
         tune = await self._tune.run_planned(r.tune, plan)
         if tune.state == TuneState.CANCELLED:
             raise asyncio.CancelledError  # `traylm tune cancel` stopped the measurement
@@ -302,8 +335,11 @@ class UpgradeFeature:
                 f"`traylm engines upgrade {job.engine} --undo` goes back to {old}"
             )
         if env is not None:
-            held = (f"refused by the guarded upgrade: {why}" if state == State.KEPT
-                    else f"not switched to: its guarded upgrade {state.value}")  # fmt: skip
+            held = (
+                f"refused by the guarded upgrade: {why}"
+                if state == State.KEPT
+                else f"not switched to: its guarded upgrade {state.value}"
+            )
             await asyncio.to_thread(self._envs.hold, env, held)
         head = {
             State.KEPT: f"kept {name} {old}: {why}",
@@ -319,8 +355,11 @@ class UpgradeFeature:
         )
 
     def _progress(self, r: _Run, phase: str, detail: str) -> None:
-        self._publish(UpgradeProgress(job_id=r.job.id, phase=phase, detail=detail,
-                                      elapsed_s=time.monotonic() - r.started))  # fmt: skip
+        self._publish(
+            UpgradeProgress(
+                job_id=r.job.id, phase=phase, detail=detail, elapsed_s=time.monotonic() - r.started
+            )
+        )
 
     # ----------------------------------------------------------------- cancel, undo
 
@@ -338,15 +377,20 @@ class UpgradeFeature:
         last = await asyncio.to_thread(self._history.last, engine, device)
         name = f"{ENGINE_NAMES.get(engine, engine)} ({device})"
         if last is None or last.state not in (State.SWITCHED, State.KEPT):
-            raise ConfigError(f"nothing to undo: no guarded upgrade of {name} switched versions"
-                              + (" (the last one was undone)" if last else ""))  # fmt: skip
+            raise ConfigError(
+                f"nothing to undo: no guarded upgrade of {name} switched versions"
+                + (" (the last one was undone)" if last else "")
+            )
         if last.state == State.KEPT:
-            return (f"the last upgrade of {name} kept {last.old}: nothing to undo; {last.new} "
-                    "stays installed but held back")  # fmt: skip
+            return (
+                f"the last upgrade of {name} kept {last.old}: nothing to undo; {last.new} "
+                "stays installed but held back"
+            )
         new = self._envs.find(engine, device=device, version=last.new)
         self._envs.find(engine, device=device, version=last.old)  # there is one to go back to
-        await asyncio.to_thread(self._envs.hold, new, f"held back by `traylm engines upgrade "
-                                f"{engine} --undo`")  # fmt: skip
+        await asyncio.to_thread(
+            self._envs.hold, new, f"held back by `traylm engines upgrade {engine} --undo`"
+        )
         undone = dataclasses.replace(last, state="undone", at_s=time.time())
         await asyncio.to_thread(self._history.save, undone)
         return (

@@ -1,6 +1,6 @@
 """The Engines page's second round against a real daemon: installing an engine from the dashboard
 with its progress (a tiny local package stands in for vLLM's wheels, as in
-tests/engines/test_daemon_gateway.py), a TensorRT-LLM build's progress and the engine cache with
+tests/engines/gateway/test_daemon_gateway.py), a TensorRT-LLM build's progress and the engine cache with
 the FAKE TensorRT-LLM tools on two SIMULATED GPUs, and the remote fallback shown on the page and
 in the tray (a second FAKE OpenAI server plays the remote API)."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engines.core.procs import free_loopback_port
-from tests.engines.test_cli import serve, stop_daemon
+from tests.engines.cli.test_cli import serve, stop_daemon
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 

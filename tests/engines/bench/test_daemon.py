@@ -33,8 +33,8 @@ from engines.events import (
 )
 from engines.gpu.sim import SimulatedBackend, sim_uuid
 from tests.conftest import RunningDaemon
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.gpu.test_daemon import feature, sim_settings
-from tests.engines.test_daemon_gateway import start_fake
 
 pytestmark = pytest.mark.slow
 FIRST_TOKEN_S, TOKEN_S = 0.2, 0.02

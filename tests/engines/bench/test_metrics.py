@@ -12,10 +12,10 @@ import pytest
 from engines.bench.compare import compare, format_table
 from engines.bench.load import Target, poisson_arrivals_s, request_body
 from engines.bench.metrics import RequestTiming, latency_stats, level_result, percentile
+from engines.bench.prompts import build_requests
 from engines.bench.report import render_report
 from engines.bench.service import config_from_body
 from engines.bench.telemetry import Sample, TelemetryRecorder, energy_at_mj
-from engines.bench.workload import build_requests
 from engines.errors import ConfigError
 from engines.events import (
     BenchConfig,

@@ -15,7 +15,7 @@ from engines.client.follow import follow
 from engines.events import BenchConfig, BenchProgress, BenchRun, BenchState
 from tests.conftest import RunningDaemon
 from tests.engines.bench.test_daemon import sim_daemon  # noqa: F401 (a fixture)
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 pytestmark = pytest.mark.slow
 SMALL = BenchConfig(model="fake", concurrency=(1,), requests=4, output_len=4, warmup=0)

@@ -22,7 +22,7 @@ from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.errors import ControlAPIError
 from tests.conftest import RunningDaemon
-from tests.engines.test_cli import traylm
+from tests.engines.cli.test_cli import traylm
 from tests.fakes.fake_trt_env import make_tiny_hf_model
 
 RULE = "1-64 letters, digits, '.', '_' or '-'"

@@ -16,7 +16,7 @@ import pytest
 from engines.core.procs import free_loopback_port
 from engines.gateway.audio import FIRST_PART_WITHIN_BYTES, MAX_FORM_PARTS
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
 
 TWO_GB = 2 * 1024**3
 LIMIT_BYTES = 1024 * 1024

@@ -14,7 +14,7 @@ from engines.config.sections import Paths
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_cli import traylm
+from tests.engines.cli.test_cli import traylm
 
 DEEP = 100_000
 

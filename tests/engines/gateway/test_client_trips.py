@@ -16,7 +16,7 @@ import pytest
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
 from tests.traylm_cli import traylm
 
 HI = [{"role": "user", "content": "hi"}]

@@ -16,7 +16,7 @@ import pytest
 from engines.core.procs import free_loopback_port
 from engines.gateway.chunked import DirectChunks
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 
 async def _request(d: RunningDaemon, version: bytes, max_tokens: int, *, rcvbuf: int = 0):  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ import pytest
 
 from engines.core.procs import free_loopback_port
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 READ_TIMEOUT_S = 30.0
 

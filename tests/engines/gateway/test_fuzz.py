@@ -29,7 +29,7 @@ from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
-from tests.engines.test_cli import serve, serve_log, stop_daemon, traylm
+from tests.engines.cli.test_cli import serve, serve_log, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 API_KEY = "tlm-fuzz-key"

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from engines.gateway.loading import ColdStream, LoadProgress
 from engines.gateway.metrics import GatewayMetrics, MetricsRegistry
-from engines.gateway.proxy import CLIENT_GONE, Upstream, relay
+from engines.gateway.proxy import CLIENT_GONE, relay
+from engines.gateway.upstream import Upstream
 from engines.gateway.upstream_client import UpstreamClient
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'

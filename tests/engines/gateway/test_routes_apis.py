@@ -21,7 +21,7 @@ from engines.errors import ControlAPIError
 from engines.events import EngineState
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
 
 STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 

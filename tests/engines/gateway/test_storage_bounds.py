@@ -16,7 +16,7 @@ from engines.config.sections import GPUSettings, Settings
 from engines.core.procs import free_loopback_port
 from engines.core.store import Store
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 HUGE_MODEL = "m" * (2 * 1024 * 1024)
 

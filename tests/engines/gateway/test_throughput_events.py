@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from engines.events import GatewayThroughput
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
 
 
 async def _throughput(

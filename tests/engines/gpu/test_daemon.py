@@ -31,7 +31,7 @@ from engines.gpu.nvml import NVMLBackend
 from engines.gpu.service import GPUFeature
 from engines.gpu.sim import SimulatedBackend, sim_uuid
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.fakes.fake_pynvml import UUID as NVML_UUID
 from tests.fakes.fake_pynvml import fake_pynvml
 

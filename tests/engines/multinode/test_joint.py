@@ -17,7 +17,7 @@ from engines.core.procs import PidRegistry
 from engines.errors import PreflightFailed
 from engines.events import EngineState
 from engines.runtime.supervisor import LogSink, ManagedEngine
-from tests.engines.test_supervisor import RUNTIME, FakeEngineAdapter
+from tests.engines.runtime.test_supervisor import RUNTIME, FakeEngineAdapter
 
 
 class FakeRanks:

@@ -18,7 +18,7 @@ from engines.config.sections import OllamaSettings
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 TOOL = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 
 async def listed(http: aiohttp.ClientSession, url: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
 from engines.runtime.adapters.vllm_start import PHASES
-from tests.engines.test_cli import serve, stop_daemon, traylm
+from tests.engines.cli.test_cli import serve, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 

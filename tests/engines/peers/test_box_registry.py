@@ -27,13 +27,13 @@ from engines.events.core import EngineState
 from engines.events.models import LoadedModel, ReplicaInfo, ServableModel
 from engines.events.peers import BoxesChanged
 from engines.gateway.balance import Affinity
-from engines.gateway.proxy import Upstream
+from engines.gateway.upstream import Upstream
 from engines.ondemand.parts import Parts
 from engines.ondemand.service import ModelsOnDemand
 from engines.peers.replicas import BoxReplicas
 from engines.peers.store import Peer
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 SERVES = {
     "name": "box-b",

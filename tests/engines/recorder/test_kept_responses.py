@@ -18,7 +18,7 @@ from engines.config.sections import RequestsSettings, Settings
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 OPEN: list[openai.AsyncOpenAI] = []
 

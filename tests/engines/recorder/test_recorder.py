@@ -24,7 +24,7 @@ from engines.config.sections import RequestsSettings
 from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import sdk, start_fake
+from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
 from tests.traylm_cli import traylm
 
 HI = [{"role": "user", "content": "hi"}]

@@ -24,7 +24,7 @@ from engines.errors import ConfigError
 from engines.events import EngineState, RemoteRouted
 from engines.remote.service import base_url_problem, read_keyring, store_keyring, upstream_base
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.test_engine_liveness import wait_until
+from tests.engines.runtime.test_engine_liveness import wait_until
 
 KEY_ENV = "TRAYLM_TEST_REMOTE_KEY"
 

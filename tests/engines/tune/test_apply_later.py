@@ -13,7 +13,7 @@ import pytest
 from engines.errors import ControlAPIError
 from engines.events import TuneConfig, TuneState
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.tune.test_daemon import TOKEN_S, profile_file, tune_to_end
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 from engines.events import EngineState, TuneConfig, TuneState
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.tune.test_daemon import nothing_of_the_tune_left
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from engines.events import TuneConfig, TuneFinished, TuneProgress, TuneState
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.tune.test_daemon import TOKEN_S
 
 pytestmark = pytest.mark.slow

@@ -22,9 +22,9 @@ from engines.gateway.security import hash_key
 from engines.gpu.sim import sim_uuid
 from engines.tune.cli import CANCEL_ANSWER_S
 from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.gpu.test_daemon import feature, sim_settings
-from tests.engines.test_daemon_gateway import start_fake
-from tests.engines.test_warm_starts import wait_until
+from tests.engines.runtime.test_warm_starts import wait_until
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.traylm_cli import traylm
 

@@ -19,7 +19,7 @@ import pytest
 from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
-from tests.engines.test_cli import serve, stop_daemon, traylm
+from tests.engines.cli.test_cli import serve, stop_daemon, traylm
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from engines.events import TuneConfig, TuneState
 from engines.tune.candidates import Machine, machine_candidates
 from engines.tune.variants import ModelOnDisk, Variant, quantized_variants
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.engines.tune.test_daemon import TOKEN_S, nothing_of_the_tune_left, tune_to_end
 from tests.fakes.fake_trt_env import make_tiny_hf_model
 

@@ -25,7 +25,7 @@ from engines.events import (
     UpgradeState,
 )
 from tests.conftest import RunningDaemon
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 from tests.fakes.fake_vllm_wheel import build_fake_vllm_wheel, fake_cpu_recipe
 from tests.traylm_cli import traylm

@@ -31,7 +31,7 @@ from engines.runtime.liveness import Health
 from engines.runtime.output import last_error, strip_ansi
 from engines.runtime.supervisor import ManagedEngine
 
-FAKE = Path(__file__).parents[1] / "fakes" / "openai_engine.py"
+FAKE = Path(__file__).parents[2] / "fakes" / "openai_engine.py"
 
 
 class FakeEngineAdapter:

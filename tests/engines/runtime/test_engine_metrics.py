@@ -19,7 +19,7 @@ from engines.runtime.adapters import adapter_for
 from engines.runtime.liveness import progress_counter
 from engines.runtime.probe import token_counters
 from engines.runtime.supervisor import ManagedEngine
-from tests.engines.adapters import test_sglang, test_trtllm
+from tests.engines.runtime.adapters import test_sglang, test_trtllm
 
 # the Prometheus text each engine serves, with the names its source registers
 VLLM = """\

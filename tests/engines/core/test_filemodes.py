@@ -16,7 +16,7 @@ from pathlib import Path
 from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
-from tests.engines.test_cli import traylm
+from tests.engines.cli.test_cli import traylm
 
 
 def mode(path: Path) -> int:

@@ -53,7 +53,7 @@ def test_a_folder_config_that_cannot_be_read_says_why(
 def test_one_module_reads_a_model_folders_config_json() -> None:
     """Every reader of a model's config.json goes through core/modelinfo.py (the TensorRT-LLM
     cache reads a built engine's own config.json, another file)."""
-    root = Path(__file__).resolve().parents[2] / "engines"
+    root = Path(__file__).resolve().parents[3] / "engines"
     readers = {
         p.relative_to(root).as_posix()
         for p in root.rglob("*.py")

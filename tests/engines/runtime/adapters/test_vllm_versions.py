@@ -117,7 +117,7 @@ async def test_the_cuda_recipe_probes_the_flags_of_the_version_it_installs(
 
     def local_build(engine: str, version: str, cuda: str) -> Build:
         """The driver's build, but its one pip step installs the FAKE 0.33 package (the real
-        ones come from PyPI and PyTorch's index: tests/engines/test_builds.py checks those)."""
+        ones come from PyPI and PyTorch's index: tests/engines/envs/test_builds.py checks those)."""
         return Build(engine, "cuda", "0.33.0", "13.0", (PipStep((str(pkg),), engine=True),), "")
 
     monkeypatch.setattr(manager_module, "choose_build", local_build)

@@ -32,8 +32,8 @@ from engines.gpu.history import TelemetryHistory
 from engines.gpu.sim import ManualClock, SimulatedBackend
 from tests.conftest import DaemonFactory, RunningDaemon
 from tests.data_disk import DataDisk, tmpfs_data_folder
-from tests.engines.test_cli import traylm
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.cli.test_cli import traylm
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 
 @pytest.fixture

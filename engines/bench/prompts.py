@@ -1,4 +1,4 @@
-"""Workloads: the requests one benchmark level sends.
+"""The prompts of the built-in workloads: the requests one benchmark level sends.
 
 - ``random``: every request has ``input_len`` prompt tokens and asks for ``output_len`` tokens
   with ``ignore_eos`` (so every reply has exactly that length). Prompts are random words, cut to

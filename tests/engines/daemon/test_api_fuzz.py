@@ -34,7 +34,7 @@ from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
 from engines.daemon import Daemon
 from tests.conftest import fast_settings
-from tests.engines.test_cli import serve, serve_log, stop_daemon, traylm
+from tests.engines.cli.test_cli import serve, serve_log, stop_daemon, traylm
 from tests.fakes.fake_vllm_env import make_fake_vllm_env
 
 LEFT_OUT = {

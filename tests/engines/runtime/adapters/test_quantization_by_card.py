@@ -20,7 +20,7 @@ from engines.gpu.replay import TraceRecorder
 from engines.gpu.sim import SimulatedBackend
 from engines.runtime.adapters.vllm import VLLMAdapter
 from tests.conftest import RunningDaemon, fast_settings
-from tests.engines.adapters.test_vllm import runtime
+from tests.engines.runtime.adapters.test_vllm import runtime
 
 ADA = SimulatedBackend(1).infos()[0].compute_capability
 

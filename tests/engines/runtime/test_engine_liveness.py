@@ -19,7 +19,7 @@ import psutil
 from engines.core.procs import free_loopback_port
 from engines.events import EngineState, EngineStateChanged
 from tests.conftest import DaemonFactory, RunningDaemon, fast_settings
-from tests.engines.test_daemon_gateway import start_fake
+from tests.engines.gateway.test_daemon_gateway import start_fake
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
