@@ -18,6 +18,7 @@ from engines.events.codec import Event, from_plain
 
 MODULE_OF = {
     "attached": "models",
+    "batch": "batch",
     "bench": "bench",
     "boxes": "peers",
     "chat": "chat",
@@ -39,7 +40,7 @@ MODULE_OF = {
 (tests/engines/test_event_registry.py checks it against every Event subclass)."""
 
 MODULES = ("core", "gpu", "hub", "trt", "remote", "chat", "bench", "models", "gateway", "tune",
-           "upgrade", "peers")  # fmt: skip
+           "upgrade", "peers", "batch")  # fmt: skip
 """The feature modules, in the order ``engines.events`` looks names up in them."""
 
 _loaded: dict[str, type[Event]] = {}
