@@ -95,6 +95,8 @@ class BatchFeature:
 
     async def start(self) -> None:
         for record in await asyncio.to_thread(self.batches.unfinished):
+            if record["id"] in self._job_of:  # made since the gateway began serving
+                continue
             log.info("batch %s resumes", record["id"])
             self._run(record)
 
