@@ -5,6 +5,13 @@ POST /v1/batches               {"input_file_id", "endpoint", "completion_window"
 GET  /v1/batches               the caller's batches, newest first (``?after=ID&limit=N``)
 GET  /v1/batches/{id}          one Batch object, its ``request_counts`` current
 POST /v1/batches/{id}/cancel   stop it; what finished is kept in its output and error files
+
+and for traylm's own tools (`traylm batches`, the app), under the control token, every
+caller's batches:
+
+GET  /api/batches              newest first (``?limit=N``)
+GET  /api/batches/{id}         one
+POST /api/batches/{id}/cancel  stop it
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from aiohttp import web
 
 from engines.batch.service import BatchFeature
 from engines.batch.validate import check_endpoint
-from engines.errors import ConfigError
+from engines.core.http import query_int, traylm_errors
+from engines.errors import BatchNotFound, ConfigError, quoted
 from engines.gateway.responses import caller_of
 from engines.gateway.service import GATEWAY
 from engines.gateway.shapes import api_error
@@ -44,6 +52,9 @@ def batch_routes() -> list[web.RouteDef]:
         web.get("/v1/batches", list_batches),
         web.get("/v1/batches/{batch_id}", retrieve),
         web.post("/v1/batches/{batch_id}/cancel", cancel),
+        web.get("/api/batches", traylm_errors(control_list)),
+        web.get("/api/batches/{batch_id}", traylm_errors(control_get)),
+        web.post("/api/batches/{batch_id}/cancel", traylm_errors(control_cancel)),
     ]
 
 
@@ -131,3 +142,31 @@ async def cancel(request: web.Request) -> web.Response:
         return _not_found(request, batch_id)
     found = await request.app[BATCHES].cancel(batch_id, _owner(request))
     return web.json_response(found) if found else _not_found(request, batch_id)
+
+
+def _control_id(request: web.Request) -> str:
+    batch_id = request.match_info["batch_id"]
+    if not _BATCH_ID.match(batch_id):
+        raise BatchNotFound(f"no batch {quoted(batch_id)} (`traylm batches ls` lists them)")
+    return batch_id
+
+
+async def control_list(request: web.Request) -> web.Response:
+    limit = query_int(request, "limit", default=LIST_LIMIT_MAX, lo=1, hi=10_000)
+    return web.json_response(await asyncio.to_thread(request.app[BATCHES].every, limit))
+
+
+async def control_get(request: web.Request) -> web.Response:
+    batch_id = _control_id(request)
+    found = await asyncio.to_thread(request.app[BATCHES].get, batch_id, None)
+    if found is None:
+        raise BatchNotFound(f"no batch {quoted(batch_id)} (`traylm batches ls` lists them)")
+    return web.json_response(found)
+
+
+async def control_cancel(request: web.Request) -> web.Response:
+    batch_id = _control_id(request)
+    found = await request.app[BATCHES].cancel(batch_id, None)
+    if found is None:
+        raise BatchNotFound(f"no batch {quoted(batch_id)} (`traylm batches ls` lists them)")
+    return web.json_response(found)

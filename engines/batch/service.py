@@ -118,8 +118,9 @@ class BatchFeature:
         job_id = self._job_of.get(batch_id)
         return next((job for job in self.jobs.jobs if job.id == job_id), None)
 
-    def get(self, batch_id: str, owner: str) -> Record | None:
-        """The live record of a running batch, else the stored one (blocks)."""
+    def get(self, batch_id: str, owner: str | None) -> Record | None:
+        """The live record of a running batch, else the stored one (``owner`` None: whoever's
+        it is; blocks)."""
         stored = self.batches.get(batch_id, owner)
         job = self._live(batch_id)
         return job.record if stored is not None and job is not None else stored
@@ -129,12 +130,20 @@ class BatchFeature:
         rows = self.batches.page(owner, after, limit)
         return [job.record if (job := self._live(r["id"])) else r for r in rows]
 
+    def every(self, limit: int) -> list[Record]:
+        """Every owner's batches, newest first (the control API's; blocks)."""
+        rows = self.batches.listed(None, limit)
+        return [job.record if (job := self._live(r["id"])) else r for r in rows]
+
     def running(self) -> list[Record]:
         """The batches running or queued, for /api/status."""
         return [job.record for job in self.jobs.jobs]
 
-    async def cancel(self, batch_id: str, owner: str) -> Record | None:
-        """Stop a batch: what finished is kept in its files (None: no such batch)."""
+    async def cancel(self, batch_id: str, owner: str | None) -> Record | None:
+        """Stop a batch: what finished is kept in its files (None: no such batch; ``owner``
+        None: whoever's it is, for the control API)."""
+        if owner is None:
+            owner = await asyncio.to_thread(self.batches.owner, batch_id)
         record = await asyncio.to_thread(self.get, batch_id, owner)
         if record is None or record["status"] not in ("validating", "in_progress"):
             return record
