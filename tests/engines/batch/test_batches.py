@@ -272,3 +272,21 @@ async def test_lines_ask_vllm_for_low_priority_where_it_schedules_by_it(
     assert done.request_counts is not None and done.request_counts.completed == 2
     low = ENGINE_LOW_PRIORITY if policy == "priority" else 0
     assert (await fake_stats(daemon, "fake"))["priorities"] == [0, low, low]
+
+
+async def test_a_queued_batch_cancelled_ends_at_once(
+    daemon: RunningDaemon, client: openai.AsyncOpenAI
+) -> None:
+    """Batches run one at a time; one still waiting its turn is cancelled with nothing run."""
+    await start_fake(daemon, args="--token-delay 0.05")
+    big = jsonl([chat_line(f"r{n}") for n in range(200)])
+    made = await client.files.create(file=("in.jsonl", io.BytesIO(big)), purpose="batch")
+    running, queued = [
+        await client.batches.create(input_file_id=made.id, endpoint=CHAT, completion_window="24h")
+        for _ in range(2)
+    ]
+    cancelled = await client.batches.cancel(queued.id)
+    assert cancelled.status == "cancelled" and cancelled.request_counts is not None
+    assert cancelled.request_counts.completed == 0 and cancelled.output_file_id is None
+    assert (await client.batches.retrieve(running.id)).status == "in_progress"
+    await client.batches.cancel(running.id)
