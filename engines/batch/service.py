@@ -29,9 +29,6 @@ from engines.gateway.admission import LOW_PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
-LINES_AT_ONCE = 4
-"""Lines of a batch in flight at once: a small share of an engine, so interactive requests
-keep most of it (the gateway's admission queues the rest)."""
 LINE_TIMEOUT_S = 600.0
 PROGRESS_EVERY_S = 1.0
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -194,7 +191,8 @@ class BatchFeature:
         return await self._finalize(record, owner, "completed")
 
     async def _send_all(self, job: Job[Record], owner: str, todo: list[BatchLine]) -> None:
-        """Send the open lines, LINES_AT_ONCE at a time, each kept as it finishes."""
+        """Send the open lines, gateway.batch_lines_at_once at a time (the gateway's admission
+        puts interactive requests first), each kept as it finishes."""
         record = job.record
         port = self._settings.current.gateway.port
         url = f"http://127.0.0.1:{port}{record['endpoint']}"
@@ -218,8 +216,12 @@ class BatchFeature:
                     reported_s = time.monotonic()
                     job.report(_progress(record))
 
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-            await asyncio.gather(*(worker(http) for _ in range(LINES_AT_ONCE)))
+        workers = self._settings.current.gateway.batch_lines_at_once
+        connector = aiohttp.TCPConnector(limit=workers)
+        async with aiohttp.ClientSession(
+            timeout=timeout, headers=headers, connector=connector
+        ) as http:
+            await asyncio.gather(*(worker(http) for _ in range(workers)))
 
     async def _finalize(self, record: Record, owner: str, end: str) -> Record:
         record["status"], record["finalizing_at"] = "finalizing", int(time.time())

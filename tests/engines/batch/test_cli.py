@@ -26,7 +26,7 @@ async def make_batch(client: openai.AsyncOpenAI, lines: int) -> str:
 
 
 async def test_ls_show_follow_and_cancel(daemon: RunningDaemon) -> None:
-    await start_fake(daemon, args="--token-delay 0.05")
+    await start_fake(daemon, args="--token-delay 0.2")
     async with sdk(daemon) as client:
         first = await make_batch(client, 200)
         code, said = await traylm("batches", "show", first, "--follow")
