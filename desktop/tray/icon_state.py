@@ -41,9 +41,10 @@ def tooltip_text(
     gpu_lines: Sequence[str] = (),
     remote: str = "",
     disk: str = "",
+    batches: str = "",
 ) -> str:
-    """Endpoint, a full disk, models and their state, tokens/s, one line per GPU (temperature
-    and power against its limit) and the remote fallback when it is on."""
+    """Endpoint, a full disk, models and their state, tokens/s, the batches running, one line
+    per GPU (temperature and power against its limit) and the remote fallback when it is on."""
     if not link.usable:
         return f"traylm — {link_message}"
     lines = [f"traylm — {endpoint or 'endpoint unknown'}" + (" (LAN)" if lan_sharing else "")]
@@ -58,6 +59,8 @@ def tooltip_text(
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):
         lines.append(f"{tokens_per_s:.1f} tokens/s")
+    if batches:
+        lines.append(batches)
     lines.extend(gpu_lines)
     if remote:
         lines.append(remote)
@@ -73,6 +76,19 @@ def disk_text(status: Mapping[str, object]) -> str:
     if not isinstance(disk, Mapping) or not disk.get("full"):
         return ""
     return f"DISK FULL: free space on the disk of {disk.get('folder')} (chats wait in memory)"
+
+
+def batch_text(status: Mapping[str, object]) -> str:
+    """One line while batches run or wait (/api/status ``batches``: OpenAI Batch objects),
+    the first one's progress; else ""."""
+    batches = status.get("batches")
+    if not isinstance(batches, Sequence) or not batches or not isinstance(batches[0], Mapping):
+        return ""
+    counts = batches[0].get("request_counts")
+    counts = counts if isinstance(counts, Mapping) else {}
+    done = int(counts.get("completed", 0)) + int(counts.get("failed", 0))
+    more = f" (+{len(batches) - 1} waiting)" if len(batches) > 1 else ""
+    return f"batch: {done}/{counts.get('total', 0)} done{more}"
 
 
 def remote_text(remote: RemoteStatus | None) -> str:
