@@ -32,7 +32,10 @@ Record = dict[str, Any]
 LINE_TIMEOUT_S = 600.0
 PROGRESS_EVERY_S = 1.0
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-"""Waits before sending a line again that the gateway turned away for now (429, 503)."""
+"""Waits before sending a line again that the gateway turned away for now (AGAIN)."""
+AGAIN = (429, 502, 503, 504)
+"""Answers that say "not now": a full queue, an engine that crashed or is starting again (the
+supervisor restarts it), a pause; past RETRY_S the line fails with the last one's message."""
 
 
 def new_record(
@@ -253,7 +256,7 @@ class BatchFeature:
 
 async def _answer(http: aiohttp.ClientSession, url: str, line: BatchLine) -> tuple[bool, Record]:
     """One line's answer in OpenAI's batch output shape; ok when the engine answered 200. A
-    line the gateway turns away for now (429: its queue is full; 503: paused) goes again."""
+    line turned away for now (AGAIN) goes again."""
     result: Record = {"id": "batch_req_" + secrets.token_hex(12), "custom_id": line.custom_id}
     try:
         for wait_s in (*RETRY_S, 0.0):
@@ -261,7 +264,7 @@ async def _answer(http: aiohttp.ClientSession, url: str, line: BatchLine) -> tup
                 body: object = await resp.json(content_type=None)
                 rid = resp.headers.get("x-request-id", "")
                 status = resp.status
-            if status not in (429, 503) or not wait_s:
+            if status not in AGAIN or not wait_s:
                 break
             await asyncio.sleep(wait_s)
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:

@@ -290,3 +290,24 @@ async def test_a_queued_batch_cancelled_ends_at_once(
     assert cancelled.request_counts.completed == 0 and cancelled.output_file_id is None
     assert (await client.batches.retrieve(running.id)).status == "in_progress"
     await client.batches.cancel(running.id)
+
+
+async def test_a_batch_survives_engine_crashes(
+    daemon: RunningDaemon, client: openai.AsyncOpenAI
+) -> None:
+    """The engine SIGKILLs itself every 40 requests; the supervisor starts it again and the
+    lines it dropped go again: every line answered, none failed."""
+    await start_fake(daemon, args="--crash-after-requests 40 --token-delay 0.01")
+    made = await client.files.create(
+        file=("in.jsonl", io.BytesIO(jsonl([chat_line(f"r{n}") for n in range(100)]))),
+        purpose="batch",
+    )
+    batch = await client.batches.create(
+        input_file_id=made.id, endpoint=CHAT, completion_window="24h"
+    )
+    done = await until_ended(client, batch.id)
+    errors = await lines_of(client, done.error_file_id)
+    assert done.request_counts is not None and done.request_counts.failed == 0, errors[:2]
+    assert done.request_counts.completed == 100
+    answered = await lines_of(client, done.output_file_id)
+    assert sorted(r["custom_id"] for r in answered) == sorted(f"r{n}" for n in range(100))
