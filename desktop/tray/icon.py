@@ -17,6 +17,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QMessageBox, QSystemTrayIcon
 
 from desktop.daemon.actions import Actions
+from desktop.daemon.batches import batch_text
 from desktop.daemon.fixes import Fix
 from desktop.daemon.library import library_starts
 from desktop.daemon.messages import LinkState
@@ -25,7 +26,6 @@ from desktop.daemon.restart import CONFIRM_RESTART, restart_plan
 from desktop.daemon.state import LIVE_STATES, AppState
 from desktop.daemon.terminal import AGENTS, find_terminal, open_agent
 from desktop.tray.icon_state import (
-    batch_text,
     disk_text,
     remote_text,
     tooltip_text,

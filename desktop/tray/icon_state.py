@@ -78,19 +78,6 @@ def disk_text(status: Mapping[str, object]) -> str:
     return f"DISK FULL: free space on the disk of {disk.get('folder')} (chats wait in memory)"
 
 
-def batch_text(status: Mapping[str, object]) -> str:
-    """One line while batches run or wait (/api/status ``batches``: OpenAI Batch objects),
-    the first one's progress; else ""."""
-    batches = status.get("batches")
-    if not isinstance(batches, Sequence) or not batches or not isinstance(batches[0], Mapping):
-        return ""
-    counts = batches[0].get("request_counts")
-    counts = counts if isinstance(counts, Mapping) else {}
-    done = int(counts.get("completed", 0)) + int(counts.get("failed", 0))
-    more = f" (+{len(batches) - 1} waiting)" if len(batches) > 1 else ""
-    return f"batch: {done}/{counts.get('total', 0)} done{more}"
-
-
 def remote_text(remote: RemoteStatus | None) -> str:
     """One line about the remote fallback, or "" while it is off (or the daemon has none)."""
     if remote is None or not remote.enabled:

@@ -14,11 +14,12 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QComboBox
 
 from desktop.chat.markdown import Block, split_blocks
+from desktop.daemon.batches import batch_text
 from desktop.daemon.gateway import ChatRequest, _Collector, error_from_body
 from desktop.daemon.messages import LinkState, ProfileEntry, freeze
 from desktop.dashboard.profile_form import ProfileForm
 from desktop.session import autostart
-from desktop.tray.icon_state import batch_text, tooltip_text, tray_state
+from desktop.tray.icon_state import tooltip_text, tray_state
 from desktop.tray.icons import TrayState
 from engines.events import EngineState, EngineStatus
 
