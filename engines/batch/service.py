@@ -106,8 +106,14 @@ class BatchFeature:
 
     async def create(self, owner: str, file_id: str, endpoint: str, meta: object) -> Record:
         """Validate the input file and queue the batch (ConfigError: nothing created)."""
-        if await asyncio.to_thread(self.files.get, file_id, owner) is None:
+        found = await asyncio.to_thread(self.files.get, file_id, owner)
+        if found is None:
             raise ConfigError(f"no file {file_id[:80]!r}; upload it with POST /v1/files")
+        if found.purpose != "batch":
+            raise ConfigError(
+                f"file {file_id} is a {found.purpose} file, not batch input; upload the input "
+                "with purpose=batch"
+            )
         lines = await asyncio.to_thread(self._lines, file_id, endpoint)
         record = new_record("batch_" + secrets.token_hex(12), file_id, endpoint, lines, meta)
         await asyncio.to_thread(self.batches.save, record, owner)

@@ -86,6 +86,10 @@ async def test_the_sdk_batch_flow(daemon: RunningDaemon, client: openai.AsyncOpe
     assert "no-such-model" in failed["error"]["message"]
     output_file = await client.files.retrieve(done.output_file_id or "")
     assert output_file.purpose == "batch_output"
+    with pytest.raises(openai.BadRequestError, match="not batch input"):
+        await client.batches.create(
+            input_file_id=output_file.id, endpoint=CHAT, completion_window="24h"
+        )
     page = await client.batches.list()
     assert [b.id for b in page.data] == [batch.id]
 
