@@ -180,6 +180,7 @@ FEATURE_COMMANDS: dict[str, str] = {
     "tune": "engines.tune.cli:add_parsers",  # traylm tune MODEL [--apply|--undo], tune cancel
     "launch": "engines.launch.cli:add_parsers",  # an agent CLI pointed at traylm
     "requests": "engines.recorder.cli:add_parsers",  # flight recorder: ls|show|tail|export|...
+    "batches": "engines.batch.cli:add_parsers",  # OpenAI batches at :8000: ls|show|cancel
     "doctor": "engines.doctor:add_parser",  # driver, CUDA, NVML, P2P, disk, port, engines, ...
 }
 """Each command a feature package adds, and the function (``module:function``, given the

@@ -20,8 +20,10 @@ from typing import IO, Protocol
 from aiohttp import web
 
 from engines import __version__
+from engines.batch.batch_routes import BATCHES, batch_routes
 from engines.batch.files import FileStore
 from engines.batch.routes import FILES, file_routes
+from engines.batch.service import BatchFeature
 from engines.bench.routes import BENCH, bench_routes
 from engines.bench.service import BenchFeature
 from engines.chats.routes import CHATS, chats_routes
@@ -176,6 +178,13 @@ class Daemon:
         )
         self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.files = FileStore(self.store, paths.data_dir / "files")
+        self.batches = BatchFeature(
+            store=self.store,
+            files=self.files,
+            settings=live,
+            internal_key=lambda: self.ctx.internal_key,
+            publish=publish,
+        )
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
@@ -308,6 +317,7 @@ class Daemon:
                 "boxes": self.boxes.status,
                 "spread": self.multinode.status,
                 "requests": self.requests.status,
+                "batches": self.batches.running,
             },
         )
         self.features: list[Feature] = [
@@ -325,6 +335,7 @@ class Daemon:
             self.peers,
             self.boxes,
             self.multinode,
+            self.batches,  # stopped first: its lines go through the gateway and the engines
         ]
 
     def _app(self) -> web.Application:
@@ -357,6 +368,7 @@ class Daemon:
         mount(app, REQUESTS, self.requests, requests_routes())
         app.router.add_routes(router_routes(self.ondemand))  # llama.cpp's, for Open WebUI
         mount(app, FILES, self.files, file_routes())
+        mount(app, BATCHES, self.batches, batch_routes())
         return app
 
     def _peer_app(self, peers: PeersFeature) -> web.Application:

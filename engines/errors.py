@@ -48,6 +48,13 @@ class ConfigError(TraylmError):
     http_status = 400
 
 
+class BatchNotFound(TraylmError):
+    """No batch by that id (`traylm batches ls` lists them)."""
+
+    code = "batch_not_found"
+    http_status = 404
+
+
 class ProfileNotFound(ConfigError):
     """No profile by that name (`traylm profiles` lists them)."""
 

@@ -38,6 +38,8 @@ from engines.client import DaemonClient, pid_alive
 from engines.config.sections import Paths, Settings
 from engines.errors import ControlAPIError, DaemonUnavailable, TraylmError
 from engines.events import (
+    BatchFinished,
+    BatchProgress,
     BoxesChanged,
     DaemonStopping,
     EngineStateChanged,
@@ -246,9 +248,9 @@ class DaemonLink:
             self._refresh_after(client, event)
             if isinstance(event, BoxesChanged):  # what the paired boxes serve here
                 self._refresh_status_soon(client, after_s=0.0)
-            elif isinstance(event, RemoteRouted) or (
+            elif isinstance(event, (RemoteRouted, BatchProgress, BatchFinished)) or (
                 isinstance(event, Notice) and event.source in DISK_NOTICES
-            ):
+            ):  # (a batch's counts: the tooltip's and the engines page's line)
                 self._refresh_status_soon(client)
             if isinstance(event, DaemonStopping):
                 # let go at once (the daemon would otherwise wait for this stream to close),

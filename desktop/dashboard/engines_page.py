@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.daemon.batches import batch_text
 from desktop.daemon.boxes import BoxReplica
 from desktop.daemon.fixes import ENGINE_LOG, PROFILES, Fix
 from desktop.daemon.state import LIVE_STATES
@@ -103,6 +104,9 @@ class EnginesPage(Page):
         self.remote.setObjectName("remoteStatus")
         self.remote.setWordWrap(True)
         layout.addWidget(self.remote)
+        self.batches = QLabel("")
+        self.batches.setObjectName("batchStatus")
+        layout.addWidget(self.batches)
         return page
 
     def _controls_row(self) -> QHBoxLayout:
@@ -249,6 +253,8 @@ class EnginesPage(Page):
         self.detail.setText(text)
 
     def on_status_changed(self, *_: object) -> None:
+        connected = self.ctx.state.connected
+        self.batches.setText(batch_text(self.ctx.state.status) if connected else "")
         remote = self.ctx.state.remote
         if remote is None or not self.ctx.state.connected:
             self.remote.setText("")

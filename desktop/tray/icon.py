@@ -17,6 +17,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QMessageBox, QSystemTrayIcon
 
 from desktop.daemon.actions import Actions
+from desktop.daemon.batches import batch_text
 from desktop.daemon.fixes import Fix
 from desktop.daemon.library import library_starts
 from desktop.daemon.messages import LinkState
@@ -24,7 +25,12 @@ from desktop.daemon.notify import Notification, Notifier
 from desktop.daemon.restart import CONFIRM_RESTART, restart_plan
 from desktop.daemon.state import LIVE_STATES, AppState
 from desktop.daemon.terminal import AGENTS, find_terminal, open_agent
-from desktop.tray.icon_state import disk_text, remote_text, tooltip_text, tray_state
+from desktop.tray.icon_state import (
+    disk_text,
+    remote_text,
+    tooltip_text,
+    tray_state,
+)
 from desktop.tray.icons import TrayState, state_icon
 from engines.config.profiles import replica_base
 from engines.events import EngineState
@@ -280,6 +286,7 @@ class TrayController(QObject):
             gpu_lines=s.gpu.tooltip_lines(),
             remote=remote_text(s.remote),
             disk=disk_text(s.status),
+            batches=batch_text(s.status),
         )
         if text != self.icon.toolTip():
             self.icon.setToolTip(text)

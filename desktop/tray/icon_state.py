@@ -41,9 +41,10 @@ def tooltip_text(
     gpu_lines: Sequence[str] = (),
     remote: str = "",
     disk: str = "",
+    batches: str = "",
 ) -> str:
-    """Endpoint, a full disk, models and their state, tokens/s, one line per GPU (temperature
-    and power against its limit) and the remote fallback when it is on."""
+    """Endpoint, a full disk, models and their state, tokens/s, the batches running, one line
+    per GPU (temperature and power against its limit) and the remote fallback when it is on."""
     if not link.usable:
         return f"traylm — {link_message}"
     lines = [f"traylm — {endpoint or 'endpoint unknown'}" + (" (LAN)" if lan_sharing else "")]
@@ -58,6 +59,8 @@ def tooltip_text(
         lines.append("no engine running")
     if tokens_per_s is not None and any(e.state == EngineState.READY for e in shown):
         lines.append(f"{tokens_per_s:.1f} tokens/s")
+    if batches:
+        lines.append(batches)
     lines.extend(gpu_lines)
     if remote:
         lines.append(remote)

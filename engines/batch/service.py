@@ -20,22 +20,31 @@ from engines.batch.files import FileStore
 from engines.batch.store import BatchStore
 from engines.batch.validate import BatchLine, parse_input
 from engines.config.live import SettingsView
-from engines.core.jobs import Job, JobKind, JobStatus
+from engines.core.jobs import Job, JobKind, JobState, JobStatus
 from engines.core.store import Store, dumps
 from engines.errors import ConfigError
+from engines.events.batch import BatchFinished, BatchProgress
 from engines.events.codec import Event
+from engines.gateway.admission import LOW_PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
-LINES_AT_ONCE = 4
-"""Lines of a batch in flight at once: a small share of an engine, so interactive requests
-keep most of it (the gateway's admission queues the rest)."""
 LINE_TIMEOUT_S = 600.0
+PROGRESS_EVERY_S = 1.0
+RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""Waits before sending a line again that the gateway turned away for now (AGAIN)."""
+AGAIN = (429, 502, 503, 504)
+"""Answers that say "not now": a full queue, an engine that crashed or is starting again (the
+supervisor restarts it), a pause; past RETRY_S the line fails with the last one's message."""
 
 
-def new_record(batch_id: str, file_id: str, endpoint: str, total: int, meta: object) -> Record:
+def new_record(
+    batch_id: str, file_id: str, endpoint: str, lines: list[BatchLine], meta: object
+) -> Record:
     """OpenAI's Batch object, as created."""
     now = int(time.time())
+    models = {line.body["model"] for line in lines}
+    total = len(lines)
     return {
         "id": batch_id,
         "object": "batch",
@@ -57,6 +66,7 @@ def new_record(batch_id: str, file_id: str, endpoint: str, total: int, meta: obj
         "cancelled_at": None,
         "request_counts": {"total": total, "completed": 0, "failed": 0},
         "metadata": meta if isinstance(meta, dict) else None,
+        "model": models.pop() if len(models) == 1 else None,
     }
 
 
@@ -80,11 +90,13 @@ class BatchFeature:
         self._stopping = False
         self._job_of: dict[str, int] = {}
         self.jobs: JobKind[Record] = JobKind(
-            "batch", publish=publish, finished=_no_event, queued=True
+            "batch", publish=publish, finished=_finished, queued=True
         )
 
     async def start(self) -> None:
         for record in await asyncio.to_thread(self.batches.unfinished):
+            if record["id"] in self._job_of:  # made since the gateway began serving
+                continue
             log.info("batch %s resumes", record["id"])
             self._run(record)
 
@@ -94,33 +106,60 @@ class BatchFeature:
 
     async def create(self, owner: str, file_id: str, endpoint: str, meta: object) -> Record:
         """Validate the input file and queue the batch (ConfigError: nothing created)."""
-        if await asyncio.to_thread(self.files.get, file_id, owner) is None:
+        found = await asyncio.to_thread(self.files.get, file_id, owner)
+        if found is None:
             raise ConfigError(f"no file {file_id[:80]!r}; upload it with POST /v1/files")
+        if found.purpose != "batch":
+            raise ConfigError(
+                f"file {file_id} is a {found.purpose} file, not batch input; upload the input "
+                "with purpose=batch"
+            )
         lines = await asyncio.to_thread(self._lines, file_id, endpoint)
-        record = new_record("batch_" + secrets.token_hex(12), file_id, endpoint, len(lines), meta)
+        record = new_record("batch_" + secrets.token_hex(12), file_id, endpoint, lines, meta)
         await asyncio.to_thread(self.batches.save, record, owner)
         self._run(record)
         return record
 
-    def get(self, batch_id: str, owner: str) -> Record | None:
-        """The live record of a running batch, else the stored one (blocks)."""
-        stored = self.batches.get(batch_id, owner)
+    def _live(self, batch_id: str) -> Job[Record] | None:
         job_id = self._job_of.get(batch_id)
-        for job in self.jobs.jobs:
-            if stored is not None and job.id == job_id:
-                return job.record
-        return stored
+        return next((job for job in self.jobs.jobs if job.id == job_id), None)
 
-    async def cancel(self, batch_id: str, owner: str) -> Record | None:
+    def get(self, batch_id: str, owner: str | None) -> Record | None:
+        """The live record of a running batch, else the stored one (``owner`` None: whoever's
+        it is; blocks)."""
+        stored = self.batches.get(batch_id, owner)
+        job = self._live(batch_id)
+        return job.record if stored is not None and job is not None else stored
+
+    def page(self, owner: str, after: str | None, limit: int) -> list[Record]:
+        """The owner's batches, newest first, after the one ``after`` (blocks)."""
+        rows = self.batches.page(owner, after, limit)
+        return [job.record if (job := self._live(r["id"])) else r for r in rows]
+
+    def every(self, limit: int) -> list[Record]:
+        """Every owner's batches, newest first (the control API's; blocks)."""
+        rows = self.batches.listed(None, limit)
+        return [job.record if (job := self._live(r["id"])) else r for r in rows]
+
+    def running(self) -> list[Record]:
+        """The batches running or queued, for /api/status."""
+        return [job.record for job in self.jobs.jobs]
+
+    async def cancel(self, batch_id: str, owner: str | None) -> Record | None:
+        """Stop a batch: what finished is kept in its files (None: no such batch; ``owner``
+        None: whoever's it is, for the control API)."""
+        if owner is None:
+            owner = await asyncio.to_thread(self.batches.owner, batch_id)
         record = await asyncio.to_thread(self.get, batch_id, owner)
         if record is None or record["status"] not in ("validating", "in_progress"):
             return record
         record["status"], record["cancelling_at"] = "cancelling", int(time.time())
         await asyncio.to_thread(self.batches.save, record, owner)
-        job_id = self._job_of.get(batch_id)
-        if job_id is not None and any(j.id == job_id for j in self.jobs.jobs):
-            await self.jobs.cancel(job_id)
-        else:
+        job = self._live(batch_id)
+        running = job is not None and job.state is JobState.RUNNING
+        if job is not None:
+            await self.jobs.cancel(job.id)
+        if not running:  # queued, or left by a stopped daemon: its work never ran
             await self._finalize(record, owner, "cancelled")
         return await asyncio.to_thread(self.get, batch_id, owner)
 
@@ -137,7 +176,12 @@ class BatchFeature:
         owner = await asyncio.to_thread(self.batches.owner, record["id"])
         if record["status"] == "cancelling":
             return await self._finalize(record, owner, "cancelled")
-        lines = await asyncio.to_thread(self._lines, record["input_file_id"], record["endpoint"])
+        try:
+            lines = await asyncio.to_thread(
+                self._lines, record["input_file_id"], record["endpoint"]
+            )
+        except (OSError, ConfigError) as exc:  # its input file went (deleted, unreadable)
+            return await self._fail(record, owner, str(exc))
         done = await asyncio.to_thread(self.batches.finished_lines, record["id"])
         counts = record["request_counts"]
         counts["completed"] = sum(1 for ok, _ in done.values() if ok)
@@ -146,25 +190,30 @@ class BatchFeature:
         record["in_progress_at"] = record["in_progress_at"] or int(time.time())
         await asyncio.to_thread(self.batches.save, record, owner)
         todo = [line for line in lines if line.number not in done]
+        job.report(_progress(record))
         try:
-            await self._send_all(record, owner, todo)
+            await self._send_all(job, owner, todo)
         except asyncio.CancelledError:
             if not self._stopping:
                 await self._finalize(record, owner, "cancelled")
             raise
         return await self._finalize(record, owner, "completed")
 
-    async def _send_all(self, record: Record, owner: str, todo: list[BatchLine]) -> None:
-        gate = asyncio.Semaphore(LINES_AT_ONCE)
+    async def _send_all(self, job: Job[Record], owner: str, todo: list[BatchLine]) -> None:
+        """Send the open lines, gateway.batch_lines_at_once at a time (the gateway's admission
+        puts interactive requests first), each kept as it finishes."""
+        record = job.record
         port = self._settings.current.gateway.port
         url = f"http://127.0.0.1:{port}{record['endpoint']}"
-        headers = {"Authorization": "Bearer " + self._internal_key()}
+        headers = {"Authorization": "Bearer " + self._internal_key(), LOW_PRIORITY_HEADER: "1"}
         timeout = aiohttp.ClientTimeout(total=LINE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
+        queue = iter(todo)
+        reported_s = time.monotonic()
 
-            async def one(line: BatchLine) -> None:
-                async with gate:
-                    ok, result = await _answer(http, url, line)
+        async def worker(http: aiohttp.ClientSession) -> None:
+            nonlocal reported_s
+            for line in queue:
+                ok, result = await _answer(http, url, line)
                 if self._stopping:
                     return  # the gateway may be closing: the line stays open
                 if await asyncio.to_thread(
@@ -172,8 +221,16 @@ class BatchFeature:
                 ):
                     record["request_counts"]["completed" if ok else "failed"] += 1
                     await asyncio.to_thread(self.batches.save, record, owner)
+                if time.monotonic() - reported_s >= PROGRESS_EVERY_S:
+                    reported_s = time.monotonic()
+                    job.report(_progress(record))
 
-            await asyncio.gather(*(one(line) for line in todo))
+        workers = self._settings.current.gateway.batch_lines_at_once
+        connector = aiohttp.TCPConnector(limit=workers)
+        async with aiohttp.ClientSession(
+            timeout=timeout, headers=headers, connector=connector
+        ) as http:
+            await asyncio.gather(*(worker(http) for _ in range(workers)))
 
     async def _finalize(self, record: Record, owner: str, end: str) -> Record:
         record["status"], record["finalizing_at"] = "finalizing", int(time.time())
@@ -188,6 +245,13 @@ class BatchFeature:
         await asyncio.to_thread(self.batches.save, record, owner)
         return record
 
+    async def _fail(self, record: Record, owner: str, why: str) -> Record:
+        error = {"code": "input_unreadable", "message": why, "param": None, "line": None}
+        record["errors"] = {"object": "list", "data": [error]}
+        record["status"], record["failed_at"] = "failed", int(time.time())
+        await asyncio.to_thread(self.batches.save, record, owner)
+        return record
+
     def _keep_file(self, owner: str, filename: str, results: list[Record]) -> str:
         file_id, part = self.files.new_upload()
         with part.open("w", encoding="utf-8") as out:
@@ -197,13 +261,18 @@ class BatchFeature:
 
 
 async def _answer(http: aiohttp.ClientSession, url: str, line: BatchLine) -> tuple[bool, Record]:
-    """One line's answer in OpenAI's batch output shape; ok when the engine answered 200."""
+    """One line's answer in OpenAI's batch output shape; ok when the engine answered 200. A
+    line turned away for now (AGAIN) goes again."""
     result: Record = {"id": "batch_req_" + secrets.token_hex(12), "custom_id": line.custom_id}
     try:
-        async with http.post(url, json=line.body) as resp:
-            body: object = await resp.json(content_type=None)
-            rid = resp.headers.get("x-request-id", "")
-            status = resp.status
+        for wait_s in (*RETRY_S, 0.0):
+            async with http.post(url, json=line.body) as resp:
+                body: object = await resp.json(content_type=None)
+                rid = resp.headers.get("x-request-id", "")
+                status = resp.status
+            if status not in AGAIN or not wait_s:
+                break
+            await asyncio.sleep(wait_s)
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         result["response"] = None
         result["error"] = {"code": "request_failed", "message": f"{type(exc).__name__}: {exc}"}
@@ -216,5 +285,29 @@ async def _answer(http: aiohttp.ClientSession, url: str, line: BatchLine) -> tup
     return status == 200, result
 
 
-def _no_event(_: JobStatus[Record]) -> Event | None:
-    return None
+def _progress(record: Record) -> BatchProgress:
+    counts = record["request_counts"]
+    return BatchProgress(
+        batch_id=record["id"],
+        status=record["status"],
+        total=counts["total"],
+        completed=counts["completed"],
+        failed=counts["failed"],
+        model=record.get("model") or "",
+    )
+
+
+def _finished(status: JobStatus[Record]) -> Event | None:
+    """The batch's end; none when the daemon stops (it resumes at the next start)."""
+    record = status.record
+    if record["status"] not in ("completed", "cancelled", "failed"):
+        return None
+    counts = record["request_counts"]
+    return BatchFinished(
+        batch_id=record["id"],
+        status=record["status"],
+        total=counts["total"],
+        completed=counts["completed"],
+        failed=counts["failed"],
+        detail=status.message,
+    )

@@ -43,8 +43,25 @@ class BatchStore:
         rows = self.store.query(sql + " ORDER BY created_s DESC LIMIT ?", [*params, limit])
         return [json.loads(r["record_json"]) for r in rows]
 
+    def page(self, owner: str, after: str | None, limit: int) -> list[dict[str, Any]]:
+        """The owner's batches, newest first, from the one after ``after`` (OpenAI's cursor:
+        the last id of the previous page; an unknown one starts at the newest)."""
+        sql = "SELECT record_json FROM batches WHERE owner = ?"
+        params: list[object] = [owner]
+        mark = self.store.query(
+            "SELECT rowid, created_s FROM batches WHERE id = ? AND owner = ?", (after, owner)
+        )
+        if mark:
+            sql += " AND (created_s < ? OR (created_s = ? AND rowid < ?))"
+            params += [mark[0]["created_s"], mark[0]["created_s"], mark[0]["rowid"]]
+        sql += " ORDER BY created_s DESC, rowid DESC LIMIT ?"
+        rows = self.store.query(sql, [*params, limit])
+        return [json.loads(r["record_json"]) for r in rows]
+
     def unfinished(self) -> list[dict[str, Any]]:
-        return [r for r in self.listed(None, 1_000_000) if r["status"] in OPEN_STATES]
+        """The batches a stopped daemon left open, oldest first (the order they resume in)."""
+        rows = [r for r in self.listed(None, 1_000_000) if r["status"] in OPEN_STATES]
+        return rows[::-1]
 
     def finish_line(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool:
         """Keep a line's answer; False when it was already kept (never answered twice)."""

@@ -1,6 +1,8 @@
 """A batch's input file checked before anything runs: OpenAI Batch input JSONL, one request a
 line (``{"custom_id", "method": "POST", "url", "body": {"model", ...}}``), every url the batch's
-endpoint, every custom_id once. What is wrong is told with its line number (the first few)."""
+endpoint, every custom_id once; other keys (an export's ``traylm``) are ignored, and a body's
+``stream`` is taken out (a batch answers whole). What is wrong is told with its line number
+(the first few)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def _line(number: int, raw: bytes, endpoint: str) -> BatchLine:
     body = data.get("body")
     if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not body["model"]:
         raise ConfigError("body must be an object with a model")
-    if body.get("stream"):
-        raise ConfigError("body.stream must not be true in a batch")
+    # a batch's answers are whole: a recorded streamed request (`traylm requests export`)
+    # is sent without its stream
+    body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     return BatchLine(number, custom_id, body)

@@ -3,6 +3,7 @@ connection (base.py)."""
 
 from __future__ import annotations
 
+from engines.client.batches import BatchCalls
 from engines.client.bench import BenchCalls
 from engines.client.chats import ChatCalls
 from engines.client.control import ControlCalls
@@ -30,6 +31,7 @@ class DaemonClient(
     RequestCalls,
     TuneCalls,
     UpgradeCalls,
+    BatchCalls,
 ):
     """The daemon's control API: every feature's calls (one module each, engines/client/*.py)
     on one connection (base.py)."""

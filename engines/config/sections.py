@@ -93,6 +93,13 @@ class GatewaySettings:
         "Largest file uploaded to /v1/files (batch input); larger gets 400 while it uploads.",
         min=1024,
     )
+    batch_lines_at_once: int = setting(
+        16,
+        "Lines of a batch (POST /v1/batches) in flight at once. Interactive requests still go "
+        "first (the queue and vLLM's priority); more lines give a batch more of the engine.",
+        min=1,
+        max=1024,
+    )
     max_messages: int = setting(2048, "Most chat messages in one request.", min=1)
     max_n: int = setting(16, "Largest `n` (choices per request) accepted.", min=1)
     upstream_connect_timeout_s: float = setting(

@@ -18,6 +18,7 @@ from engines.events.codec import Event, from_plain
 
 MODULE_OF = {
     "attached": "models",
+    "batch": "batch",
     "bench": "bench",
     "boxes": "peers",
     "chat": "chat",
@@ -51,6 +52,7 @@ MODULES = (
     "tune",
     "upgrade",
     "peers",
+    "batch",
 )
 """The feature modules, in the order ``engines.events`` looks names up in them."""
 

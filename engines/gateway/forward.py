@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 from collections.abc import Mapping
@@ -22,7 +23,12 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from engines.events.core import EngineState
-from engines.gateway.admission import Admission, QueueFull
+from engines.gateway.admission import (
+    ENGINE_LOW_PRIORITY,
+    LOW_PRIORITY_HEADER,
+    Admission,
+    QueueFull,
+)
 from engines.gateway.balance import Affinity
 from engines.gateway.capabilities import (
     asks_for_tools,
@@ -152,10 +158,12 @@ async def dispatch(
     upstream, admission = target
     if out.keep_alive_s is not None:
         ctx.routing.keep_alive(upstream, out.keep_alive_s)
+    engine = engine_of(ctx, upstream)
+    if is_low_priority(ctx, request) and engine is not None and out.payload:
+        out = _engine_priority(engine, out)
     if upstream.model_name is not None and upstream.model_name != out.model and out.payload:
         renamed = json.dumps({**out.payload, "model": upstream.model_name}).encode()
         out = dataclasses.replace(out, body=renamed)  # an attached server's own model id
-    engine = engine_of(ctx, upstream)
     if exchange is not None:
         exchange.engine_id, exchange.remote = upstream.name, upstream.remote
         if engine is not None:
@@ -183,6 +191,27 @@ async def dispatch(
         caps, resp, method=request.method, route=route, path=path, model=out.model
     )
     return shaped(request, resp)
+
+
+def is_low_priority(ctx: GatewayContext, request: web.Request) -> bool:
+    """A line of one of the daemon's own batches: it goes after every other request."""
+    return request.headers.get(LOW_PRIORITY_HEADER) == "1" and ctx.guard.internal(
+        request.headers.get("Authorization"), request.headers.get("x-api-key")
+    )
+
+
+def _engine_priority(engine: ManagedEngine, out: Outbound) -> Outbound:
+    """The body with vLLM's low ``priority`` where the engine schedules by priority (vLLM
+    refuses a ``priority`` otherwise)."""
+    p = engine.profile
+    flags = " ".join(p.extra_flags).replace("=", " ").split()
+    by_priority = any(
+        a == "--scheduling-policy" and b == "priority" for a, b in itertools.pairwise(flags)
+    )
+    if p.engine != "vllm" or not by_priority or "priority" in out.payload:
+        return out
+    payload = {**out.payload, "priority": ENGINE_LOW_PRIORITY}
+    return dataclasses.replace(out, body=json.dumps(payload).encode(), payload=payload)
 
 
 async def _tools_before_loading(
@@ -239,6 +268,7 @@ async def _relay_in_slot(
     stays (its client gets the engine's error)."""
     g = ctx.settings.gateway
     exchange = request.get(EXCHANGE)
+    low = is_low_priority(ctx, request)
 
     def usage(target: Upstream) -> UsageSink | None:
         sink = ctx.usage_sink(request.path, out.model, target)
@@ -272,7 +302,7 @@ async def _relay_in_slot(
 
     try:
         for attempt in range(REROUTES + 1):
-            async with routed.admission.slot():
+            async with routed.admission.slot(low=low):
                 last = attempt == REROUTES
                 upstream = routed.upstream
                 other = None if last else _moved(ctx, upstream, out.model, routed.affinity)

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QComboBox
 
 from desktop.chat.markdown import Block, split_blocks
+from desktop.daemon.batches import batch_text
 from desktop.daemon.gateway import ChatRequest, _Collector, error_from_body
 from desktop.daemon.messages import LinkState, ProfileEntry, freeze
 from desktop.dashboard.profile_form import ProfileForm
@@ -84,6 +85,22 @@ def test_tooltip_text() -> None:
         lan_sharing=False,
     )
     assert down == "traylm — the daemon is not running"
+
+
+def test_the_tooltip_says_how_far_the_running_batch_is() -> None:
+    running = {"request_counts": {"total": 1000, "completed": 400, "failed": 20}}
+    assert batch_text({"batches": [running, dict(running)]}) == "batch: 420/1000 done (+1 waiting)"
+    assert batch_text({"batches": []}) == "" and batch_text({}) == ""
+    text = tooltip_text(
+        link=LinkState.CONNECTED,
+        link_message="",
+        endpoint="http://127.0.0.1:8000/v1",
+        engines=[_status("llama", EngineState.READY)],
+        tokens_per_s=None,
+        lan_sharing=False,
+        batches=batch_text({"batches": [running]}),
+    )
+    assert text.splitlines()[-1] == "batch: 420/1000 done"
 
 
 def _collector(posted: list[object]) -> _Collector:

@@ -176,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         p.add_argument(flag)
     p.add_argument("--runner", default="auto", choices=("auto", "generate", "pooling"))
+    p.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
     p.add_argument(
         "--distributed-executor-backend", choices=("mp", "uni", "ray", "external_launcher")
     )
@@ -214,6 +215,7 @@ class FakeEngine:
         self.streaming = 0
         self.core_lock = asyncio.Lock()
         self.last_keys: list[str] = []  # the top-level fields of the last request body
+        self.priorities: list[int] = []  # each chat or completion request's `priority`
         self.sleeping = 0  # the sleep level (0: awake), as vLLM's sleep mode keeps it
         self.sleeps = 0
         self.wakes = 0
@@ -307,6 +309,7 @@ class FakeEngine:
                 "silent_health": self.silent_health,
                 "health_probes": self.health_probes,
                 "last_keys": self.last_keys,
+                "priorities": self.priorities,
                 "seen": self.seen,
                 "last_input": self.last_input,
             }
@@ -363,6 +366,12 @@ class FakeEngine:
             )
         if needs_tool_parser(body, self.args):
             return vllm_error(400, TOOL_CHOICE_ERROR)
+        priority = body.get("priority", 0)
+        if priority != 0 and self.args.scheduling_policy != "priority":  # as vLLM refuses it
+            return vllm_error(
+                400, f"Got priority {priority} but Priority scheduling is not enabled."
+            )
+        self.priorities.append(priority)
         self._maybe_crash()
         max_tokens = body.get("max_tokens") or 16
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
