@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.config.sections import resources_dir
-from engines.errors import ConfigError
-from engines.events.gpu import FanCurve
+from engines.errors import ConfigError, TraylmError
+from engines.events.gpu import FanCurve, GPUInfo
 
 MAX_POINTS = 16
 MAX_TEMPERATURE_C = 105.0
@@ -265,3 +265,23 @@ class FanController:
         self._anchor_c = anchor_c
         self._down_since_s = None
         return FanCommand(duty, reason)
+
+
+def fan_ids(
+    value: object, info: GPUInfo, error: type[TraylmError] = ConfigError
+) -> tuple[int, ...]:
+    """The fans of ``info`` that ``value`` names: a list of distinct fan numbers among those
+    the GPU reports, or None for all of them. Raises ``error`` saying what is wrong (the daemon
+    answers a ConfigError; traylm-gpud, which checks again, a GPUError)."""
+    if value is None:
+        if info.fan_count == 0:
+            raise error(f"GPU {info.index} ({info.name}) reports no controllable fans")
+        return tuple(range(info.fan_count))
+    if not isinstance(value, list) or not value or len(set(map(str, value))) != len(value):
+        raise error("fans must be a list of distinct fan numbers")
+    for fan in value:
+        if isinstance(fan, bool) or not isinstance(fan, int) or not 0 <= fan < info.fan_count:
+            raise error(
+                f"GPU {info.index} has fans 0-{info.fan_count - 1}; there is no fan {fan!r}"
+            )
+    return tuple(value)

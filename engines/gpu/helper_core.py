@@ -28,6 +28,7 @@ from engines.events.codec import to_plain
 from engines.events.gpu import FanCurve, GPUInfo, GPUSnapshot, GPUState
 from engines.gpu.backend import GPUBackend, find_info
 from engines.gpu.fans import FanController, curve_from_mapping, validate_curve
+from engines.gpu.fans import fan_ids as check_fans
 from engines.gpu.power import check_limit
 
 log = logging.getLogger(__name__)
@@ -122,14 +123,7 @@ class HelperCore:
     ) -> dict[str, Any]:
         with self._lock:
             info = self._info(gpu)
-            fan_ids = fans if fans is not None else tuple(range(info.fan_count))
-            if not fan_ids:
-                raise GPUError(f"GPU {info.index} ({info.name}) reports no controllable fans")
-            for fan in fan_ids:
-                if not 0 <= fan < info.fan_count:
-                    raise GPUError(
-                        f"GPU {info.index} has fans 0-{info.fan_count - 1}; there is no fan {fan}"
-                    )
+            fan_ids = check_fans(list(fans) if fans is not None else None, info, GPUError)
             warnings = list(
                 validate_curve(curve, min_pct=info.fan_min_pct, max_pct=info.fan_max_pct)
             )

@@ -29,11 +29,9 @@ from aiohttp import web
 
 from engines.core.http import json_body, ok, query_flag, query_float, query_int, traylm_errors
 from engines.errors import ConfigError
-from engines.events.codec import to_plain
 from engines.events.gpu import (
     FanCurve,
     FanCurveResult,
-    GPUControlChanged,
     GPUEntry,
     GPUFanStatus,
     GPUInfo,
@@ -226,7 +224,7 @@ async def set_fans(request: web.Request) -> web.Response:
     body = await json_body(request)
     _check_keys(body, {"preset", "curve", "fans", "persist"})
     curve = _curve(body)
-    fan_ids = _fan_ids(body.get("fans"), info)
+    fan_ids = fan_curves.fan_ids(body.get("fans"), info)
     persist = _persist(body)
     warnings = fan_curves.validate_curve(curve, min_pct=info.fan_min_pct, max_pct=info.fan_max_pct)
     result = FanCurveResult(
@@ -240,16 +238,8 @@ async def set_fans(request: web.Request) -> web.Response:
     )
     if _dry_run(request):
         return ok(result)
-    helper = f.require_helper()
-    answer = await helper.request(
-        "apply_curve", gpu=info.uuid, curve=to_plain(curve), fans=list(fan_ids), persist=persist
-    )
-    await helper.refresh()
-    extra = tuple(str(w) for w in answer.get("warnings", []) if str(w) not in warnings)
-    detail = f"{curve.name or 'custom'} curve on fans {', '.join(map(str, fan_ids))}"
-    f.bus.publish(
-        GPUControlChanged(uuid=info.uuid, what="fan_curve", detail=detail, simulated=info.simulated)
-    )
+    said = await f.controls.apply_curve(info, curve, fan_ids, persist=persist)
+    extra = tuple(w for w in said if w not in warnings)
     return ok(
         FanCurveResult(
             uuid=info.uuid,
@@ -273,40 +263,13 @@ def _curve(body: dict[str, Any]) -> FanCurve:
     return fan_curves.curve_from_mapping(body["curve"])
 
 
-def _fan_ids(value: Any, info: GPUInfo) -> tuple[int, ...]:
-    if value is None:
-        if info.fan_count == 0:
-            raise ConfigError(f"GPU {info.index} ({info.name}) reports no controllable fans")
-        return tuple(range(info.fan_count))
-    if not isinstance(value, list) or not value or len(set(map(str, value))) != len(value):
-        raise ConfigError("fans must be a list of distinct fan numbers")
-    for fan in value:
-        if isinstance(fan, bool) or not isinstance(fan, int) or not 0 <= fan < info.fan_count:
-            raise ConfigError(
-                f"GPU {info.index} has fans 0-{info.fan_count - 1}; there is no fan {fan!r}"
-            )
-    return tuple(value)
-
-
 @routes.post("/api/gpus/{gpu}/fans/auto")
 @traylm_errors
 async def fans_auto(request: web.Request) -> web.Response:
     f = _feature(request)
     gpu = request.match_info["gpu"]
     target = "all" if gpu == "all" else _info(f, gpu).uuid
-    helper = f.require_helper()
-    answer = await helper.request("restore_fans", gpu=target)
-    await helper.refresh()
-    for uuid in answer.get("gpus", []):
-        f.bus.publish(
-            GPUControlChanged(
-                uuid=str(uuid),
-                what="fans_auto",
-                detail="fans back under firmware control",
-                simulated=f.backend.simulated,
-            )
-        )
-    return ok({"gpus": answer.get("gpus", [])})
+    return ok({"gpus": await f.controls.restore_fans(target)})
 
 
 # --------------------------------------------------------------------------- power
@@ -358,19 +321,8 @@ async def set_power(request: web.Request) -> web.Response:
     )
     if _dry_run(request):
         return ok(_power_status(f, info, requested=limit_mw, persist=persist))
-    helper = f.require_helper()
-    if limit_mw == info.power_default_mw and body.get("preset") is not None:
-        await helper.request("restore_power", gpu=info.uuid, source="user")
-        detail = f"power limit back to the default {limit_mw / 1000:g} W"
-    else:
-        await helper.request("apply_power", gpu=info.uuid, limit_mw=limit_mw, persist=persist)
-        detail = f"power limit set to {limit_mw / 1000:g} W"
-    await helper.refresh()
-    f.bus.publish(
-        GPUControlChanged(
-            uuid=info.uuid, what="power_limit", detail=detail, simulated=info.simulated
-        )
-    )
+    default = limit_mw == info.power_default_mw and body.get("preset") is not None
+    await f.controls.set_power(info, limit_mw, default=default, persist=persist)
     return ok(_power_status(f, info, requested=limit_mw, applied=True, persist=persist))
 
 
@@ -380,16 +332,4 @@ async def power_reset(request: web.Request) -> web.Response:
     f = _feature(request)
     gpu = request.match_info["gpu"]
     target = "all" if gpu == "all" else _info(f, gpu).uuid
-    helper = f.require_helper()
-    answer = await helper.request("restore_power", gpu=target, source="user")
-    await helper.refresh()
-    for uuid in answer.get("gpus", []):
-        f.bus.publish(
-            GPUControlChanged(
-                uuid=str(uuid),
-                what="power_reset",
-                detail="power limit back to the default",
-                simulated=f.backend.simulated,
-            )
-        )
-    return ok({"gpus": answer.get("gpus", [])})
+    return ok({"gpus": await f.controls.reset_power(target)})

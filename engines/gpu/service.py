@@ -41,6 +41,7 @@ from engines.events.gpu import (
 )
 from engines.gpu import card_profile
 from engines.gpu.backend import GPUBackend, cuda_order
+from engines.gpu.controls import GPUControls
 from engines.gpu.energy import (
     EnergyPoint,
     EnergyWindow,
@@ -165,6 +166,12 @@ class GPUFeature:
             engines=engines,
             engine_gpus=self.engine_gpus,
         )
+        self.controls = GPUControls(
+            require_helper=self.require_helper,
+            publish=bus.publish,
+            simulated=self.backend.simulated,
+        )
+        """Fan curves and power limits, set through the root helper (the /api/gpus routes)."""
         settings.subscribe(self._on_settings)
 
     def _on_settings(self, settings: Settings) -> None:

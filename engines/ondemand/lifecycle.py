@@ -35,7 +35,7 @@ from engines.events.codec import Event
 from engines.events.core import EngineState, EngineStatus
 from engines.events.models import Eviction, ModelLoading, ModelStateChanged, ModelStatus
 from engines.ondemand.catalog import Entry
-from engines.ondemand.occupancy import Activity, Booking
+from engines.ondemand.occupancy import Activity, Booking, Room
 from engines.runtime.supervisor import ManagedEngine
 
 log = logging.getLogger(__name__)
@@ -64,11 +64,9 @@ class Engines(Protocol):
         ...
 
 
-Place = Callable[
-    ["Flight", Profile, tuple[int, ...] | None, int], Awaitable[list[tuple[Profile, Booking]]]
-]
-"""Placement (service.py): that many copies of the profile, each on concrete GPUs with its
-booking, after evictions."""
+Place = Callable[["Flight", Profile, tuple[int, ...] | None, int], Awaitable[Room]]
+"""Placement (placing.py): where that many copies of the profile go, each on concrete GPUs,
+and the evictions that make room for them (``Lifecycle.make_room`` carries them out)."""
 
 
 @dataclass
@@ -197,7 +195,8 @@ class Lifecycle:
             down = [i for i in ids if await self._up(f, i) is None]
             if down:
                 self._phase(f, "placing", "")
-                placed = await self._place(f, f.entry.profile, gpus, len(down))
+                room = await self._place(f, f.entry.profile, gpus, len(down))
+                placed = await self.make_room(room, f)
                 for engine_id, (profile, booking) in zip(down, placed, strict=True):
                     await self._start_one(f, dataclasses.replace(profile, name=engine_id), booking)
             first = self._engines.get(ids[0])
@@ -276,7 +275,7 @@ class Lifecycle:
 
     async def _wake(self, f: Flight, engine: ManagedEngine) -> None:
         self._phase(f, "placing", "making room to wake it")
-        await self._place(f, engine.profile, engine.profile.gpus, 1)
+        await self.make_room(await self._place(f, engine.profile, engine.profile.gpus, 1), f)
         self._phase(f, "waking", "weights back to the GPU")
         try:
             await engine.wake()
@@ -318,6 +317,16 @@ class Lifecycle:
         )
 
     # ----------------------------------------------------------------- evictions, unloads
+
+    async def make_room(self, room: Room, f: Flight | None = None) -> list[tuple[Profile, Booking]]:
+        """Carry out the evictions ``room`` plans (called under ``lock``), in order, then book
+        its copies. A load's flight ``f`` says each one (phase "evicting") to the clients that
+        follow the load."""
+        for eviction in room.evictions:
+            if f is not None:
+                self._phase(f, "evicting", f"{eviction.action} {eviction.engine_id}")
+            await self.evict(eviction)
+        return room.copies(time.monotonic())
 
     async def evict(self, eviction: Eviction) -> None:
         """Free memory as planned (called under ``lock``). A request that arrived since the

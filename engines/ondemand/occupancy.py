@@ -21,11 +21,14 @@ RAM.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from engines.config.profiles import Profile
 from engines.events.core import EngineState
 from engines.events.gpu import GPUInfo, GPUSnapshot
+from engines.events.models import Eviction, Placement
 from engines.gpu.backend import cuda_order
 from engines.ondemand.planner import Card, Resident
 from engines.runtime.adapters import adapter_for
@@ -52,6 +55,38 @@ class Booking:
     loaded_at_s: float  # monotonic
     host_bytes: int = 0
     """Host RAM, for an engine on the CPU."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a placement of a model's copies asks for: the evictions that make room for them
+    (carried out in order, by the lifecycle), then each copy's profile on its GPUs and its
+    booking, booked once the room is made."""
+
+    profile: Profile
+    weights_bytes: int | None
+    placements: tuple[Placement, ...] = ()
+    """Empty when the model is placed nowhere (no GPU placement here): ``count`` copies as
+    they are."""
+    count: int = 1
+
+    @property
+    def evictions(self) -> tuple[Eviction, ...]:
+        return tuple(e for p in self.placements for e in p.evictions)
+
+    def copies(self, now_s: float) -> list[tuple[Profile, Booking]]:
+        """Each copy's profile and its booking at ``now_s`` (monotonic)."""
+        if not self.placements:
+            return [(self.profile, Booking(0, self.weights_bytes, now_s))] * self.count
+        out = []
+        for placement in self.placements:
+            if placement.on_cpu:
+                booking = Booking(0, self.weights_bytes, now_s, placement.host_bytes)
+                out.append((self.profile, booking))
+            else:
+                booking = Booking(placement.need_bytes_per_gpu, self.weights_bytes, now_s)
+                out.append((dataclasses.replace(self.profile, gpus=placement.gpus), booking))
+        return out
 
 
 def on_cpu(engine: ManagedEngine) -> bool:

@@ -1,8 +1,8 @@
 """Placement for models on demand: the planner's request for a catalog entry (its engine's
 memory rule, 1 or 2 GPUs by the fit estimate for ``gpus = "auto"``; host RAM for an engine on
-the CPU), the picture of the GPUs now, making room (evictions through the lifecycle), and the
-same answer for previews (the servable list, `traylm models fit`, the fit badges) as for
-loads."""
+the CPU), the picture of the GPUs now, the room a load needs (the evictions, which the
+lifecycle carries out), and the same answer for previews (the servable list, `traylm models
+fit`, the fit badges) as for loads."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from engines.hub import fit
 from engines.ondemand import occupancy
 from engines.ondemand.catalog import Entry
 from engines.ondemand.lifecycle import Engines, Flight, Lifecycle, Residency
-from engines.ondemand.occupancy import Activity, Booking
+from engines.ondemand.occupancy import Activity, Booking, Room
 from engines.ondemand.planner import (
     Card,
     Request,
@@ -207,41 +207,37 @@ class Placer:
         next candidate, a load right after `traylm stop`. Previews read the latest as is."""
         await self._sample_after(self._engines.released_at_s())
 
-    async def place(
-        self, f: Flight, profile: Profile, gpus: tuple[int, ...] | None
-    ) -> tuple[Profile, Booking]:
-        """Plan and make room (under the lifecycle lock); the profile on its GPUs."""
+    async def place(self, f: Flight, profile: Profile, gpus: tuple[int, ...] | None) -> Room:
+        """Plan (under the lifecycle lock) where the model goes and what must make room for
+        it; the lifecycle makes the room (``Lifecycle.make_room``)."""
         if resolve_device(profile) == "cpu":
             placement = self._plan_host(f.entry, profile)
         elif not self.applies(profile):
-            return profile, Booking(0, f.entry.weights_bytes, time.monotonic())
+            return Room(profile, f.entry.weights_bytes)
         else:
             waking = self._engines.get(f.entry.engine_id)
             exclude = waking.engine_id if waking and waking.state == EngineState.SLEEPING else None
             await self._settle()
             placement, profile = self._plan(f.entry, profile, gpus, exclude=exclude)
-        return (await self._make_room(f, (placement,), profile))[0]
+        return self._room(f, (placement,), profile)
 
     async def place_copies(
         self, f: Flight, profile: Profile, gpus: tuple[int, ...] | None, count: int
-    ) -> list[tuple[Profile, Booking]]:
-        """``count`` copies of the model planned together and room made for all (under the
-        lifecycle lock): each copy's profile on its GPUs (one per card when each fits one)."""
+    ) -> Room:
+        """``count`` copies of the model planned together (under the lifecycle lock), and
+        what must make room for all: each copy on its GPUs (one per card when each fits one)."""
         if count == 1:
-            return [await self.place(f, profile, gpus)]
+            return await self.place(f, profile, gpus)
         if resolve_device(profile) != "cpu" and not self.applies(profile):
-            booking = Booking(0, f.entry.weights_bytes, time.monotonic())
-            return [(profile, booking)] * count
+            return Room(profile, f.entry.weights_bytes, count=count)
         if self.applies(profile):
             await self._settle()
         found, profile = self._plan_copies(f.entry, profile, gpus, count)
-        return await self._make_room(f, found, profile)
+        return self._room(f, found, profile)
 
-    async def _make_room(
-        self, f: Flight, found: tuple[Placement, ...] | Placement, profile: Profile
-    ) -> list[tuple[Profile, Booking]]:
-        """The evictions the placements planned, then each copy's profile and booking; a
-        refusal as ModelUnavailable (with Retry-After when only busy models stand in the way)."""
+    def _room(self, f: Flight, found: tuple[Placement, ...] | Placement, profile: Profile) -> Room:
+        """The room the placements ask for; a refusal as ModelUnavailable (with Retry-After
+        when only busy models stand in the way)."""
         placements = found if isinstance(found, tuple) else (found,)
         for refused in (p for p in placements if not p.fits):
             raise ModelUnavailable(
@@ -252,19 +248,7 @@ class Placer:
                 else None,
                 retry=refused.retry_later,
             )
-        for eviction in (e for p in placements for e in p.evictions):
-            f.phase, f.detail = "evicting", f"{eviction.action} {eviction.engine_id}"
-            await self._lifecycle.evict(eviction)
-        now = time.monotonic()
-        out = []
-        for placement in placements:
-            if placement.on_cpu:
-                booking = Booking(0, f.entry.weights_bytes, now, placement.host_bytes)
-                out.append((profile, booking))
-            else:
-                booking = Booking(placement.need_bytes_per_gpu, f.entry.weights_bytes, now)
-                out.append((dataclasses.replace(profile, gpus=placement.gpus), booking))
-        return out
+        return Room(profile, f.entry.weights_bytes, placements, len(placements))
 
     def _plan_copies(
         self, entry: Entry, profile: Profile, gpus: tuple[int, ...] | None, count: int
@@ -357,7 +341,8 @@ class Placer:
         f = Flight(entry, "start")
         async with self._lifecycle.lock:
             if profile.gpus_auto:
-                placed, booking = await self.place(f, profile, None)
+                room = await self.place(f, profile, None)
+                [(placed, booking)] = await self._lifecycle.make_room(room)
             else:
                 placed, booking = profile, Booking(0, None, time.monotonic())
                 if resolve_device(profile) == "cpu":
@@ -380,7 +365,8 @@ class Placer:
         entry = Entry(profile.effective_served_name, "profile", profile.name, (), profile=profile)
         async with self._lifecycle.lock:
             gpus = None if profile.gpus_auto else profile.gpus
-            placed, _ = await self.place(Flight(entry, "start"), profile, gpus)
+            room = await self.place(Flight(entry, "start"), profile, gpus)
+            [(placed, _)] = await self._lifecycle.make_room(room)
         return placed
 
     def preview_gpus(self, entry: Entry) -> tuple[int, ...]:

@@ -1,5 +1,5 @@
 """Is a ready engine still alive and still making progress? The supervisor's verdict, from
-evidence it gathers once a second (engines/runtime/supervisor.py ``_watch``):
+evidence it gathers once a second (engines/runtime/watch.py):
 
 - ``/health``: 200, another answer (vLLM says 503 once its engine core died), or none in time;
 - progress: bytes of replies relayed by the gateway (runtime/traffic.py) and the engine's own

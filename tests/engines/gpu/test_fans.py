@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engines.errors import GPUError, GPUNotFound
+from engines.errors import ConfigError, GPUError, GPUNotFound
 from engines.events import FanCurve
 from engines.gpu.fans import (
     FanController,
     FanCurveError,
     curve_from_mapping,
     duty_at,
+    fan_ids,
     load_presets,
     preset,
     validate_curve,
@@ -321,3 +322,19 @@ def test_restore_all_gives_everything_back(sim: SimulatedBackend, core: HelperCo
     state = sim.control_state()
     assert state[GPU0]["power_limit_mw"] == 450_000
     assert not any(f["manual"] for g in state.values() for f in g["fans"])
+
+
+def test_the_daemon_and_the_helper_check_fan_numbers_alike(tmp_path: Path) -> None:
+    """One check of the fans a request names: the daemon refuses a fan the card lacks as a
+    ConfigError, and traylm-gpud (which checks again as root) with the same words."""
+    sim = SimulatedBackend(1)
+    [info] = sim.infos()
+    assert fan_ids(None, info) == (0, 1) and fan_ids([1], info) == (1,)
+    with pytest.raises(ConfigError) as daemon_said:
+        fan_ids([7], info)
+    with pytest.raises(GPUError) as helper_said:
+        HelperCore(sim, tmp_path / "gpud").apply_curve(GPU0, CURVE, (7,), persist=False)
+    assert daemon_said.value.message == helper_said.value.message
+    assert daemon_said.value.message == "GPU 0 has fans 0-1; there is no fan 7"
+    with pytest.raises(ConfigError, match="distinct fan numbers"):
+        fan_ids([0, 0], info)

@@ -14,6 +14,7 @@ import pytest
 
 from engines.errors import ControlAPIError
 from engines.events import EngineState, ModelStateChanged
+from engines.events.models import ModelLoading
 from engines.gpu.sim import SimulatedBackend
 from engines.ondemand.cli import _ps_line
 from engines.runtime.adapters.memory import CUDA_CONTEXT_BYTES
@@ -132,6 +133,38 @@ async def test_eviction_takes_the_lru_idle_model_never_busy_or_pinned(
     await stream.close()
     assert d.daemon.engine("a").state == EngineState.READY
     assert d.daemon.engine("c").state == EngineState.READY
+    await client.close()
+
+
+async def test_a_client_following_a_load_sees_it_evict(two_gpus: RunningDaemon) -> None:
+    """A load that must make room says so: a client following the load on the daemon's event
+    stream sees the phase "evicting", naming the model stopped for it, before the load starts
+    its engine."""
+    d = two_gpus
+    for name in ("a", "b", "c"):
+        fake_profile(d, name, gpus="auto")
+    client = sdk(d, timeout=60)
+    assert await ask(client, "a") == "w0 w1"
+    assert await ask(client, "b") == "w0 w1"
+    assert await ask(client, "a") == "w0 w1"  # b is now the least recently used
+    opened = asyncio.Event()
+
+    async def follow() -> list[tuple[str, str]]:
+        phases: list[tuple[str, str]] = []
+        async for event in d.client.events(kinds=("model.loading",), opened=opened.set):
+            if isinstance(event, ModelLoading) and event.engine_id == "c":
+                phases.append((event.phase, event.detail))
+                if event.phase == "starting":
+                    return phases
+        return phases
+
+    follower = asyncio.create_task(follow())
+    await asyncio.wait_for(opened.wait(), 30)
+    await d.client.load_model("c")
+    phases = await asyncio.wait_for(follower, 30)
+    assert ("evicting", "stop b") in phases, phases
+    assert [p for p, _ in phases].index("evicting") < [p for p, _ in phases].index("starting")
+    assert d.daemon.engine("a").state == EngineState.READY
     await client.close()
 
 

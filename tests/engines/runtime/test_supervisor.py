@@ -24,7 +24,7 @@ from engines.config.profiles import Profile, profile_from_mapping
 from engines.config.sections import EngineSettings
 from engines.core.procs import PidRegistry, TrackedProcess, group_alive, reap_orphans
 from engines.events import Diagnosis, EngineState, EngineStateChanged, Event
-from engines.runtime import supervisor
+from engines.runtime import process, watch
 from engines.runtime.adapters.base import EngineRuntime, FlagSet, LaunchSpec
 from engines.runtime.adapters.vllm import VLLMAdapter
 from engines.runtime.liveness import Health
@@ -159,7 +159,7 @@ async def test_crash_is_detected_fast_and_restarted_with_a_cap(
     a second). Counted in looks, not in wall-clock time: a loaded machine stretches the looks,
     not their number."""
     timeline: list[Event | Health] = []  # the engine's events and its /health answers, in order
-    real_probe = supervisor.probe
+    real_probe = watch.probe
 
     async def probe(http: Any, base_url: str | None, path: str, trouble: Any) -> Health:
         health = await real_probe(http, base_url, path, trouble)
@@ -167,7 +167,7 @@ async def test_crash_is_detected_fast_and_restarted_with_a_cap(
             timeline.append(health)
         return health
 
-    monkeypatch.setattr(supervisor, "probe", probe)
+    monkeypatch.setattr(watch, "probe", probe)
     engine = make_engine(tmp_path, "--health-503-after 2", events=cast(list[Event], timeline))
     await engine.start()
     await wait_state(engine, EngineState.FAILED, 60)
@@ -317,15 +317,15 @@ async def test_supervision_survives_a_failing_process_scan(
     says so once, shows it in the status, keeps watching (a SIGKILL of the engine is noticed
     and the engine restarted) and clears the trouble once the scan works again."""
     failing = True
-    real_scan = supervisor.descendants
+    real_scan = process.descendants
 
     def scan(pid: int) -> list[TrackedProcess]:
         if failing:
             raise OSError(errno.EMFILE, "Too many open files")
         return real_scan(pid)
 
-    monkeypatch.setattr(supervisor, "descendants", scan)
-    caplog.set_level(logging.INFO, logger="engines.runtime.supervisor")
+    monkeypatch.setattr(process, "descendants", scan)
+    caplog.set_level(logging.INFO, logger="engines.runtime.supervision")
     engine = make_engine(tmp_path)
     await engine.start()
     await engine.wait_ready(20)
