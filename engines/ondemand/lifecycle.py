@@ -218,7 +218,8 @@ class Lifecycle:
         return None
 
     async def _start_one(self, f: Flight, profile: Profile, booking: Booking) -> None:
-        where = f"on GPU {_gpus(profile.gpus)}" if profile.gpus else ""
+        on_gpus = profile.gpus and profile.device != "cpu"  # a CPU profile's gpus mean nothing
+        where = f"on GPU {_gpus(profile.gpus)}" if on_gpus else ""
         replica = "" if profile.name == f.entry.engine_id else f"{profile.name} "
         self._phase(f, "starting", f"{replica}{where}".strip())
         try:

@@ -58,7 +58,10 @@ def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> N
     assert out.returncode == 0, out.stderr
     said = [line.strip() for line in out.stdout.splitlines() if line.startswith("  starting: ")]
     labels = [r.label for r in PHASES]
-    assert said and all(line.split(": ", 1)[1].rsplit(" (", 1)[0] in labels for line in said)
+    shown = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in said]
+    assert not any(s.startswith("on GPU") for s in shown), shown  # a CPU model holds none
+    engine_phases = [s for s in shown if s != "launching"]  # the launch, then its phases
+    assert len(engine_phases) >= 2 and all(s in labels for s in engine_phases), shown
     assert out.stdout.rstrip().endswith("slow: ready")
 
 

@@ -168,6 +168,28 @@ async def test_a_client_following_a_load_sees_it_evict(two_gpus: RunningDaemon) 
     await client.close()
 
 
+async def test_traylm_load_says_it_evicts_before_the_engine_starts(
+    two_gpus: RunningDaemon,
+) -> None:
+    """`traylm load` (client/model_wait.py) subscribes before it asks for the load: the
+    daemon answers once the model is placed, so a follower that subscribed after would never
+    print the eviction."""
+    from engines.client.model_wait import load_and_wait
+
+    d = two_gpus
+    for name in ("a", "b", "c"):
+        fake_profile(d, name, gpus="auto")
+    client = sdk(d, timeout=60)
+    assert await ask(client, "a") == "w0 w1"
+    assert await ask(client, "b") == "w0 w1"
+    assert await ask(client, "a") == "w0 w1"  # b is now the least recently used
+    said: list[str] = []
+    await load_and_wait(d.client, "c", timeout_s=60, say=said.append)
+    assert any(line.startswith("  evicting: stop b") for line in said), said
+    assert said[-1] == "c: ready"
+    await client.close()
+
+
 async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
     daemon_factory: DaemonFactory, paths, events_of
 ) -> None:
