@@ -172,7 +172,7 @@ def test_a_model_without_a_tool_parser_is_said_and_asked_without_tools(
     _servers(paths, calc=[])
     chat = _chat(qtbot, app, daemon_thread, 'add:{"a": 1, "b": 2}', parser="")
     qtbot.waitUntil(
-        lambda: app.state.servable.get("fake") and app.state.servable["fake"].tools_blocked,
+        lambda: bool(app.state.servable.get("fake") and app.state.servable["fake"].tools_blocked),
         timeout=10000,
     )
     _send(qtbot, chat, "add")
