@@ -279,10 +279,13 @@ class GPUFeature:
         ``after_s`` (monotonic; an engine's stop), so that placement does not count the memory
         the stopped engine held as another program's. Simulated GPUs are first made to look like
         the engines now, as a real card frees the memory when the process exits."""
-        if self.sampler.sampled_at_s > after_s or self.sampler.state != GPUState.OK:
+        if self.sampler.state != GPUState.OK:
             return
-        if isinstance(self.backend, SimulatedBackend):
+        if isinstance(self.backend, SimulatedBackend):  # it shows the engines of now from now on
             self._drive_simulator()
+            after_s = max(after_s, time.monotonic())
+        if self.sampler.sampled_at_s > after_s:
+            return
         fresh = self.sampler.sample_after
         if not await asyncio.to_thread(fresh, after_s, FRESH_SAMPLE_TIMEOUT_S):
             log.info("no GPU sample within %.0f s of an engine's stop", FRESH_SAMPLE_TIMEOUT_S)

@@ -379,7 +379,16 @@ def _open_stored_chat(
     qtbot.waitUntil(lambda: chat.chat_list.count() == 1, timeout=5000)
     chat.on_chat_clicked(chat.chat_list.item(0))
     qtbot.waitUntil(lambda: len(chat.transcript.messages) == len(messages), timeout=5000)
+    _wait_shown(qtbot, chat)
     return chat
+
+
+def _wait_shown(qtbot, chat: ChatWindow) -> None:
+    """Until the transcript's message views are on screen: Qt shows a widget added to a shown
+    layout by a queued call, so right after the transcript is rebuilt none is visible yet."""
+    qtbot.waitUntil(
+        lambda: all(m.isVisibleTo(chat) for m in chat.transcript.messages), timeout=5000
+    )
 
 
 def test_an_interrupted_reply_offers_retry(qtbot, app, daemon_thread) -> None:
@@ -406,6 +415,7 @@ def test_an_interrupted_reply_offers_retry(qtbot, app, daemon_thread) -> None:
     )
     stored = _stored(daemon_thread, chat)
     assert stored[1].finish_reason == "stop" and stored[1].content == "w0 w1 w2 "
+    _wait_shown(qtbot, chat)
     assert not chat.transcript.messages[1].buttons["retry"].isVisibleTo(chat)
 
 

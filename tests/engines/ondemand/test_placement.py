@@ -196,8 +196,10 @@ async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
     make_fake_vllm_env(paths.envs_dir, device="cuda")
     d = await daemon_factory(settings(gpus=1))
     d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
-    fake_profile(d, "s1", device="cuda", gpus="auto")
-    fake_profile(d, "s2", device="cuda", gpus="auto")
+    # 0.8 of the card each: on the desktop's card a sleeping engine's 1 GiB and a second 0.9
+    # (21.3 GiB and its 0.8 GiB context) do not fit together, so s1 would have to stop
+    fake_profile(d, "s1", device="cuda", gpus="auto", gpu_memory_utilization=0.8)
+    fake_profile(d, "s2", device="cuda", gpus="auto", gpu_memory_utilization=0.8)
     events = events_of(d, "model.state")
     client = sdk(d)
     assert await ask(client, "s1") == "w0 w1"
