@@ -3,7 +3,10 @@ to the gateway's own /v1 route on this computer (so its admission, on-demand loa
 recorder apply, as for any client), a few at a time so that interactive requests go first;
 each finished line is kept at once (engines/batch/store.py). A batch left open by a stopped
 daemon resumes at the next start with the lines still open; a cancel keeps what finished.
-At the end the answers become the output and error files, in OpenAI's batch output format."""
+A batch still open at its ``expires_at`` (the end of its completion window) sends no more
+lines and ends "expired", as OpenAI's do: what finished is kept, and each line never sent goes
+to the error file as ``batch_expired`` (counted failed). At the end the answers become the
+output and error files, in OpenAI's batch output format."""
 
 from __future__ import annotations
 
@@ -36,6 +39,11 @@ RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 AGAIN = (429, 502, 503, 504)
 """Answers that say "not now": a full queue, an engine that crashed or is starting again (the
 supervisor restarts it), a pause; past RETRY_S the line fails with the last one's message."""
+EXPIRED = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
+"""The error of a line a batch never sent before its window ended (OpenAI's words)."""
 
 
 def new_record(
@@ -197,7 +205,25 @@ class BatchFeature:
             if not self._stopping:
                 await self._finalize(record, owner, "cancelled")
             raise
+        if _expired(record):
+            return await self._expire(record, owner, todo)
         return await self._finalize(record, owner, "completed")
+
+    async def _expire(self, record: Record, owner: str, todo: list[BatchLine]) -> Record:
+        """End a batch past its window: each line it never answered is kept as expired."""
+        for line in todo:
+            result = {
+                "id": "batch_req_" + secrets.token_hex(12),
+                "custom_id": line.custom_id,
+                "response": None,
+                "error": EXPIRED,
+            }
+            if await asyncio.to_thread(
+                self.batches.finish_line, record["id"], line.number, False, result
+            ):
+                record["request_counts"]["failed"] += 1
+        log.info("batch %s expired with %s", record["id"], record["request_counts"])
+        return await self._finalize(record, owner, "expired")
 
     async def _send_all(self, job: Job[Record], owner: str, todo: list[BatchLine]) -> None:
         """Send the open lines, gateway.batch_lines_at_once at a time (the gateway's admission
@@ -213,6 +239,8 @@ class BatchFeature:
         async def worker(http: aiohttp.ClientSession) -> None:
             nonlocal reported_s
             for line in queue:
+                if _expired(record):
+                    return  # the lines left are kept as expired
                 ok, result = await _answer(http, url, line)
                 if self._stopping:
                     return  # the gateway may be closing: the line stays open
@@ -285,6 +313,10 @@ async def _answer(http: aiohttp.ClientSession, url: str, line: BatchLine) -> tup
     return status == 200, result
 
 
+def _expired(record: Record) -> bool:
+    return time.time() >= float(record["expires_at"])
+
+
 def _progress(record: Record) -> BatchProgress:
     counts = record["request_counts"]
     return BatchProgress(
@@ -300,7 +332,7 @@ def _progress(record: Record) -> BatchProgress:
 def _finished(status: JobStatus[Record]) -> Event | None:
     """The batch's end; none when the daemon stops (it resumes at the next start)."""
     record = status.record
-    if record["status"] not in ("completed", "cancelled", "failed"):
+    if record["status"] not in ("completed", "cancelled", "failed", "expired"):
         return None
     counts = record["request_counts"]
     return BatchFinished(

@@ -24,11 +24,12 @@ class BatchProgress(Event):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchFinished(Event):
-    """A batch ended: completed or cancelled (read it with GET /v1/batches/{id})."""
+    """A batch ended: completed, cancelled, failed or expired (read it with GET
+    /v1/batches/{id})."""
 
     kind: ClassVar[str] = "batch.finished"
     batch_id: str
-    status: str  # completed | cancelled | failed
+    status: str  # completed | cancelled | failed | expired
     total: int
     completed: int
     failed: int

@@ -196,6 +196,44 @@ async def test_a_cancel_keeps_what_finished(
     assert again.status == "cancelled" and again.request_counts == cancelled.request_counts
 
 
+async def test_a_batch_past_its_window_expires_keeping_what_finished(
+    daemon: RunningDaemon, client: openai.AsyncOpenAI
+) -> None:
+    """A running batch whose window ends stops sending: its answers are kept, every line never
+    sent is in the error file as batch_expired; a queued one past its window sends nothing. The
+    windows are cut short by hand (the live records the runner reads)."""
+    await start_fake(daemon, args="--token-delay 0.05")
+    made = []
+    for n in (1000, 3):
+        rows = [chat_line(f"r{i}") for i in range(n)]
+        made.append(
+            await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(rows))), purpose="batch")
+        )
+    running, queued = [
+        await client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        for f in made
+    ]
+    feature = daemon.daemon.batches
+    live = {b.id: await asyncio.to_thread(feature.get, b.id, None) for b in (running, queued)}
+    assert all(r is not None for r in live.values())
+    live[queued.id]["expires_at"] = 0
+    async with asyncio.timeout(60):
+        while (await client.batches.retrieve(running.id)).request_counts.completed < 5:
+            await asyncio.sleep(0.05)
+    live[running.id]["expires_at"] = 0
+    ended = await until_ended(client, running.id)
+    assert ended.status == "expired" and ended.expired_at
+    kept = await lines_of(client, ended.output_file_id)
+    expired = await lines_of(client, ended.error_file_id)
+    assert 5 <= len(kept) == ended.request_counts.completed < 1000
+    assert len(expired) == ended.request_counts.failed == 1000 - len(kept)
+    assert {r["error"]["code"] for r in expired} == {"batch_expired"}
+    assert {r["custom_id"] for r in kept + expired} == {f"r{i}" for i in range(1000)}
+    late = await until_ended(client, queued.id)
+    assert late.status == "expired" and late.output_file_id is None
+    assert late.request_counts.failed == 3 and late.request_counts.completed == 0
+
+
 async def test_the_recorders_export_runs_as_a_batch(
     daemon: RunningDaemon, client: openai.AsyncOpenAI, tmp_path: Path
 ) -> None:
