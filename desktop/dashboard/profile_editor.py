@@ -40,6 +40,8 @@ class ProfileEditor(QWidget):
         self.valid = False
         self._accepted = False  # the last check said valid: its "can start here" follows the list
         self.loaded_name = ""
+        self._draft_folder = ""  # the folder a new profile is being made of
+        self._drafting = False  # something is in the editor: a list re-read keeps it
         layout = QHBoxLayout(self)
         layout.addLayout(self._list_column())
         layout.addLayout(self._editor_column(), 1)
@@ -115,6 +117,8 @@ class ProfileEditor(QWidget):
     # ----------------------------------------------------------------- list
 
     def on_profiles_changed(self) -> None:
+        """Re-list; what the editor holds stays (a saved profile or the folder a draft is made
+        of stays picked), and the first entry is picked only when it holds nothing."""
         selected = self.loaded_name
         self.list.blockSignals(True)
         self.list.clear()
@@ -135,10 +139,12 @@ class ProfileEditor(QWidget):
                 "make a profile of your own from it"
             )
             self.list.addItem(item)
+            if not selected and folder.name == self._draft_folder:
+                self.list.setCurrentItem(item)
         self.list.blockSignals(False)
         broken = self.ctx.state.broken_profiles
         self.broken.setText("Broken profile files:\n" + "\n".join(broken) if broken else "")
-        if not selected and self.list.count():
+        if not self._drafting and self.list.count():
             self.list.setCurrentRow(0)
 
     def on_profile_selected(self, item: QListWidgetItem | None, _old: object = None) -> None:
@@ -156,6 +162,7 @@ class ProfileEditor(QWidget):
         taken = {p.name for p in self.ctx.state.profiles} | {f.name for f in self.ctx.state.folders}
         new = next(n for n in (f"{name}-custom{i or ''}" for i in range(100)) if n not in taken)
         self.loaded_name = ""
+        self._draft_folder, self._drafting = name, True
         self.name.setText(new)
         self.form.load({"device": "auto", "model": path, "served_name": new})
         self.preset_note.setText(
@@ -171,6 +178,7 @@ class ProfileEditor(QWidget):
         if entry is None:
             return
         self.loaded_name = name
+        self._draft_folder, self._drafting = "", True
         self.name.blockSignals(True)
         self.name.setText(name)
         self.name.blockSignals(False)
@@ -183,6 +191,7 @@ class ProfileEditor(QWidget):
     def on_new_clicked(self) -> None:
         self.list.clearSelection()
         self.loaded_name = ""
+        self._draft_folder, self._drafting = "", True
         self.name.setText("my-profile")
         self.form.load({"device": "auto", "model": ""})
         self.preset_note.setVisible(False)
@@ -278,6 +287,7 @@ class ProfileEditor(QWidget):
         if not second_click(self.delete_button):
             return
         self.loaded_name = ""
+        self._drafting = False  # the list picks its first entry again
         self.ctx.bridge.call(
             lambda c: c.delete_profile(name), lambda _r: self.ctx.actions.reload_profiles()
         )

@@ -446,6 +446,11 @@ def test_the_profiles_tab_lists_a_folder_model_and_makes_a_profile_of_it(
         i for i in range(editor.list.count()) if editor.list.item(i).text().startswith("tiny ")
     )
     editor.list.setCurrentRow(row)
+    # the profile list read again while the draft is open (the link's resync reads it shortly
+    # after connecting; any profile change too): the draft stays, its folder still picked
+    with qtbot.waitSignal(app.state.profiles_changed, timeout=10000):
+        app.actions.reload_profiles()
+    assert editor.list.currentRow() == row
     assert editor.name.text() == "tiny-custom"  # never the folder's own name: no clash
     assert "saving makes the profile tiny-custom" in editor.preset_note.text()
     qtbot.waitUntil(lambda: editor.validation.text().startswith("✓ valid"), timeout=10000)
