@@ -522,6 +522,20 @@ class ChatController(QObject):
         self.dropped += 1
         return True
 
+    def retry_to_fit(self) -> None:
+        """Retry a reply refused as too long now that the chat's policy leaves turns out: with
+        one more turn left out at once (as it was, it would only be refused again)."""
+        t, error = self.transcript, self.last_error
+        if t is None or self.streaming is not None or not t.messages:
+            return
+        if error is not None and error.kind == "context_full":
+            options = self.options or self._options_from(t.chat)
+            last = t.messages[-1]
+            position = last.position if last.role == "assistant" else len(t.messages)
+            if self._history(position, options, self.dropped + 1) is not None:
+                self.dropped += 1
+        self.retry()
+
     def _store_reply(self, chat_id: int, reply: dict[str, object], position: int) -> None:
         """Store a reply; while the daemon is away it waits and is stored once it is back."""
 

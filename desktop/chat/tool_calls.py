@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 from desktop.chat.mcp_config import MCPServerConfig, config_path, import_file, load_servers
 from desktop.chat.tool_loop import ALLOW_ONCE, ALWAYS, DENY, ToolLoop, ToolRun
 from desktop.daemon.bridge import Bridge
+from desktop.daemon.fixes import in_words
 from desktop.daemon.messages import CallResult
 from engines.errors import ConfigError
 
@@ -140,7 +141,7 @@ class ToolCallView(QFrame):
 
 def notice_label(text: str) -> QLabel:
     """A line in the transcript about the tools (not from the model)."""
-    label = QLabel(text)
+    label = QLabel(in_words(text))
     label.setObjectName("toolNotice")
     label.setWordWrap(True)
     return label

@@ -95,10 +95,8 @@ class ToolLoop(QObject):
     def _tell_blocked(self, model: str) -> None:
         if not self._told:
             self._told = True
-            self.noticed.emit(
-                f"{model} cannot call tools, so it is asked without the MCP servers' tools. "
-                f"{self._blocked(model)}"
-            )
+            why = self._blocked(model) or f"{model} cannot call tools."
+            self.noticed.emit(f"{why} Until then it is asked without the MCP servers' tools.")
 
     def turns_json(self) -> str:
         return json.dumps(self.turns) if self.turns else ""

@@ -553,7 +553,7 @@ class ChatWindow(QMainWindow):
         t = self.controller.transcript
         if t is not None:
             self.controller.save_options(t.chat, self.controller.options)
-        self.controller.retry()
+        self.controller.retry_to_fit()
 
     def _load_fix(self, error: ChatError) -> Fix | None:
         """A failed load (models on demand) says why; its fix: the engine's log, or what the

@@ -67,6 +67,17 @@ _IN_WORDS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(_LEAD + r"`?traylm remote set-key`?"), "set the key in Engines ▸ Remote fallback"),
     (re.compile(r"hub\.endpoint / HF_ENDPOINT"), "the Hub address in Settings"),
     (re.compile(r"(?:give|use) --budget (\w+)"), "give a budget of {0}"),
+    (  # a profile's tool parser (a preset's and a profile's wording)
+        re.compile(
+            r"\(`traylm models set [^`]+` does; (?:so does the dashboard's|the dashboard calls "
+            r"it) \"Tool calling format\"\)"
+        ),
+        '("Tool calling format" in Engines ▸ Profiles)',
+    ),
+    (
+        re.compile(r"stop and start the engine: `traylm stop ([\w.-]+)` and `traylm start [^`]+`"),
+        "restart engine {0} (Restart in Engines, or in the tray)",
+    ),
 )
 
 

@@ -50,6 +50,7 @@ from engines.events import (
     RemoteStatus,
     ServableModel,
     from_plain,
+    tuner_engine,
 )
 
 LIVE_STATES = (
@@ -196,13 +197,13 @@ class AppState(QObject):
 
     def current_profile(self) -> str:
         """The profile or model folder the tray's Start acts on: the one last started or
-        chatted with, else a live engine, else the first profile, then folder, that can start
-        here; "" when none can (the tray offers the setup)."""
+        chatted with, else a live engine (not the tuner's), else the first profile, then
+        folder, that can start here; "" when none can (the tray offers the setup)."""
         wanted = self.settings.ui.last_profile if self.settings else ""
         if wanted and self.startable(wanted):
             return wanted
-        live = self.live_engines()
-        if live:
+        live = [e for e in self.live_engines() if not tuner_engine(e.engine_id)]
+        if live:  # (a tuner's measurement is gone when the tune ends: never the default)
             return live[0].engine_id
         profile = next((p.name for p in self.profiles if not self.blocker(p)), "")
         if profile:

@@ -54,6 +54,7 @@ def test_a_full_context_is_never_a_dead_end(qtbot, app, daemon_thread) -> None:
         assert not card.isVisible()
         assert chat.transcript.messages[5].text == "w0 w1 w2 w3 w4 "
         assert server.prompts[-1] == 26  # the first turn left out of what the model saw
+        assert server.prompts == [10, 26, 42, 26]  # one refusal, not one per turn tried
         assert len(_stored_reply(qtbot, daemon_thread, chat)) == 6  # the chat stays whole
         expected = "Context: 31 of 40 tokens (77 %) · 1 older turn left out to fit"
         assert chat.context_label.text() == expected
@@ -68,6 +69,7 @@ def test_a_full_context_is_never_a_dead_end(qtbot, app, daemon_thread) -> None:
         qtbot.waitUntil(lambda: len(chat.transcript.messages) == 8, timeout=10000)
         assert not card.isVisible()
         assert "2 older turns left out" in chat.context_label.text()
+        assert server.prompts[-2:] == [42, 26]  # refused once with one out, then fit
     finally:
         server.stop()
 

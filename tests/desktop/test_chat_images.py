@@ -9,7 +9,7 @@ import base64
 import json
 from pathlib import Path
 
-from PySide6.QtCore import QMimeData
+from PySide6.QtCore import QMimeData, Qt
 from PySide6.QtGui import QColor, QImage
 
 from desktop.chat.images import MAX_SIDE_PX, THUMB_PX, data_url, thumbnail
@@ -57,10 +57,11 @@ def test_a_pasted_image_goes_to_a_vision_model_and_not_to_a_text_one(
 
     # a text-only model: nothing is sent or stored, the chat says why, the picture stays
     chat.select_model("text")
-    chat.composer.setPlainText("What colour is this?")  # typing keeps the note that says why
+    chat.composer.setFocus()
+    qtbot.keyClicks(chat.composer, "What colour is this?")  # typing keeps the note that says why
     assert chat.image_note.isVisibleTo(chat)
     assert "text does not take images" in chat.image_note.text()
-    chat.on_send_clicked()
+    qtbot.keyClick(chat.composer, Qt.Key.Key_Return)  # Enter: refused, and says why
     qtbot.waitUntil(lambda: chat.transcript.error_card.isVisible())
     error = chat.controller.last_error
     assert error is not None and error.kind == "images_not_accepted"

@@ -178,7 +178,10 @@ def test_a_model_without_a_tool_parser_is_said_and_asked_without_tools(
     _send(qtbot, chat, "add")
     qtbot.waitUntil(lambda: chat.transcript.extras != [], timeout=10000)
     notice = chat.transcript.extras[0].text()
-    assert "fake cannot call tools" in notice and "tool_parser" in notice
+    assert "'fake' cannot call tools" in notice and "tool_parser" in notice
+    assert notice.count("cannot call tools") == 1  # said once, not twice over
+    assert "asked without the MCP servers' tools" in notice
+    assert "Tool calling format" in notice and "`traylm" not in notice  # words, not commands
     reply = _reply(qtbot, daemon_thread, chat)
     assert reply.content == "w0 w1 w2 " and reply.tools == ()
 

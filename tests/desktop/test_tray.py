@@ -237,3 +237,18 @@ def test_throughput_comes_from_the_daemons_events(qtbot, app: DesktopApp, daemon
     ), timeout=10000)  # fmt: skip
     assert "0.0 tokens/s" in app.tray.icon.toolTip()
     client.close()
+
+
+def test_a_tuners_engine_never_becomes_the_model_the_tray_starts(
+    qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
+) -> None:
+    """Relaunched mid-tune with no model chatted with yet: the live engine is the tuner's
+    measurement (tune-...), gone when the tune ends; Start names the user's own model."""
+    daemon_thread.write_fake_profile("mine")
+    daemon_thread.write_fake_profile("tune-mine")  # stands for the tuner's candidate engine
+    daemon_thread.run(lambda c: c.start("tune-mine"))
+    app.actions.reload_profiles()
+    qtbot.waitUntil(lambda: _engine_state(app, "tune-mine") == EngineState.READY, timeout=20000)
+    assert app.state.settings is not None and app.state.settings.ui.last_profile == ""
+    assert app.state.current_profile() == "mine"
+    assert _menu_action(app, "start").text() == "Start mine"

@@ -301,6 +301,14 @@ def test_the_daemons_commands_are_said_as_clicks_in_the_app() -> None:
         ),
         "too small: give --budget 8m or more": "too small: give a budget of 8m or more",
         "`traylm logs tiny` shows why": "`traylm logs tiny` shows why",  # no click does it
+        (
+            "Set tool_parser = \"hermes\" in profile 'fake' (`traylm models set fake "
+            'tool_parser=hermes` does; the dashboard calls it "Tool calling format"), then '
+            "stop and start the engine: `traylm stop fake` and `traylm start fake`."
+        ): (
+            'Set tool_parser = "hermes" in profile \'fake\' ("Tool calling format" in Engines '
+            "▸ Profiles), then restart engine fake (Restart in Engines, or in the tray)."
+        ),
     }
     for message, words in cases.items():
         assert in_words(message) == words
