@@ -19,6 +19,7 @@ from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
 from tests.engines.gateway.test_daemon_gateway import start_fake
+from tests.traylm_cli import traylm
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 TOOL = {
@@ -145,20 +146,21 @@ async def test_a_taken_port_fails_nothing_and_status_says_so(daemon_factory, fak
         ollama_status = status["ollama"]
         assert ollama_status["state"] == "taken"
         assert "ollama.port" in ollama_status["detail"]
+        code, out = await traylm("status")
+        assert code == 0 and f"Ollama's API NOT served: port {port} is held by" in out, out
+        assert f"`traylm config set ollama.port {port + 1}`" in out
     await start_fake(d)  # the daemon serves on
 
 
 async def test_the_port_and_on_off_apply_live(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
     first, second = free_loopback_port(), free_loopback_port()
     d: RunningDaemon = await daemon_factory(with_ollama(first))
-    await d.client.update_settings({"ollama.port": second})
-    await d.daemon.ollama.settled()
+    await d.client.update_settings({"ollama.port": second})  # answered once moved
     status = (await d.client.status())["ollama"]
     assert status["state"] == "serving" and status["port"] == second
     async with ollama.AsyncClient(host=f"http://127.0.0.1:{second}") as client:
         assert (await client.ps()).models == []
     await d.client.update_settings({"ollama.enabled": False})
-    await d.daemon.ollama.settled()
     assert (await d.client.status())["ollama"]["state"] == "off"
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.ClientConnectionError):
