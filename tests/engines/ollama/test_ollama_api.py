@@ -18,6 +18,7 @@ from engines.config.sections import OllamaSettings
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.gateway.test_client_trips import NO_GPU
 from tests.engines.gateway.test_daemon_gateway import start_fake
 from tests.traylm_cli import traylm
 
@@ -165,3 +166,22 @@ async def test_the_port_and_on_off_apply_live(daemon_factory, fake_env) -> None:
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.ClientConnectionError):
             await http.get(f"http://127.0.0.1:{second}/api/version")
+
+
+async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_as_permanent(
+    served: tuple[RunningDaemon, str],
+) -> None:
+    """On a computer without a GPU the GPU presets are neither in /api/tags nor in llama.cpp's
+    /models (Open WebUI lists both), and a request for one is a 4xx saying why, not a 5xx a
+    client retries."""
+    d, url = served
+    blocked = {m.name: m.blocked for m in await d.client.servable_models()}
+    assert blocked["llama-3.1-8b"] == NO_GPU
+    async with ollama.AsyncClient(host=url) as client:
+        assert [m.model for m in (await client.list()).models] == ["fake"]
+        with pytest.raises(ollama.ResponseError) as refused:
+            await client.chat(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 400 and NO_GPU in refused.value.error
+    async with aiohttp.ClientSession() as http, http.get(d.url + "/models") as resp:
+        ids = [m["id"] for m in (await resp.json())["data"]]
+    assert "fake" in ids and "llama-3.1-8b" not in ids
