@@ -57,7 +57,9 @@ async def test_the_ollama_client_lists_chats_generates_and_embeds(
 
 
 async def chat_and_generate(client: ollama.AsyncClient) -> None:
-    assert (await client.list()).models[0].model == "fake"
+    assert (await client.list()).models[
+        0
+    ].model == "fake:latest"  # Ollama lists names with their tag
     shown = await client.show("fake")
     assert "completion" in (shown.capabilities or [])
     reply = await client.chat(
@@ -94,11 +96,14 @@ async def test_ps_and_keep_alive_zero_unloads(served: tuple[RunningDaemon, str])
     _, url = served
     async with ollama.AsyncClient(host=url) as client:
         ps = await client.ps()
-        assert [m.model for m in ps.models] == ["fake"]
+        assert [m.model for m in ps.models] == ["fake:latest"]
         assert ps.models[0].expires_at is not None
         out = await client.generate(model="fake", prompt="", keep_alive=0)
         assert out.done_reason == "unload"
         assert (await client.ps()).models == []
+        loaded = await client.generate(model="fake:latest", prompt="")  # loads, as Ollama does
+        assert loaded.done_reason == "load"
+        assert [m.model for m in (await client.ps()).models] == ["fake:latest"]
 
 
 async def test_errors_in_ollamas_shape_and_dns_rebinding_refused(
@@ -178,7 +183,7 @@ async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_as_perma
     blocked = {m.name: m.blocked for m in await d.client.servable_models()}
     assert blocked["llama-3.1-8b"] == NO_GPU
     async with ollama.AsyncClient(host=url) as client:
-        assert [m.model for m in (await client.list()).models] == ["fake"]
+        assert [m.model for m in (await client.list()).models] == ["fake:latest"]
         with pytest.raises(ollama.ResponseError) as refused:
             await client.chat(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}])
     assert refused.value.status_code == 400 and NO_GPU in refused.value.error
