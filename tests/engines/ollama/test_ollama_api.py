@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import socket
 from collections.abc import AsyncIterator
 
@@ -190,3 +191,31 @@ async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_as_perma
     async with aiohttp.ClientSession() as http, http.get(d.url + "/models") as resp:
         ids = [m["id"] for m in (await resp.json())["data"]]
     assert "fake" in ids and "llama-3.1-8b" not in ids
+
+
+async def test_refusals_are_logged_once_counted_and_recorded(
+    daemon_factory,  # type: ignore[no-untyped-def]
+    fake_env,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An app with a wrong key on GET /api/tags (Open WebUI lists nothing) is told in the log
+    once per client and kind, counted and in `traylm requests`, as at :8000."""
+    port = free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(port, api_key_sha256=(hash_key("sekret"),)))
+    url = f"http://127.0.0.1:{port}"
+    caplog.set_level(logging.WARNING, logger="engines.gateway.refusals")
+    wrong = {"Authorization": "Bearer wrong", "User-Agent": "ollama-app"}
+    rids = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(url + "/api/tags", headers=wrong) as r:
+                assert r.status == 401
+                rids.append(r.headers["x-request-id"])
+    told = [rec.getMessage() for rec in caplog.records if "refused" in rec.getMessage()]
+    assert len(told) == 1 and "refused GET /api/tags" in told[0], told
+    assert "missing or wrong API key" in told[0] and "ollama-app" in told[0]
+    await d.daemon.requests.flush()
+    rows = {r["id"]: r for r in await d.client.requests_list(limit=20, client="ollama")}
+    assert [rows[rid]["status"] for rid in rids] == [401, 401, 401]
+    values = d.daemon.ctx.metrics.requests.values
+    assert sum(n for k, n in values.items() if ("status", "401") in k) == 3
