@@ -352,6 +352,7 @@ class Daemon:
             request_stop=self.request_stop,
             folder_profile=self.hub.folders.profile_for,
             remember_folder=self.hub.remember_folder,
+            settled=self.ollama.settled,
         )
         mount(app, CONTROL, control, control_routes())
         mount(app, GPU, self.gpu, gpu_routes())

@@ -1,4 +1,5 @@
-"""Settings: endpoint (port, LAN sharing, API keys), desktop (autostart, quit, notifications,
+"""Settings: endpoint (port, LAN sharing, API keys), Ollama's API (on/off, port, whether it is
+served or its port is taken, and how to move either), desktop (autostart, quit, notifications,
 colours, the first-run setup again), Hugging Face, energy and the GPU simulator. Each change is
 sent to the daemon at once (``PATCH /api/settings``), which validates and saves it; its tooltip
 is the setting's doc line from the daemon."""
@@ -6,6 +7,7 @@ is the setting's doc line from the daemon."""
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -37,11 +39,14 @@ from engines.config.sections import Settings
 from engines.events import HFTokenStatus
 
 RESTART_NOTE = "takes effect when the daemon restarts"
+LIVE_NOTE = "applied now"
 # what a saved setting is called in words (the form's labels), never its key
 LABELS = {
     "gateway.port": "Port",
     "gateway.lan_sharing": "LAN sharing",
     "gateway.keys_for": "Keys needed by",
+    "ollama.enabled": "Ollama's API",
+    "ollama.port": "Ollama's port",
     "ui.autostart": "Autostart",
     "ui.quit_action": "Quit action",
     "ui.notifications": "Notifications",
@@ -87,6 +92,19 @@ def saved_text(key: str, value: object, note: str = "") -> str:
     return f"Saved: {LABELS.get(key, key)} {shown}" + (f" ({note})" if note else "")
 
 
+def ollama_words(status: object) -> str:
+    """Where Ollama's API is served, in words, from `traylm status`'s ``ollama``: its address,
+    off, or (its port taken, by Ollama itself most often) who holds it and how to move either."""
+    if not isinstance(status, Mapping) or "state" not in status:
+        return "not served by this daemon"
+    port = status.get("port")
+    if status["state"] == "serving":
+        return f"serving on http://127.0.0.1:{port} (apps that speak Ollama's API reach traylm)"
+    if status["state"] == "taken":
+        return f"NOT served: {status.get('detail', '')}, or change the port here"
+    return "off"
+
+
 class SettingsPage(Page):
     def __init__(self, ctx: PageContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
@@ -98,6 +116,7 @@ class SettingsPage(Page):
         inner = QWidget()
         self.column = QVBoxLayout(inner)
         self.column.addWidget(self._endpoint())
+        self.column.addWidget(self._ollama())
         self.column.addWidget(self._desktop())
         self.column.addWidget(self._hub())
         self.column.addWidget(self._energy())
@@ -187,6 +206,28 @@ class SettingsPage(Page):
         )
         form.addRow("Keys needed by", self.keys_for)
         self._tooltips["gateway.keys_for"] = self.keys_for
+        return box
+
+    def _ollama(self) -> QWidget:
+        box, form = self._group("Ollama's API")
+        self.ollama_on = QCheckBox("Serve Ollama's API for apps that speak only Ollama's")
+        self.ollama_on.setObjectName("ollama.enabled")
+        self.ollama_on.toggled.connect(lambda on: self._apply("ollama.enabled", on, LIVE_NOTE))
+        form.addRow("Ollama's API", self.ollama_on)
+        self._tooltips["ollama.enabled"] = self.ollama_on
+        self.ollama_port = QSpinBox(minimum=1, maximum=65535)
+        self.ollama_port.setMaximumWidth(280)
+        self.ollama_port.setObjectName("ollama.port")
+        self.ollama_port.editingFinished.connect(
+            lambda: self._apply("ollama.port", self.ollama_port.value(), LIVE_NOTE)
+        )
+        form.addRow("Port", self.ollama_port)
+        self._tooltips["ollama.port"] = self.ollama_port
+        self.ollama_state = QLabel("")
+        self.ollama_state.setObjectName("ollamaState")
+        self.ollama_state.setWordWrap(True)
+        self.ollama_state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form.addRow("State", self.ollama_state)
         return box
 
     def _desktop(self) -> QWidget:
@@ -312,6 +353,8 @@ class SettingsPage(Page):
         try:
             self.port.setValue(s.gateway.port)
             self.lan.setChecked(s.gateway.lan_sharing)
+            self.ollama_on.setChecked(s.ollama.enabled)
+            self.ollama_port.setValue(s.ollama.port)
             has_keys = bool(s.gateway.api_key_sha256)
             self.keys_for.setCurrentIndex(max(0, self.keys_for.findData(s.gateway.keys_for)))
             self.lan.setEnabled(has_keys or s.gateway.lan_sharing)
@@ -337,6 +380,7 @@ class SettingsPage(Page):
             self._loading = False
         self.ctx.bridge.call(lambda c: c.hf_token(), self._show_token)
         status = state.status
+        self.ollama_state.setText(ollama_words(status.get("ollama")))
         host = status.get("bind_host", "?")
         bound = status.get("bound")
         # the sockets really bound; a port saved since takes effect with a restart

@@ -218,10 +218,14 @@ async def settings(request: web.Request) -> web.Response:
 @routes.patch("/api/settings")
 @traylm_errors
 async def update_settings(request: web.Request) -> web.Response:
-    """Body: {"section.field": value, ...}; all are applied or none."""
+    """Body: {"section.field": value, ...}; all are applied or none. Answered once what the
+    change moves while the daemon runs (Ollama's port) has moved, so the status read next
+    says where it went."""
     d = _api(request)
     body = await json_body(request)
-    return ok({"settings": await d.settings.update(body)})
+    settings = await d.settings.update(body)
+    await d.settled()
+    return ok({"settings": settings})
 
 
 # --------------------------------------------------------------------------- engine envs

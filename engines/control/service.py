@@ -399,6 +399,10 @@ class StopRequest(Protocol):
     def __call__(self, reason: str = "", *, close_apps: bool = False) -> None: ...
 
 
+async def _nothing_to_wait_for() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ControlAPI:
     """Everything the core control routes act on, given by the daemon."""
@@ -419,6 +423,9 @@ class ControlAPI:
     folder_profile: Callable[[str], Profile | None] = lambda _name: None
     """A model folder registered in the library, as the profile that serves it by its name
     (``traylm models add``; blocking: called through a thread). None: no such folder."""
+    settled: Callable[[], Awaitable[None]] = _nothing_to_wait_for
+    """Wait until what a settings change moves while the daemon runs (Ollama's listener)
+    has moved."""
 
     async def load_profile(self, name: str) -> Profile:
         """The profile ``name``, else the model folder registered under that name."""

@@ -101,8 +101,8 @@ def api_error(
 
 
 def error_message(body: bytes) -> str | None:
-    """The message of an error body in any shape an engine sends: OpenAI's, Anthropic's, or
-    FastAPI's bare ``{"detail": ...}``; None when it is none of them."""
+    """The message of an error body in any shape an engine sends: OpenAI's, Anthropic's,
+    Ollama's, or FastAPI's bare ``{"detail": ...}``; None when it is none of them."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -112,6 +112,8 @@ def error_message(body: bytes) -> str | None:
     error = data.get("error")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return str(error["message"])
+    if isinstance(error, str):  # Ollama's {"error": "..."}
+        return error
     detail = data.get("detail")
     if isinstance(detail, str):
         return detail

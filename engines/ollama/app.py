@@ -2,7 +2,9 @@
 (engines/gateway/security.py's Guard: LAN only with LAN sharing, canonical paths, the Host
 allow-list that stops DNS rebinding, the Origin allow-list, API keys where keys are on, sent
 as ``Authorization: Bearer``), every error in Ollama's shape ``{"error": "..."}``, the gateway's
-request metrics, and the recorder's exchange of each generation (client "ollama")."""
+request metrics, and the recorder's exchange of each generation (client "ollama"). A refusal
+(401, 403, 404, 405) of any method is told in the log once per client and kind and recorded,
+as at :8000."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from engines.gateway.exchange import (
     new_request_id,
 )
 from engines.gateway.proxy import CLIENT_GONE, REPLY_COMPLETE
+from engines.gateway.refusals import REFUSALS, RefusalLog
 from engines.gateway.security import Guard
 from engines.gateway.service import GatewayContext
 from engines.ollama.errors import ollama_error
@@ -109,8 +112,11 @@ def _cors(resp: web.StreamResponse, origin: str, *, preflight: bool = False) -> 
     return resp
 
 
-def _exchange(ctx: GatewayContext, guard: Guard, request: web.Request) -> Exchange | None:
-    """The recorder's exchange of a model request here, as the gateway begins its own."""
+def _exchange(
+    ctx: GatewayContext, guard: Guard, request: web.Request, *, refused: bool = False
+) -> Exchange | None:
+    """The recorder's exchange of a model request here, as the gateway begins its own; with
+    ``refused``, of any request this port refused (a wrong key on GET /api/tags)."""
     if ctx.exchanges is None:
         return None
     return begin(
@@ -120,7 +126,7 @@ def _exchange(ctx: GatewayContext, guard: Guard, request: web.Request) -> Exchan
         guard,
         local=is_loopback(request.remote),
         client=CLIENT,
-        model_route=request.path in RECORDED,
+        model_route=refused or request.path in RECORDED,
     )
 
 
@@ -140,9 +146,13 @@ def ollama_middleware(ctx: GatewayContext, guarded: Guarded) -> Middleware:
             resp = _cors(resp, origin)
         status = 499 if request.get(CLIENT_GONE) else resp.status
         body = resp.body if isinstance(resp, web.Response) else None
+        refusals.note(request, resp)
+        if exchange is None and resp.status in REFUSALS:
+            exchange = _exchange(ctx, guard, request, refused=True)
         _count(ctx, request, exchange, status, body if isinstance(body, bytes) else None)
         return resp
 
+    refusals = RefusalLog()
     return middleware
 
 

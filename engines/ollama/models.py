@@ -16,6 +16,7 @@ from typing import Any
 from engines.core.modelinfo import read_model_info
 from engines.errors import ModelUnavailable, quoted
 from engines.events.models import ServableModel
+from engines.ollama.shapes import tagged
 from engines.ondemand.service import ModelsOnDemand
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -98,8 +99,8 @@ def _digest(m: ServableModel) -> str:
 
 def _row(m: ServableModel, name: str, info: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "name": name,
-        "model": name,
+        "name": tagged(name),
+        "model": tagged(name),
         "modified_at": datetime.now(UTC).isoformat(),
         "size": info["size"],
         "digest": _digest(m),

@@ -40,6 +40,7 @@ from engines.ollama.shapes import (
     embed_request,
     generate_request,
     model_of,
+    served_of,
 )
 from engines.ondemand.actions import unload_model
 
@@ -79,12 +80,12 @@ async def ps(parts: OllamaParts, request: web.Request) -> web.Response:
 
 async def show(parts: OllamaParts, request: web.Request) -> web.Response:
     body = await _body(request)
-    return web.json_response(await models.show(parts.ondemand, model_of(body)))
+    return web.json_response(await models.show(parts.ondemand, served_of(body)))
 
 
 async def chat(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    model = model_of(body)
+    model = served_of(body)
     if not body.get("messages"):
         return await _load_only(parts, request, body, model, chat=True)
     ask = Ask("/v1/chat/completions", chat_request(body, model), model, "chat", _keep(body))
@@ -93,7 +94,7 @@ async def chat(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
 
 async def generate(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    model = model_of(body)
+    model = served_of(body)
     if not body.get("prompt") and not body.get("images"):
         return await _load_only(parts, request, body, model, chat=False)
     route, payload = generate_request(body, model)
@@ -103,7 +104,7 @@ async def generate(parts: OllamaParts, request: web.Request) -> web.StreamRespon
 
 async def embed(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
     body = await _body(request)
-    model = model_of(body)
+    model = served_of(body)
     legacy = request.path == "/api/embeddings"
     ask = Ask("/v1/embeddings", embed_request(body, model, legacy=legacy), model, "embed")
     ask = Ask(ask.route, ask.payload, model, "embed", _keep(body))
@@ -118,7 +119,8 @@ async def _load_only(
     parts: OllamaParts, request: web.Request, body: dict[str, Any], model: str, *, chat: bool
 ) -> web.StreamResponse:
     """An empty prompt (or messages): load the model (done_reason "load"), or with keep_alive
-    0 unload it ("unload"), answering as Ollama does."""
+    0 unload it ("unload"), answered as Ollama does: one JSON object whatever ``stream`` says
+    (Open WebUI's eject reads it as JSON)."""
     keep = _keep(body)
     if keep == 0:
         try:
@@ -137,9 +139,7 @@ async def _load_only(
     else:
         out["response"] = ""
     out.update(done=True, done_reason=reason)
-    if body.get("stream", True) is False:
-        return web.json_response(out)
-    return await _lines(request, [out])
+    return web.json_response(out)
 
 
 async def pull(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
@@ -191,7 +191,7 @@ async def _follow(
 
 async def delete(parts: OllamaParts, request: web.Request) -> web.Response:
     body = await _body(request)
-    name = model_of(body)
+    name = served_of(body)
     try:
         await parts.delete(name)
     except TraylmError as exc:

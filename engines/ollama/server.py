@@ -59,9 +59,10 @@ class OllamaServer:
             self._runner = None
 
     async def settled(self) -> None:
-        """Wait until a move the settings asked for is done."""
-        if self._moving is not None:
-            await asyncio.shield(self._moving)
+        """Wait until a move the settings asked for is done (its outcome is in ``state``)."""
+        moving = self._moving
+        if moving is not None and not moving.done():
+            await asyncio.wait([moving])
 
     def status(self) -> dict[str, Any]:
         """`traylm status`'s ``ollama``: state (serving | taken | off), port, addresses, and

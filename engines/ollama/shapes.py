@@ -36,6 +36,7 @@ OPTIONS = {
 The rest (num_ctx, num_gpu, num_thread, mirostat, ...) are fixed when traylm starts the engine
 (its profile's max_model_len, GPUs): they are ignored here, as Ollama ignores unknown ones."""
 EFFORTS = ("low", "medium", "high")
+LATEST = ":latest"
 IMAGE_KINDS = (
     ("iVBOR", "image/png"),
     ("/9j/", "image/jpeg"),
@@ -49,11 +50,24 @@ class BadRequest(ValueError):
 
 
 def model_of(body: Mapping[str, Any]) -> str:
-    """The model a request names (``model``, or the older ``name``)."""
+    """The model a request names (``model``, or the older ``name``), as it names it."""
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required")
     return model
+
+
+def served_of(body: Mapping[str, Any]) -> str:
+    """The traylm model a request names: Ollama's ``NAME:latest`` (what its clients send, and
+    what /api/tags lists for a name without a tag) is traylm's ``NAME``."""
+    model = model_of(body)
+    return model.removesuffix(LATEST) if model.endswith(LATEST) else model
+
+
+def tagged(name: str) -> str:
+    """A traylm model's name as Ollama lists it: with its tag, ``:latest`` when it has none
+    (Open WebUI's eject looks up ``NAME:latest`` in /api/tags)."""
+    return name if ":" in name else name + LATEST
 
 
 def chat_request(body: Mapping[str, Any], model: str) -> dict[str, Any]:

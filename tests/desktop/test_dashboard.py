@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import socket
 import stat
 import urllib.error
 import urllib.request
@@ -27,6 +28,7 @@ from desktop.dashboard.unavailable import UnavailablePage
 from desktop.dashboard.window import DashboardWindow
 from desktop.session import autostart
 from engines.client import DaemonClient
+from engines.core.procs import free_loopback_port
 from engines.envs.manager import EnvManager
 from engines.errors import DaemonUnavailable
 from engines.events import EngineState, EnvInstallProgress
@@ -457,3 +459,34 @@ def test_the_profiles_tab_lists_a_folder_model_and_makes_a_profile_of_it(
     editor.save_button.click()
     qtbot.waitUntil(lambda: app.state.profile("tiny-custom") is not None, timeout=10000)
     assert app.state.profile("tiny-custom").fields["model"] == str(model)
+
+
+def test_ollamas_api_state_and_its_port_move_live(qtbot, app, daemon_thread) -> None:
+    """The page says whether Ollama's API is served, and when its port is taken (Ollama itself
+    runs there) who holds it and how to move either; the port and on/off apply at once."""
+    page = _settings_page(app)
+    qtbot.waitUntil(lambda: page.ollama_state.text() == "off", timeout=5000)
+    assert not page.ollama_on.isChecked()
+    assert "Ollama's API" in page.ollama_on.toolTip()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        page.ollama_port.setValue(taken)
+        page.ollama_port.editingFinished.emit()
+        qtbot.waitUntil(lambda: app.state.settings.ollama.port == taken, timeout=5000)
+        page.ollama_on.setChecked(True)
+        qtbot.waitUntil(lambda: "NOT served" in page.ollama_state.text(), timeout=5000)
+        said = page.ollama_state.text()
+        assert f"port {taken} is held by" in said and "change the port here" in said
+        assert f"traylm config set ollama.port {taken + 1}" in said
+    free = free_loopback_port()
+    page.ollama_port.setValue(free)
+    page.ollama_port.editingFinished.emit()
+    serving = f"serving on http://127.0.0.1:{free}"
+    qtbot.waitUntil(lambda: serving in page.ollama_state.text(), timeout=5000)
+    assert page.result.text() == f"Saved: Ollama's port {free} (applied now)"
+    with urllib.request.urlopen(f"http://127.0.0.1:{free}/api/version", timeout=5) as r:
+        assert r.status == 200
+    page.ollama_on.setChecked(False)
+    qtbot.waitUntil(lambda: page.ollama_state.text() == "off", timeout=5000)

@@ -23,7 +23,7 @@ def test_the_ollama_client_chats_and_generates_on_vllm(vllm_daemon: DaemonProces
 
 
 def chat_and_generate(client: ollama.Client) -> None:
-    assert "tiny" in [m.model for m in client.list().models]
+    assert "tiny:latest" in [m.model for m in client.list().models]
     reply = client.chat(model="tiny", messages=HI, options={"num_predict": 5}, stream=False)
     assert reply.done and reply.message.role == "assistant"
     assert reply.eval_count and reply.prompt_eval_count
@@ -32,4 +32,4 @@ def chat_and_generate(client: ollama.Client) -> None:
     assert sum(1 for p in parts if p.message.content) >= 1
     gen = client.generate(model="tiny", prompt="Once upon a time", options={"num_predict": 4})
     assert gen.done and gen.eval_count == 4
-    assert [m.model for m in client.ps().models] == ["tiny"]
+    assert [m.model for m in client.ps().models] == ["tiny:latest"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import socket
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,9 @@ from engines.config.sections import OllamaSettings
 from engines.core.procs import free_loopback_port
 from engines.gateway.security import hash_key
 from tests.conftest import RunningDaemon, fast_settings
+from tests.engines.gateway.test_client_trips import NO_GPU
 from tests.engines.gateway.test_daemon_gateway import start_fake
+from tests.traylm_cli import traylm
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 TOOL = {
@@ -55,7 +58,9 @@ async def test_the_ollama_client_lists_chats_generates_and_embeds(
 
 
 async def chat_and_generate(client: ollama.AsyncClient) -> None:
-    assert (await client.list()).models[0].model == "fake"
+    assert (await client.list()).models[
+        0
+    ].model == "fake:latest"  # Ollama lists names with their tag
     shown = await client.show("fake")
     assert "completion" in (shown.capabilities or [])
     reply = await client.chat(
@@ -92,11 +97,14 @@ async def test_ps_and_keep_alive_zero_unloads(served: tuple[RunningDaemon, str])
     _, url = served
     async with ollama.AsyncClient(host=url) as client:
         ps = await client.ps()
-        assert [m.model for m in ps.models] == ["fake"]
+        assert [m.model for m in ps.models] == ["fake:latest"]
         assert ps.models[0].expires_at is not None
         out = await client.generate(model="fake", prompt="", keep_alive=0)
         assert out.done_reason == "unload"
         assert (await client.ps()).models == []
+        loaded = await client.generate(model="fake:latest", prompt="")  # loads, as Ollama does
+        assert loaded.done_reason == "load"
+        assert [m.model for m in (await client.ps()).models] == ["fake:latest"]
 
 
 async def test_errors_in_ollamas_shape_and_dns_rebinding_refused(
@@ -145,21 +153,69 @@ async def test_a_taken_port_fails_nothing_and_status_says_so(daemon_factory, fak
         ollama_status = status["ollama"]
         assert ollama_status["state"] == "taken"
         assert "ollama.port" in ollama_status["detail"]
+        code, out = await traylm("status")
+        assert code == 0 and f"Ollama's API NOT served: port {port} is held by" in out, out
+        assert f"`traylm config set ollama.port {port + 1}`" in out
     await start_fake(d)  # the daemon serves on
 
 
 async def test_the_port_and_on_off_apply_live(daemon_factory, fake_env) -> None:  # type: ignore[no-untyped-def]
     first, second = free_loopback_port(), free_loopback_port()
     d: RunningDaemon = await daemon_factory(with_ollama(first))
-    await d.client.update_settings({"ollama.port": second})
-    await d.daemon.ollama.settled()
+    await d.client.update_settings({"ollama.port": second})  # answered once moved
     status = (await d.client.status())["ollama"]
     assert status["state"] == "serving" and status["port"] == second
     async with ollama.AsyncClient(host=f"http://127.0.0.1:{second}") as client:
         assert (await client.ps()).models == []
     await d.client.update_settings({"ollama.enabled": False})
-    await d.daemon.ollama.settled()
     assert (await d.client.status())["ollama"]["state"] == "off"
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.ClientConnectionError):
             await http.get(f"http://127.0.0.1:{second}/api/version")
+
+
+async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_as_permanent(
+    served: tuple[RunningDaemon, str],
+) -> None:
+    """On a computer without a GPU the GPU presets are neither in /api/tags nor in llama.cpp's
+    /models (Open WebUI lists both), and a request for one is a 4xx saying why, not a 5xx a
+    client retries."""
+    d, url = served
+    blocked = {m.name: m.blocked for m in await d.client.servable_models()}
+    assert blocked["llama-3.1-8b"] == NO_GPU
+    async with ollama.AsyncClient(host=url) as client:
+        assert [m.model for m in (await client.list()).models] == ["fake:latest"]
+        with pytest.raises(ollama.ResponseError) as refused:
+            await client.chat(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 400 and NO_GPU in refused.value.error
+    async with aiohttp.ClientSession() as http, http.get(d.url + "/models") as resp:
+        ids = [m["id"] for m in (await resp.json())["data"]]
+    assert "fake" in ids and "llama-3.1-8b" not in ids
+
+
+async def test_refusals_are_logged_once_counted_and_recorded(
+    daemon_factory,  # type: ignore[no-untyped-def]
+    fake_env,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An app with a wrong key on GET /api/tags (Open WebUI lists nothing) is told in the log
+    once per client and kind, counted and in `traylm requests`, as at :8000."""
+    port = free_loopback_port()
+    d: RunningDaemon = await daemon_factory(with_ollama(port, api_key_sha256=(hash_key("sekret"),)))
+    url = f"http://127.0.0.1:{port}"
+    caplog.set_level(logging.WARNING, logger="engines.gateway.refusals")
+    wrong = {"Authorization": "Bearer wrong", "User-Agent": "ollama-app"}
+    rids = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(url + "/api/tags", headers=wrong) as r:
+                assert r.status == 401
+                rids.append(r.headers["x-request-id"])
+    told = [rec.getMessage() for rec in caplog.records if "refused" in rec.getMessage()]
+    assert len(told) == 1 and "refused GET /api/tags" in told[0], told
+    assert "missing or wrong API key" in told[0] and "ollama-app" in told[0]
+    await d.daemon.requests.flush()
+    rows = {r["id"]: r for r in await d.client.requests_list(limit=20, client="ollama")}
+    assert [rows[rid]["status"] for rid in rids] == [401, 401, 401]
+    values = d.daemon.ctx.metrics.requests.values
+    assert sum(n for k, n in values.items() if ("status", "401") in k) == 3
