@@ -79,6 +79,12 @@ class GPUInfo:
     fan_max_pct: int | None = None
     pcie_generation_max: int | None = None
     pcie_width_max: int | None = None
+    sm_clock_min_mhz: int | None = None
+    """Lowest SM (graphics) clock NVML lists as supported; a lock must stay within the range."""
+    sm_clock_max_mhz: int | None = None
+    memory_clock_min_mhz: int | None = None
+    """Lowest and highest memory clock NVML lists as supported (None: not reported)."""
+    memory_clock_max_mhz: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -316,3 +316,83 @@ async def test_restore_all_command(tmp_path: Path) -> None:
     assert proc.returncode == 0 and b"fans automatic" in out
     state = json.loads((tmp_path / "s.json").read_text())
     assert len(state) == 2  # every fan of every GPU was handed back, not only touched ones
+
+
+# --------------------------------------------------------------------------- clock locks
+
+
+def locks(helper: Helper, gpu: str) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = helper.control()[gpu]["clock_locks"]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"clock": "core", "min_mhz": 210, "max_mhz": 900}, "clock must be one of sm, memory"),
+        ({"clock": "sm", "min_mhz": 210}, "needs max_mhz"),
+        ({"clock": "sm", "min_mhz": 210, "max_mhz": 1.5e3}, "whole number of MHz"),
+        ({"clock": "sm", "min_mhz": 210, "max_mhz": 9000}, "outside the sm clocks"),
+    ],
+)
+async def test_bad_clock_locks_are_refused(
+    helper: Helper, fields: dict[str, Any], expected: str
+) -> None:
+    c = await connect(helper)
+    answer = await c.ask("apply_clocks", gpu=GPU0, **fields)
+    assert not answer["ok"] and expected in answer["message"]
+    assert (await c.ask("status"))["result"]["clocks"] == []
+    c.close()
+
+
+async def test_sigterm_unlocks_clocks(helper: Helper) -> None:
+    c = await connect(helper)
+    answer = await c.ask(
+        "apply_clocks", gpu=GPU0, clock="sm", min_mhz=210, max_mhz=1500, persist=True
+    )
+    assert answer["ok"], answer
+    answer = await c.ask(
+        "apply_clocks", gpu=GPU1, clock="memory", min_mhz=405, max_mhz=5001, persist=True
+    )
+    assert answer["ok"], answer
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}
+    assert [x["domain"] for x in (await c.ask("status"))["result"]["clocks"]] == ["sm", "memory"]
+    helper.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(helper.proc.wait(), 10) == 0
+    assert locks(helper, GPU0) == {} and locks(helper, GPU1) == {}
+    saved = json.loads((helper.state_dir / "state.json").read_text())
+    assert [i["kind"] for i in saved["items"]] == ["clock", "clock"]  # re-applied at next start
+    c.close()
+
+
+async def test_client_vanishing_unlocks_its_clocks(helper: Helper) -> None:
+    """The daemon holds its locks as leases: when it dies, they go."""
+    c = await connect(helper)
+    assert (await c.ask("apply_clocks", gpu=GPU1, clock="sm", min_mhz=210, max_mhz=1200))["ok"]
+    assert locks(helper, GPU1) == {"sm": [210, 1200]}
+    c.writer.transport.abort()
+    await wait_until(lambda: locks(helper, GPU1) == {})
+    assert helper.proc.returncode is None
+
+
+async def test_helper_killed_then_the_stop_hook_unlocks(helper: Helper) -> None:
+    c = await connect(helper)
+    assert (await c.ask("apply_clocks", gpu=GPU0, clock="sm", min_mhz=210, max_mhz=1500))["ok"]
+    helper.proc.kill()  # a crash: no restore of its own
+    await helper.proc.wait()
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}  # the card keeps the lock
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.gpu.helperd",
+        "--restore-all",
+        "--backend",
+        "sim:2",
+        "--sim-state",
+        str(helper.sim_state),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0 and b"clocks unlocked" in out
+    assert locks(helper, GPU0) == {}
+    c.close()
