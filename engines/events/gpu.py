@@ -161,6 +161,17 @@ class PowerControl:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ClockControl:
+    """A clock lock traylm-gpud holds: ``domain`` "sm" or "memory", between the two MHz."""
+
+    uuid: str
+    domain: str
+    min_mhz: int
+    max_mhz: int
+    persist: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HelperStatus:
     """Whether traylm-gpud answers; without it traylm is read-only (and says how to fix it)."""
 
@@ -173,6 +184,7 @@ class HelperStatus:
     simulated: bool = False
     fans: tuple[FanControl, ...] = ()
     power: tuple[PowerControl, ...] = ()
+    clocks: tuple[ClockControl, ...] = ()
     warnings: tuple[str, ...] = ()
 
 

@@ -186,6 +186,12 @@ def render_overview(o: GPUOverview) -> str:
         lines.append(f"fan/power control: {helper.detail}")
     else:
         lines.append(f"fan/power control: read-only ({helper.detail})")
+    for lock in helper.clocks:
+        index = next((e.info.index for e in o.gpus if e.info.uuid == lock.uuid), lock.uuid)
+        kept = ", kept across restarts" if lock.persist else ""
+        lines.append(
+            f"clock lock: GPU {index} {lock.domain} {lock.min_mhz}-{lock.max_mhz} MHz{kept}"
+        )
     for w in helper.warnings:
         lines.append(f"  warning: {w}")
     if o.paused:

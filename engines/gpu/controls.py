@@ -78,6 +78,34 @@ class GPUControls:
             self._changed(uuid, "power_reset", "power limit back to the default")
         return gpus
 
+    async def lock_clocks(
+        self, info: GPUInfo, domain: str, min_mhz: int, max_mhz: int, *, persist: bool
+    ) -> None:
+        """Lock the GPU's ``domain`` ("sm" or "memory") clock between the two MHz."""
+        helper = self._require_helper()
+        await helper.request(
+            "apply_clocks",
+            gpu=info.uuid,
+            clock=domain,
+            min_mhz=min_mhz,
+            max_mhz=max_mhz,
+            persist=persist,
+        )
+        await helper.refresh()
+        detail = f"{domain} clock locked at {min_mhz}-{max_mhz} MHz"
+        self._publish(
+            GPUControlChanged(
+                uuid=info.uuid, what="clock_lock", detail=detail, simulated=info.simulated
+            )
+        )
+
+    async def reset_clocks(self, target: str, domain: str = "all") -> list[str]:
+        """Clock locks on ``target`` (a UUID or "all") back to the driver; the GPUs touched."""
+        gpus = await self._all_or_one("restore_clocks", target, {"clock": domain})
+        for uuid in gpus:
+            self._changed(uuid, "clock_reset", "clocks back under driver control")
+        return gpus
+
     async def _all_or_one(self, op: str, target: str, fields: dict[str, str]) -> list[str]:
         helper = self._require_helper()
         answer = await helper.request(op, gpu=target, **fields)

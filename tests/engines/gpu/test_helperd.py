@@ -396,3 +396,37 @@ async def test_helper_killed_then_the_stop_hook_unlocks(helper: Helper) -> None:
     assert proc.returncode == 0 and b"clocks unlocked" in out
     assert locks(helper, GPU0) == {}
     c.close()
+
+
+async def test_daemon_controls_lock_and_the_gpus_table_shows_it(helper: Helper) -> None:
+    from engines.events.codec import Event
+    from engines.events.gpu import ClockControl, GPUEntry, GPUOverview, GPUState
+    from engines.gpu.cli import render_overview
+    from engines.gpu.controls import GPUControls
+    from engines.gpu.helper_client import HelperClient
+
+    client = HelperClient(helper.socket)
+    events: list[Event] = []
+    controls = GPUControls(require_helper=lambda: client, publish=events.append, simulated=True)
+    info = SimulatedBackend(2).open()[0]
+    await controls.lock_clocks(info, "sm", 210, 1500, persist=False)
+    assert client.status.clocks == (
+        ClockControl(uuid=GPU0, domain="sm", min_mhz=210, max_mhz=1500),
+    )
+    overview = GPUOverview(
+        backend="simulated",
+        simulated=True,
+        state=GPUState.OK,
+        gpus=(GPUEntry(info=info),),
+        helper=client.status,
+    )
+    assert "clock lock: GPU 0 sm 210-1500 MHz" in render_overview(overview)
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}
+    assert await controls.reset_clocks("all") == [GPU0, GPU1]
+    assert client.status.clocks == () and locks(helper, GPU0) == {}
+    assert [getattr(e, "what", None) for e in events] == [
+        "clock_lock",
+        "clock_reset",
+        "clock_reset",
+    ]
+    await client.stop()
