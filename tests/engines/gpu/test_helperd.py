@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import grp
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from engines.errors import HelperRefused
 from engines.gpu.helper_core import HelperCore
 from engines.gpu.helperd import HelperServer
 from engines.gpu.protocol import OPS, ProtocolError, parse_request
@@ -429,4 +431,37 @@ async def test_daemon_controls_lock_and_the_gpus_table_shows_it(helper: Helper) 
         "clock_reset",
         "clock_reset",
     ]
+    await client.stop()
+
+
+async def test_profiles_apply_in_order_and_a_refusal_leaves_defaults(helper: Helper) -> None:
+    from engines.events.codec import Event
+    from engines.gpu.controls import GPUControls
+    from engines.gpu.efficiency import BUILTIN, resolve
+    from engines.gpu.helper_client import HelperClient
+
+    client = HelperClient(helper.socket)
+    events: list[Event] = []
+    controls = GPUControls(require_helper=lambda: client, publish=events.append, simulated=True)
+    infos = SimulatedBackend(2).open()
+    quiet, maximum = resolve(BUILTIN["quiet"], infos), resolve(BUILTIN["max"], infos)
+    await asyncio.gather(  # two profiles in quick succession: one after the other
+        controls.apply_profile("quiet", quiet), controls.apply_profile("max", maximum)
+    )
+    assert controls.profile == "max"
+    state = helper.control()
+    assert state[GPU0]["clock_locks"] == {} and state[GPU0]["power_limit_mw"] == 450_000
+    await controls.apply_profile("quiet", quiet)
+    state = helper.control()
+    assert state[GPU1]["clock_locks"] == {"sm": [210, 1512]}
+    assert state[GPU1]["power_limit_mw"] == 270_000
+    # the quiet curve holds the fans (a cool card is left to the firmware below its first point)
+    assert {f.mode for f in client.status.fans if f.uuid == GPU1} == {"curve"}
+    bad = (dataclasses.replace(quiet[0], sm_lock_mhz=(210, 9000)),)  # the helper refuses it
+    with pytest.raises(HelperRefused, match="outside the sm clocks"):
+        await controls.apply_profile("broken", bad)
+    g0 = helper.control()[GPU0]  # handed back to the defaults: a known state
+    assert g0["clock_locks"] == {} and g0["power_limit_mw"] == 450_000
+    assert not any(f["manual"] for f in g0["fans"]) and controls.profile is None
+    assert {f.mode for f in client.status.fans if f.uuid == GPU0} == {"auto"}
     await client.stop()
