@@ -235,6 +235,8 @@ class GPUOverview:
     psu: PSUStatus | None = None
     sample_interval_s: float = 1.0
     paused: str | None = None
+    profile: str | None = None
+    """The efficiency profile last applied through the daemon (None: none)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
