@@ -91,6 +91,11 @@ class GPUCalls(ClientBase):
         )
         return from_plain(PowerLimitStatus, data)
 
+    async def set_efficiency_profile(self, name: str) -> list[str]:
+        """Apply an efficiency profile (quiet, eco, max or the user's) to every GPU."""
+        data = await self._call("POST", "/api/gpus/profile", json_body={"name": name})
+        return [str(u) for u in data.get("gpus", [])]
+
     async def reset_power_limit(self, gpu: str = "all") -> list[str]:
         data = await self._call("POST", api_path("/api/gpus/{}/power/reset", gpu))
         return [str(u) for u in data["gpus"]]

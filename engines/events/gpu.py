@@ -79,6 +79,12 @@ class GPUInfo:
     fan_max_pct: int | None = None
     pcie_generation_max: int | None = None
     pcie_width_max: int | None = None
+    sm_clock_min_mhz: int | None = None
+    """Lowest SM (graphics) clock NVML lists as supported; a lock must stay within the range."""
+    sm_clock_max_mhz: int | None = None
+    memory_clock_min_mhz: int | None = None
+    """Lowest and highest memory clock NVML lists as supported (None: not reported)."""
+    memory_clock_max_mhz: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,6 +161,17 @@ class PowerControl:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ClockControl:
+    """A clock lock traylm-gpud holds: ``domain`` "sm" or "memory", between the two MHz."""
+
+    uuid: str
+    domain: str
+    min_mhz: int
+    max_mhz: int
+    persist: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HelperStatus:
     """Whether traylm-gpud answers; without it traylm is read-only (and says how to fix it)."""
 
@@ -167,6 +184,7 @@ class HelperStatus:
     simulated: bool = False
     fans: tuple[FanControl, ...] = ()
     power: tuple[PowerControl, ...] = ()
+    clocks: tuple[ClockControl, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
@@ -217,6 +235,8 @@ class GPUOverview:
     psu: PSUStatus | None = None
     sample_interval_s: float = 1.0
     paused: str | None = None
+    profile: str | None = None
+    """The efficiency profile last applied through the daemon (None: none)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

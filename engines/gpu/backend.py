@@ -20,6 +20,7 @@ from engines.errors import GPUNotFound, quoted
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 
 __all__ = [
+    "CLOCK_DOMAINS",
     "CLOCK_EVENT_REASONS",
     "FanReading",
     "GPUBackend",
@@ -31,6 +32,9 @@ __all__ = [
     "decode_clock_event_reasons",
     "find_info",
 ]
+
+CLOCK_DOMAINS = ("sm", "memory")
+"""Clocks traylm can lock: the SM (graphics) clock and the memory clock."""
 
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x1, "idle"),
@@ -80,6 +84,15 @@ class GPUBackend(Protocol):
         ...
 
     def set_power_limit(self, uuid: str, limit_mw: int) -> None: ...
+
+    def lock_clocks(self, uuid: str, domain: str, min_mhz: int, max_mhz: int) -> None:
+        """Lock the ``domain`` ("sm" or "memory") clock between ``min_mhz`` and ``max_mhz``.
+        Raises GPUNotSupported or GPUPermissionDenied with what to do."""
+        ...
+
+    def reset_clocks(self, uuid: str, domain: str) -> None:
+        """Give the ``domain`` clock back to the driver (the restore primitive)."""
+        ...
 
     def close(self) -> None: ...
 

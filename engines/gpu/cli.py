@@ -84,6 +84,12 @@ def add_parsers(sub: Any) -> None:
     s = psub.add_parser("reset", help="back to the default limit")
     s.add_argument("--gpu", default="all", help="GPU index or UUID (default: all)")
     s.set_defaults(func=cmd_power_reset)
+    s = psub.add_parser(
+        "profile",
+        help="apply an efficiency profile (power limit, SM clock lock, fans) to every GPU",
+    )
+    s.add_argument("name", help="quiet, eco, max or one of ~/.config/traylm/efficiency/*.toml")
+    s.set_defaults(func=cmd_power_profile)
 
     t = sub.add_parser("guard", help="thermal guard thresholds and recent actions")
     t.set_defaults(func=cmd_guard)
@@ -186,6 +192,14 @@ def render_overview(o: GPUOverview) -> str:
         lines.append(f"fan/power control: {helper.detail}")
     else:
         lines.append(f"fan/power control: read-only ({helper.detail})")
+    if o.profile:
+        lines.append(f"efficiency profile: {o.profile}")
+    for lock in helper.clocks:
+        index = next((e.info.index for e in o.gpus if e.info.uuid == lock.uuid), lock.uuid)
+        kept = ", kept across restarts" if lock.persist else ""
+        lines.append(
+            f"clock lock: GPU {index} {lock.domain} {lock.min_mhz}-{lock.max_mhz} MHz{kept}"
+        )
     for w in helper.warnings:
         lines.append(f"  warning: {w}")
     if o.paused:
@@ -407,6 +421,13 @@ async def cmd_power_set(args: argparse.Namespace) -> int:
                 f"GPU {p.index}: {verb} {_w(p.requested_mw)} W "
                 f"(range {_w(p.min_mw)}-{_w(p.max_mw)} W)"
             )
+    return 0
+
+
+async def cmd_power_profile(args: argparse.Namespace) -> int:
+    async with await DaemonClient.connect(plain_calls=True) as c:
+        gpus = await c.set_efficiency_profile(args.name)
+        print(f"efficiency profile {args.name} on {len(gpus)} GPU(s)")
     return 0
 
 

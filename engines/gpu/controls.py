@@ -4,11 +4,21 @@ touch the cards), the helper's status is read again, and each change is publishe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from engines.errors import GPUError, HelperRefused
 from engines.events.codec import Event, to_plain
 from engines.events.gpu import FanCurve, GPUControlChanged, GPUInfo
+from engines.gpu.efficiency import ProfileTarget
+from engines.gpu.fans import preset as fan_preset
 from engines.gpu.helper_client import HelperClient
+
+log = logging.getLogger(__name__)
+
+PROFILE_WRITE_WAIT_S = 30.0
 
 
 class GPUControls:
@@ -26,6 +36,9 @@ class GPUControls:
         self._require_helper = require_helper
         self._publish = publish
         self._simulated = simulated
+        self._profile_lock = asyncio.Lock()
+        self.profile: str | None = None
+        """The efficiency profile last applied (None: none, or one that failed part way)."""
 
     async def apply_curve(
         self, info: GPUInfo, curve: FanCurve, fans: tuple[int, ...], *, persist: bool
@@ -77,6 +90,93 @@ class GPUControls:
         for uuid in gpus:
             self._changed(uuid, "power_reset", "power limit back to the default")
         return gpus
+
+    async def lock_clocks(
+        self, info: GPUInfo, domain: str, min_mhz: int, max_mhz: int, *, persist: bool
+    ) -> None:
+        """Lock the GPU's ``domain`` ("sm" or "memory") clock between the two MHz."""
+        helper = self._require_helper()
+        await helper.request(
+            "apply_clocks",
+            gpu=info.uuid,
+            clock=domain,
+            min_mhz=min_mhz,
+            max_mhz=max_mhz,
+            persist=persist,
+        )
+        await helper.refresh()
+        detail = f"{domain} clock locked at {min_mhz}-{max_mhz} MHz"
+        self._publish(
+            GPUControlChanged(
+                uuid=info.uuid, what="clock_lock", detail=detail, simulated=info.simulated
+            )
+        )
+
+    async def reset_clocks(self, target: str, domain: str = "all") -> list[str]:
+        """Clock locks on ``target`` (a UUID or "all") back to the driver; the GPUs touched."""
+        gpus = await self._all_or_one("restore_clocks", target, {"clock": domain})
+        for uuid in gpus:
+            self._changed(uuid, "clock_reset", "clocks back under driver control")
+        return gpus
+
+    async def apply_profile(self, name: str, targets: Sequence[ProfileTarget]) -> None:
+        """Put an efficiency profile on its GPUs: power limit, SM clock lock, fans. Profiles
+        switched in quick succession run one after another (the last one wins). A step the
+        helper refuses hands that GPU back to its defaults (a known state), then re-raises."""
+        async with self._profile_lock:
+            for target in targets:
+                try:
+                    await self._apply_target(target)
+                except GPUError:
+                    await self._defaults(target.info)
+                    raise
+                self._changed(target.info.uuid, "profile", f"efficiency profile {name}")
+            self.profile = name
+
+    async def _apply_target(self, t: ProfileTarget) -> None:
+        uuid = t.info.uuid
+        if t.limit_mw is None:
+            await self._write("restore_power", gpu=uuid, source="user")
+        else:
+            await self._write("apply_power", gpu=uuid, limit_mw=t.limit_mw, persist=False)
+        if t.sm_lock_mhz is None:
+            await self._write("restore_clocks", gpu=uuid, clock="sm")
+        else:
+            low, high = t.sm_lock_mhz
+            fields = {"clock": "sm", "min_mhz": low, "max_mhz": high, "persist": False}
+            await self._write("apply_clocks", gpu=uuid, **fields)
+        if t.fans is None:
+            await self._write("restore_fans", gpu=uuid)
+        else:
+            curve = to_plain(fan_preset(t.fans))
+            await self._write("apply_curve", gpu=uuid, curve=curve, persist=False)
+        await self._require_helper().refresh()
+
+    async def _defaults(self, info: GPUInfo) -> None:
+        for op, fields in (
+            ("restore_power", {"source": "user"}),
+            ("restore_clocks", {"clock": "all"}),
+            ("restore_fans", {}),
+        ):
+            try:
+                await self._write(op, gpu=info.uuid, **fields)
+            except GPUError as exc:
+                log.error("GPU %s: %s after a failed profile step: %s", info.uuid, op, exc)
+        await self._require_helper().refresh()
+        self.profile = None
+
+    async def _write(self, op: str, **fields: Any) -> None:
+        """One helper write; a profile is several, and the helper allows a few a second, so a
+        ``rate_limited`` refusal is waited out (up to PROFILE_WRITE_WAIT_S), never dropped."""
+        deadline = asyncio.get_running_loop().time() + PROFILE_WRITE_WAIT_S
+        while True:
+            try:
+                await self._require_helper().request(op, **fields)
+                return
+            except HelperRefused as exc:
+                if exc.code != "rate_limited" or asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.25)
 
     async def _all_or_one(self, op: str, target: str, fields: dict[str, str]) -> list[str]:
         helper = self._require_helper()

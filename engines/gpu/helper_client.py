@@ -19,7 +19,7 @@ import platformdirs
 
 from engines.errors import HelperRefused, HelperUnavailable
 from engines.events.codec import from_plain
-from engines.events.gpu import FanControl, HelperStatus, PowerControl
+from engines.events.gpu import ClockControl, FanControl, HelperStatus, PowerControl
 from engines.gpu.protocol import MAX_LINE_BYTES, encode_request
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,16 @@ class HelperClient:
     def _parse_status(self, data: dict[str, Any]) -> HelperStatus:
         fans = tuple(from_plain(FanControl, f) for f in data.get("fans", []))
         power = tuple(from_plain(PowerControl, p) for p in data.get("power", []))
+        clocks = tuple(
+            ClockControl(
+                uuid=str(c["uuid"]),
+                domain=str(c["domain"]),
+                min_mhz=int(c["mhz"][0]),
+                max_mhz=int(c["mhz"][1]),
+                persist=bool(c.get("persist", False)),
+            )
+            for c in data.get("clocks", [])
+        )
         detail = f"traylm-gpud {data.get('version', '?')} (pid {data.get('pid', '?')})"
         if self._label:
             detail += f", {self._label}"
@@ -185,6 +195,7 @@ class HelperClient:
             simulated=bool(data.get("simulated", False)),
             fans=fans,
             power=power,
+            clocks=clocks,
             warnings=tuple(str(w) for w in data.get("warnings", [])),
         )
 

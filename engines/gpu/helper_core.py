@@ -8,7 +8,8 @@ firmware and the power limit is the card's default.
 
 Safety rules: nothing is applied before it is validated against the card; a failed temperature
 read hands that GPU's fans back to the firmware; a lost GPU is dropped; ``restore_all`` (exit,
-signals, errors) gives every fan back to the firmware and every limit back to the default. All
+signals, errors) gives every fan back to the firmware, every limit back to the default and every
+clock lock back to the driver (clock locks have the lease and persist layers only). All
 methods are blocking (NVML) and thread-safe.
 """
 
@@ -23,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engines.errors import GPUError, GPUNotFound
+from engines.errors import GPUError, GPUNotFound, GPUNotSupported
 from engines.events.codec import to_plain
 from engines.events.gpu import FanCurve, GPUInfo, GPUSnapshot, GPUState
-from engines.gpu.backend import GPUBackend, find_info
+from engines.gpu.backend import CLOCK_DOMAINS, GPUBackend, find_info
+from engines.gpu.clocks import check_lock
 from engines.gpu.fans import FanController, curve_from_mapping, validate_curve
 from engines.gpu.fans import fan_ids as check_fans
 from engines.gpu.power import check_limit
@@ -61,6 +63,12 @@ class _Power:
     applied_mw: int | None = None
 
 
+@dataclass
+class _Clock:
+    layers: dict[str, _Entry] = field(default_factory=dict)  # value: (min_mhz, max_mhz)
+    applied: tuple[int, int] | None = None
+
+
 def _top(layers: dict[str, _Entry]) -> tuple[str, _Entry] | None:
     for name in LAYERS:
         if name in layers:
@@ -83,6 +91,8 @@ class HelperCore:
         self._infos: tuple[GPUInfo, ...] = ()
         self._fans: dict[tuple[str, int], _Fan] = {}
         self._power: dict[str, _Power] = {}
+        self._clocks: dict[tuple[str, str], _Clock] = {}
+        """(uuid, domain) → the clock lock layers of that GPU's SM or memory clock."""
         self._latest: dict[str, GPUSnapshot] = {}
         self._lost: set[str] = set()
         self._clock_gap_s: float | None = None
@@ -102,6 +112,9 @@ class HelperCore:
                     if item["kind"] == "fan":
                         curve = curve_from_mapping(item["curve"])
                         self.apply_curve(item["gpu"], curve, (item["fan"],), persist=True)
+                    elif item["kind"] == "clock":
+                        low, high = (int(v) for v in item["mhz"])
+                        self.apply_clocks(item["gpu"], item["domain"], low, high, persist=True)
                     else:
                         self.apply_power(item["gpu"], int(item["limit_mw"]), persist=True)
                 except (GPUError, KeyError, TypeError, ValueError) as exc:
@@ -205,6 +218,53 @@ class HelperCore:
             self._save_state()
             return uuids
 
+    def apply_clocks(
+        self,
+        gpu: str,
+        domain: str,
+        min_mhz: int,
+        max_mhz: int,
+        *,
+        persist: bool,
+        owner: int | None = None,
+    ) -> dict[str, Any]:
+        """Lock one clock of one GPU (a lease, or persisted). Checked against the card's
+        supported range first; a refusal by the driver leaves the previous lock in force."""
+        with self._lock:
+            info = self._info(gpu)
+            check_lock(info, domain, min_mhz, max_mhz)
+            key = (info.uuid, domain)
+            state = self._clocks.setdefault(key, _Clock())
+            before = dict(state.layers)
+            layer = "persist" if persist else "lease"
+            state.layers[layer] = _Entry((min_mhz, max_mhz), None if persist else owner)
+            if persist:
+                state.layers.pop("lease", None)
+            try:
+                self._apply_clock_layers(key, state)
+            except GPUError:
+                state.layers = before
+                if not before:
+                    self._clocks.pop(key, None)
+                raise
+            self._save_state()
+            mhz = list(state.applied or ())
+            return {"gpu": info.uuid, "domain": domain, "mhz": mhz, "layer": layer}
+
+    def restore_clocks(self, gpu: str, domain: str = "all") -> list[str]:
+        """Drop the user's clock locks (``domain`` "sm", "memory" or "all"): the driver's again."""
+        with self._lock:
+            uuids = [i.uuid for i in self._infos] if gpu == "all" else [self._info(gpu).uuid]
+            domains = CLOCK_DOMAINS if domain == "all" else (domain,)
+            for key in [(u, d) for u in uuids for d in domains]:
+                state = self._clocks.get(key)
+                if state is None:
+                    continue
+                state.layers.clear()
+                self._apply_clock_layers(key, state)
+            self._save_state()
+            return uuids
+
     def release(self, owner: int) -> int:
         """A client went away: drop its leases (back to the persisted setting or the default).
         Returns how many settings were released."""
@@ -228,6 +288,19 @@ class HelperCore:
                 info = self._info_or_none(uuid)
                 if names and info is not None:
                     self._apply_power_layers(info, pstate)
+            for key, cstate in list(self._clocks.items()):
+                names = [n for n, e in cstate.layers.items() if e.owner == owner]
+                for name in names:
+                    del cstate.layers[name]
+                    released += 1
+                if names and key[0] not in self._lost:
+                    try:
+                        self._apply_clock_layers(key, cstate)
+                    except GPUError as exc:
+                        self._warn(
+                            f"GPU {key[0]}: could not release the {key[1]} clock lock: "
+                            f"{exc.message}"
+                        )
             if released:
                 self._resample()
         if released:
@@ -277,6 +350,12 @@ class HelperCore:
                 info = self._info_or_none(uuid)
                 if info is not None:
                     self._apply_power_layers(info, pstate)
+            for key, cstate in list(self._clocks.items()):
+                cstate.applied = None
+                try:
+                    self._apply_clock_layers(key, cstate)
+                except GPUError as exc:
+                    self._warn(f"GPU {key[0]}: {key[1]} clock lock not re-applied: {exc.message}")
 
     def restore_all(self, *, everything: bool = False) -> list[str]:
         """Fans back to the firmware, power limits back to the default. ``everything``: every
@@ -307,8 +386,10 @@ class HelperCore:
                         self.backend.set_power_limit(info.uuid, info.power_default_mw)
                     except GPUError as exc:
                         failures.append(f"GPU {info.index} power limit: {exc.message}")
+                failures += self._reset_clocks(info, everything=everything)
             self._fans.clear()
             self._power.clear()
+            self._clocks.clear()
         for line in failures:
             log.error("restore: %s", line)
         return failures
@@ -356,11 +437,22 @@ class HelperCore:
                             "persist": top[0] == "persist",
                         }
                     )
+            clocks = [
+                {
+                    "uuid": uuid,
+                    "domain": domain,
+                    "mhz": list(cstate.applied),
+                    "persist": "persist" in cstate.layers and "lease" not in cstate.layers,
+                }
+                for (uuid, domain), cstate in self._clocks.items()
+                if cstate.applied is not None
+            ]
             return {
                 "backend": self.backend.name,
                 "simulated": self.backend.simulated,
                 "fans": fans,
                 "power": power,
+                "clocks": clocks,
                 "warnings": [*self.warnings, *self._foreign],
             }
 
@@ -459,6 +551,8 @@ class HelperCore:
         for key in [k for k in self._fans if k[0] == uuid]:
             del self._fans[key]
         self._power.pop(uuid, None)
+        for clock_key in [k for k in self._clocks if k[0] == uuid]:
+            del self._clocks[clock_key]
 
     def _auto(self, uuid: str, fan: int) -> None:
         try:
@@ -478,6 +572,38 @@ class HelperCore:
         state.applied_mw = int(target) if top is not None else None
         if top is None:
             self._power.pop(info.uuid, None)
+
+    def _apply_clock_layers(self, key: tuple[str, str], state: _Clock) -> None:
+        top = _top(state.layers)
+        target: tuple[int, int] | None = top[1].value if top is not None else None
+        if target == state.applied:
+            if top is None:
+                self._clocks.pop(key, None)
+            return
+        if target is None:
+            self.backend.reset_clocks(key[0], key[1])
+            self._clocks.pop(key, None)
+            state.applied = None
+            return
+        self.backend.lock_clocks(key[0], key[1], target[0], target[1])
+        state.applied = target
+
+    def _reset_clocks(self, info: GPUInfo, *, everything: bool) -> list[str]:
+        """Every clock this helper locked on ``info`` (``everything``: every clock) back to
+        the driver. A card that cannot lock clocks has nothing to reset: not a failure."""
+        failures = []
+        for domain in CLOCK_DOMAINS:
+            state = self._clocks.get((info.uuid, domain))
+            if not everything and (state is None or state.applied is None):
+                continue
+            try:
+                self.backend.reset_clocks(info.uuid, domain)
+            except GPUNotSupported:
+                if not everything:
+                    failures.append(f"GPU {info.index} {domain} clock: reset not supported")
+            except GPUError as exc:
+                failures.append(f"GPU {info.index} {domain} clock: {exc.message}")
+        return failures
 
     def _note_foreign(self, snaps: tuple[GPUSnapshot, ...]) -> None:
         """Fans in manual mode that this helper did not set: another program drives them."""
@@ -527,6 +653,11 @@ class HelperCore:
             entry = pstate.layers.get("persist")
             if entry is not None:
                 items.append({"kind": "power", "gpu": uuid, "limit_mw": entry.value})
+        for (uuid, domain), cstate in self._clocks.items():
+            entry = cstate.layers.get("persist")
+            if entry is not None:
+                item = {"kind": "clock", "gpu": uuid, "domain": domain, "mhz": list(entry.value)}
+                items.append(item)
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"version": 1, "items": items}, indent=1))

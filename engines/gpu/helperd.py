@@ -104,6 +104,8 @@ class HelperServer:
             "restore_fans": self._restore_fans,
             "apply_power": self._apply_power,
             "restore_power": self._restore_power,
+            "apply_clocks": self._apply_clocks,
+            "restore_clocks": self._restore_clocks,
         }
         """op → handler(request, client id); runs in a worker thread (HelperCore blocks)."""
 
@@ -275,6 +277,24 @@ class HelperServer:
     def _restore_power(self, req: Request, cid: int) -> Any:
         return {"gpus": self.core.restore_power(req.gpu, req.source)}
 
+    def _apply_clocks(self, req: Request, cid: int) -> Any:
+        assert req.min_mhz is not None and req.max_mhz is not None
+        result = self.core.apply_clocks(
+            req.gpu, req.clock, req.min_mhz, req.max_mhz, persist=req.persist, owner=cid
+        )
+        log.info(
+            "client %d: %s clock locked %s-%s MHz on %s",
+            cid,
+            req.clock,
+            req.min_mhz,
+            req.max_mhz,
+            req.gpu,
+        )
+        return result
+
+    def _restore_clocks(self, req: Request, cid: int) -> Any:
+        return {"gpus": self.core.restore_clocks(req.gpu, req.clock)}
+
     # ----------------------------------------------------------------- fan loop
 
     async def _fan_loop(self) -> None:
@@ -346,7 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-timeout-s", type=float, default=30.0, help="silent client timeout")
     p.add_argument("--sim-state", help="sim backend: write its control state to this JSON file")
     p.add_argument(
-        "--restore-all", action="store_true", help="give every fan and power limit back, then exit"
+        "--restore-all",
+        action="store_true",
+        help="give every fan, power limit and clock lock back, then exit",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -379,7 +401,11 @@ async def _main(args: argparse.Namespace) -> int:
         failures = await asyncio.to_thread(HelperCore(backend).restore_all, everything=True)
         print(
             "traylm-gpud: "
-            + ("; ".join(failures) if failures else "fans automatic, power limits default")
+            + (
+                "; ".join(failures)
+                if failures
+                else "fans automatic, power limits default, clocks unlocked"
+            )
         )
         return 1 if failures else 0
     state_dir = Path(args.state_dir) if args.state_dir else _default_state_dir()

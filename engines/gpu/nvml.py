@@ -44,6 +44,14 @@ _UNAVAILABLE = {
     ),
     pynvml.NVML_ERROR_UNINITIALIZED: "NVML is not initialised",
 }
+_LOCK_CALLS = {
+    "sm": ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"),
+    "memory": ("nvmlDeviceSetMemoryLockedClocks", "nvmlDeviceResetMemoryLockedClocks"),
+}
+"""Clock domain → (lock, reset), as in nvidia-ml-py 13.615.71's pynvml.py: each takes
+``(handle, min_mhz, max_mhz)`` / ``(handle)`` and raises NVMLError on a failure. The offset call of
+13.x (``nvmlDeviceSetClockOffsets``) ignores the driver's return code, so traylm does not use it
+(a refused offset would look applied)."""
 _MISSING = object()
 """Returned by ``call`` when the function does not exist in this driver (FunctionNotFound)."""
 
@@ -196,6 +204,27 @@ class NVMLBackend:
         h = self._writable(uuid)
         self._write("nvmlDeviceSetPowerManagementLimit", h, int(limit_mw), uuid=uuid)
 
+    def lock_clocks(self, uuid: str, domain: str, min_mhz: int, max_mhz: int) -> None:
+        fn_name = _LOCK_CALLS[domain][0]
+        h = self._writable(uuid)
+        try:
+            self._write(fn_name, h, int(min_mhz), int(max_mhz), uuid=uuid)
+        except GPUNotSupported as exc:
+            raise GPUNotSupported(
+                f"GPU {uuid} cannot lock its {domain} clock: {exc.message}. Clock locks need a "
+                "Volta or newer card and driver 450 or newer (memory clock locks: Ampere or "
+                "newer, driver 470 or newer); use a power limit instead"
+            ) from None
+        except GPUPermissionDenied:
+            raise GPUPermissionDenied(
+                f"locking the {domain} clock of GPU {uuid} needs root (NVML NoPermission): "
+                "clock locks go through traylm-gpud (`traylm doctor` says how to install it)"
+            ) from None
+
+    def reset_clocks(self, uuid: str, domain: str) -> None:
+        h = self._writable(uuid)
+        self._write(_LOCK_CALLS[domain][1], h, uuid=uuid)
+
     def close(self) -> None:
         with self._lock:
             if self._initialised:
@@ -213,6 +242,7 @@ class NVMLBackend:
         memory = self._memory(h, uuid)
         constraints = self.call("nvmlDeviceGetPowerManagementLimitConstraints", h, uuid=uuid)
         fan_range = self.call("nvmlDeviceGetMinMaxFanSpeed", h, uuid=uuid)
+        sm_clocks, memory_clocks = self._supported_clocks(h, uuid)
         return GPUInfo(
             uuid=uuid,
             index=index,
@@ -251,7 +281,20 @@ class NVMLBackend:
             fan_max_pct=_int(_item(fan_range, 1)),
             pcie_generation_max=_int(self.call("nvmlDeviceGetMaxPcieLinkGeneration", h, uuid=uuid)),
             pcie_width_max=_int(self.call("nvmlDeviceGetMaxPcieLinkWidth", h, uuid=uuid)),
+            sm_clock_min_mhz=min(sm_clocks, default=None),
+            sm_clock_max_mhz=max(sm_clocks, default=None),
+            memory_clock_min_mhz=min(memory_clocks, default=None),
+            memory_clock_max_mhz=max(memory_clocks, default=None),
         )
+
+    def _supported_clocks(self, h: Any, uuid: str) -> tuple[list[int], list[int]]:
+        """The supported (SM, memory) clocks; NVML lists the SM ones per memory clock (the
+        highest memory clock has the widest SM list). Empty where the card does not say."""
+        memory = _ints(self.call("nvmlDeviceGetSupportedMemoryClocks", h, uuid=uuid))
+        if not memory:
+            return [], []
+        sm = _ints(self.call("nvmlDeviceGetSupportedGraphicsClocks", h, max(memory), uuid=uuid))
+        return sm, memory
 
     def _memory(self, h: Any, uuid: str) -> Any:
         """NVML's v2 memory (total = reserved + used + free: ``used`` leaves out what the driver
@@ -403,6 +446,12 @@ def _int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _ints(value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [v for v in (_int(x) for x in value) if v is not None and v > 0]
 
 
 def _item(value: Any, index: int) -> Any:

@@ -7,6 +7,9 @@ Requests (``id`` is optional and echoed back)::
     {"op": "restore_fans", "gpu": UUID | "all"}
     {"op": "apply_power", "gpu": UUID, "limit_mw": 300000, "persist": true, "source": "user"}
     {"op": "restore_power", "gpu": UUID | "all", "source": "user" | "guard" | "tune"}
+    {"op": "apply_clocks", "gpu": UUID, "clock": "sm" | "memory", "min_mhz": 210,
+     "max_mhz": 1800, "persist": false}
+    {"op": "restore_clocks", "gpu": UUID | "all", "clock": "sm" | "memory" | "all"}
 
 Answers: ``{"ok": true, "id": N, "result": {...}}`` or
 ``{"ok": false, "id": N, "error": CODE, "message": TEXT}``. Anything else (bad JSON, duplicate
@@ -22,7 +25,17 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LINE_BYTES = 16 * 1024
-OPS = ("status", "apply_curve", "restore_fans", "apply_power", "restore_power")
+OPS = (
+    "status",
+    "apply_curve",
+    "restore_fans",
+    "apply_power",
+    "restore_power",
+    "apply_clocks",
+    "restore_clocks",
+)
+CLOCKS = ("sm", "memory")
+MAX_CLOCK_MHZ = 100_000
 SOURCES = ("user", "guard", "tune")
 UUID_RE = re.compile(r"^GPU-[0-9A-Fa-f-]{8,64}$")
 _KEYS = {
@@ -31,6 +44,8 @@ _KEYS = {
     "restore_fans": {"op", "id", "gpu"},
     "apply_power": {"op", "id", "gpu", "limit_mw", "persist", "source"},
     "restore_power": {"op", "id", "gpu", "source"},
+    "apply_clocks": {"op", "id", "gpu", "clock", "min_mhz", "max_mhz", "persist"},
+    "restore_clocks": {"op", "id", "gpu", "clock"},
 }
 _REQUIRED = {
     "status": {"op"},
@@ -38,6 +53,8 @@ _REQUIRED = {
     "restore_fans": {"op", "gpu"},
     "apply_power": {"op", "gpu", "limit_mw"},
     "restore_power": {"op", "gpu"},
+    "apply_clocks": {"op", "gpu", "clock", "min_mhz", "max_mhz"},
+    "restore_clocks": {"op", "gpu"},
 }
 
 
@@ -60,6 +77,9 @@ class Request:
     limit_mw: int | None = None
     persist: bool = False
     source: str = "user"
+    clock: str = "all"
+    min_mhz: int | None = None
+    max_mhz: int | None = None
 
 
 def parse_request(line: bytes) -> Request:
@@ -101,6 +121,17 @@ def parse_request(line: bytes) -> Request:
         if not isinstance(data["persist"], bool):
             raise ProtocolError("persist must be true or false")
         req = _with(req, persist=data["persist"])
+    if "clock" in data:
+        allowed = CLOCKS if op == "apply_clocks" else (*CLOCKS, "all")
+        if data["clock"] not in allowed:
+            raise ProtocolError(f"clock must be one of {', '.join(allowed)}")
+        req = _with(req, clock=data["clock"])
+    for key in ("min_mhz", "max_mhz"):
+        if key in data:
+            value = data[key]
+            if not _is_int(value) or not 1 <= value <= MAX_CLOCK_MHZ:
+                raise ProtocolError(f"{key} must be a whole number of MHz (1-{MAX_CLOCK_MHZ})")
+            req = _with(req, **{key: value})
     if "source" in data:
         if data["source"] not in SOURCES:
             raise ProtocolError(f"source must be one of {', '.join(SOURCES)}")

@@ -197,6 +197,12 @@ class ReplayBackend:
     def set_power_limit(self, uuid: str, limit_mw: int) -> None:
         raise self._read_only()
 
+    def lock_clocks(self, uuid: str, domain: str, min_mhz: int, max_mhz: int) -> None:
+        raise self._read_only()
+
+    def reset_clocks(self, uuid: str, domain: str) -> None:
+        raise self._read_only()
+
     def close(self) -> None:
         pass
 

@@ -14,6 +14,7 @@
     PUT  /api/gpus/{gpu}/power[?dry_run=1]  {"watts": 300} or {"preset": "efficient"},
                                             optional "persist": true → PowerLimitStatus
     POST /api/gpus/{gpu}/power/reset        default power limit ({gpu} may be "all")
+    POST /api/gpus/profile                  {"name": "eco"}: an efficiency profile on every GPU
 
 ``{gpu}`` is a UUID or an NVML index. Writes go through traylm-gpud; without it they answer 409
 ``helper_unavailable`` with the install steps, and dry runs still validate.
@@ -40,6 +41,7 @@ from engines.events.gpu import (
     GuardStatus,
     PowerLimitStatus,
 )
+from engines.gpu import efficiency
 from engines.gpu import fans as fan_curves
 from engines.gpu import power as power_presets
 from engines.gpu.backend import find_info
@@ -106,6 +108,7 @@ async def overview(request: web.Request) -> web.Response:
             psu=f.psu(),
             sample_interval_s=f.sampler.interval_s,
             paused=f.gateway.paused,
+            profile=f.controls.profile,
         )
     )
 
@@ -324,6 +327,22 @@ async def set_power(request: web.Request) -> web.Response:
     default = limit_mw == info.power_default_mw and body.get("preset") is not None
     await f.controls.set_power(info, limit_mw, default=default, persist=persist)
     return ok(_power_status(f, info, requested=limit_mw, applied=True, persist=persist))
+
+
+@routes.post("/api/gpus/profile")
+@traylm_errors
+async def set_profile(request: web.Request) -> web.Response:
+    """{"name": "eco"}: apply an efficiency profile (engines.gpu.efficiency) to every GPU."""
+    f = _feature(request)
+    body = await json_body(request)
+    _check_keys(body, {"name"})
+    profiles = await asyncio.to_thread(efficiency.load_profiles)
+    name = body.get("name")
+    if not isinstance(name, str) or name not in profiles:
+        raise ConfigError(f"no efficiency profile {name!r}; profiles: {', '.join(profiles)}")
+    targets = efficiency.resolve(profiles[name], f.infos())
+    await f.controls.apply_profile(name, targets)
+    return ok({"profile": name, "gpus": [t.info.uuid for t in targets]})
 
 
 @routes.post("/api/gpus/{gpu}/power/reset")

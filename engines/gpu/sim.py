@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engines.errors import GPUError, GPULost, GPUPermissionDenied, GPUUnavailable
+from engines.errors import (
+    GPUError,
+    GPULost,
+    GPUNotSupported,
+    GPUPermissionDenied,
+    GPUUnavailable,
+)
 from engines.events.gpu import FanReading, GPUInfo, GPUProcess, GPUSnapshot, GPUState
 from engines.gpu.backend import find_info
 from engines.gpu.card_profile import CardProfile
@@ -67,6 +73,14 @@ DESKTOP = ((4_194_401, "Xorg", 612 * MIB), (4_194_402, "gnome-shell", 488 * MIB)
 (2^22), so that no real process on the machine running the simulator has them."""
 DESKTOP_BYTES = sum(held for _, _, held in DESKTOP)
 TIME_CONSTANT_S = 20.0
+SM_CLOCK_MIN_MHZ = 210
+SM_CLOCK_MAX_MHZ = 2520
+MEMORY_CLOCK_MIN_MHZ = 405
+MEMORY_CLOCK_MAX_MHZ = 10501
+SM_POWER_SHARE = 0.7
+"""Of the load-dependent power, the share that scales with the SM clock (as clock x voltage²,
+taken as clock²); the rest follows the memory clock. A made-up but monotone model: a lock
+lowers power, and decode (memory-bound) barely notices an SM lock."""
 SIM_FIELDS = frozenset(f.name for f in dataclasses.fields(GPUSnapshot)) - {
     "uuid",
     "index",
@@ -100,6 +114,8 @@ class SimFaults:
     force_temperature_c: float | None = None
     foreign_manual: frozenset[int] = frozenset()
     """Fans another program holds in manual mode (they read as manual)."""
+    clocks_not_supported: bool = False
+    """Clock locks answer NotSupported (a pre-Volta card, or a driver that refuses them)."""
 
 
 @dataclass
@@ -124,6 +140,8 @@ class _GPU:
     foreign: tuple[GPUProcess, ...] = ()
     """Processes of other programs holding memory (``hold_memory``): listed and counted."""
     load_set_by_hand: bool = False
+    clock_locks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Clock domain ("sm", "memory") → the locked (min, max) MHz."""
 
 
 def sim_uuid(index: int) -> str:
@@ -166,6 +184,7 @@ class SimulatedBackend:
         self.ambient_c = ambient_c
         self.unavailable = False
         self._state_path = state_path
+        self._locks_loaded = False
         self._lock = threading.RLock()
         self._last_s = clock()
         self.memory_total_bytes = card.memory_total_bytes if card else MEMORY_TOTAL_BYTES
@@ -245,7 +264,23 @@ class SimulatedBackend:
             raise GPUUnavailable(
                 "no NVIDIA GPU found: the simulated driver is switched off (fault injection)"
             )
+        self._load_clock_locks()
         return tuple(g.info for g in self._gpus.values())
+
+    def _load_clock_locks(self) -> None:
+        """Clock locks outlive the process that set them (the driver keeps them until a reset,
+        as on a real card): the first open takes those the last writer of ``state_path`` left."""
+        if self._state_path is None or self._locks_loaded:
+            return
+        self._locks_loaded = True
+        try:
+            state = json.loads(self._state_path.read_text())
+        except (OSError, ValueError):
+            return
+        for uuid, g in self._gpus.items():
+            found = state.get(uuid, {}).get("clock_locks", {}) if isinstance(state, dict) else {}
+            for domain, mhz in found.items():
+                g.clock_locks[domain] = (int(mhz[0]), int(mhz[1]))
 
     def infos(self) -> tuple[GPUInfo, ...]:
         return self.open()
@@ -290,6 +325,33 @@ class SimulatedBackend:
             g.power_limit_mw = int(limit_mw)
             self._record("power_limit", uuid, -1, int(limit_mw))
 
+    def lock_clocks(self, uuid: str, domain: str, min_mhz: int, max_mhz: int) -> None:
+        with self._lock:
+            self._advance()
+            g = self._writable(uuid)
+            if g.faults.clocks_not_supported:
+                raise GPUNotSupported(
+                    f"GPU {uuid} cannot lock its {domain} clock (simulated NotSupported); "
+                    "use a power limit instead"
+                )
+            low, high = _clock_range(domain)
+            if not low <= min_mhz <= max_mhz <= high:
+                raise GPUError(
+                    f"NVML lock of the {domain} clock on GPU {uuid} failed: Invalid Argument "
+                    f"({min_mhz}-{max_mhz} MHz is outside {low}-{high} MHz)"
+                )
+            g.clock_locks[domain] = (int(min_mhz), int(max_mhz))
+            self._record(f"lock_{domain}", uuid, min_mhz, max_mhz)
+
+    def reset_clocks(self, uuid: str, domain: str) -> None:
+        with self._lock:
+            self._advance()
+            g = self._writable(uuid)
+            if g.faults.clocks_not_supported:
+                raise GPUNotSupported(f"GPU {uuid} has no clock locks to reset (simulated)")
+            g.clock_locks.pop(domain, None)
+            self._record(f"reset_{domain}", uuid, -1, None)
+
     def close(self) -> None:
         pass
 
@@ -303,6 +365,7 @@ class SimulatedBackend:
                         for i, f in enumerate(g.fans)
                     ],
                     "power_limit_mw": g.power_limit_mw,
+                    "clock_locks": {d: list(r) for d, r in g.clock_locks.items()},
                 }
                 for uuid, g in self._gpus.items()
             }
@@ -320,7 +383,7 @@ class SimulatedBackend:
                 self._step(g, dt)
 
     def _step(self, g: _GPU, dt: float) -> None:
-        demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
+        demand_w = _demand_w(g)
         power_w = min(demand_w, g.power_limit_mw / 1000)
         if g.temperature_c >= SLOWDOWN_C:
             power_w *= 0.8
@@ -372,8 +435,14 @@ class SimulatedBackend:
         foreign_bytes = sum(p.used_memory_bytes or 0 for p in g.foreign)
         usable = self.memory_total_bytes - self.reserved_bytes
         used = min(usable, g.memory_used_bytes + foreign_bytes)
-        sm_clock = 210 + round(
-            g.load * 2310 * (0.85 if "software thermal slowdown" in reasons else 1)
+        sm_clock = min(
+            _sm_clock_mhz(g),
+            SM_CLOCK_MIN_MHZ
+            + round(
+                g.load
+                * (SM_CLOCK_MAX_MHZ - SM_CLOCK_MIN_MHZ)
+                * (0.85 if "software thermal slowdown" in reasons else 1)
+            ),
         )
         values: dict[str, Any] = {
             "temperature_c": round(temperature),
@@ -383,7 +452,7 @@ class SimulatedBackend:
             "energy_mj": round(g.energy_mj),
             "fans": fans,
             "sm_clock_mhz": sm_clock,
-            "memory_clock_mhz": 10501 if g.load > 0.02 else 405,
+            "memory_clock_mhz": _memory_clock_mhz(g) if g.load > 0.02 else MEMORY_CLOCK_MIN_MHZ,
             "utilization_gpu_pct": round(g.load * 100),
             "utilization_memory_pct": round(g.load * 60),
             "memory_used_bytes": used,
@@ -444,7 +513,7 @@ class SimulatedBackend:
 def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
     """Clock-event reasons the way NVML words them (see backend.CLOCK_EVENT_REASONS)."""
     reasons = []
-    demand_w = IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W)
+    demand_w = _demand_w(g)
     if g.load < 0.02:
         reasons.append("idle")
     if demand_w > g.power_limit_mw / 1000:
@@ -452,6 +521,39 @@ def _reasons(g: _GPU, temperature_c: float) -> tuple[str, ...]:
     if temperature_c >= SLOWDOWN_C:
         reasons.append("software thermal slowdown")
     return tuple(reasons)
+
+
+def _clock_range(domain: str) -> tuple[int, int]:
+    if domain == "sm":
+        return SM_CLOCK_MIN_MHZ, SM_CLOCK_MAX_MHZ
+    return MEMORY_CLOCK_MIN_MHZ, MEMORY_CLOCK_MAX_MHZ
+
+
+def _sm_clock_mhz(g: _GPU) -> int:
+    """The highest SM clock the card may run at now: the lock's top, else the boost clock."""
+    return g.clock_locks.get("sm", (0, SM_CLOCK_MAX_MHZ))[1]
+
+
+def _memory_clock_mhz(g: _GPU) -> int:
+    return g.clock_locks.get("memory", (0, MEMORY_CLOCK_MAX_MHZ))[1]
+
+
+def _demand_w(g: _GPU) -> float:
+    """What the load draws at the clocks allowed (before the power limit)."""
+    sm = _sm_clock_mhz(g) / SM_CLOCK_MAX_MHZ
+    memory = _memory_clock_mhz(g) / MEMORY_CLOCK_MAX_MHZ
+    scale = SM_POWER_SHARE * sm * sm + (1 - SM_POWER_SHARE) * memory
+    return IDLE_W + g.load * (DEFAULT_LIMIT_MW / 1000 - IDLE_W) * scale
+
+
+def throughput_share(g_locks: dict[str, tuple[int, int]], *, phase: str) -> float:
+    """The share of full speed a simulated engine gets under ``g_locks``: decode follows the
+    memory clock (bandwidth) and barely the SM clock; prefill follows the SM clock."""
+    sm = g_locks.get("sm", (0, SM_CLOCK_MAX_MHZ))[1] / SM_CLOCK_MAX_MHZ
+    memory = g_locks.get("memory", (0, MEMORY_CLOCK_MAX_MHZ))[1] / MEMORY_CLOCK_MAX_MHZ
+    if phase == "prefill":
+        return min(1.0, sm) * (0.9 + 0.1 * memory)
+    return min(1.0, memory) * (0.95 + 0.05 * min(1.0, sm))
 
 
 def _sim_info(index: int, driver: str = DEFAULT_DRIVER, card: CardProfile | None = None) -> GPUInfo:
@@ -475,4 +577,8 @@ def _sim_info(index: int, driver: str = DEFAULT_DRIVER, card: CardProfile | None
         fan_max_pct=FAN_MAX_PCT,
         pcie_generation_max=4,
         pcie_width_max=16,
+        sm_clock_min_mhz=SM_CLOCK_MIN_MHZ,
+        sm_clock_max_mhz=SM_CLOCK_MAX_MHZ,
+        memory_clock_min_mhz=MEMORY_CLOCK_MIN_MHZ,
+        memory_clock_max_mhz=MEMORY_CLOCK_MAX_MHZ,
     )

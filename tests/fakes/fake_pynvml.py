@@ -76,4 +76,8 @@ def fake_pynvml(count: int = 1) -> Any:
         pynvml.NVML_PCIE_UTIL_TX_BYTES: 1000,
         pynvml.NVML_PCIE_UTIL_RX_BYTES: 2000,
     }[c]
+    m.nvmlDeviceGetSupportedMemoryClocks.return_value = [10501, 10251, 5001, 810, 405]
+    m.nvmlDeviceGetSupportedGraphicsClocks.side_effect = lambda h, mem: (
+        list(range(3105, 209, -15)) if mem == 10501 else [405, 210]
+    )
     return m

@@ -138,6 +138,22 @@ async def test_power_limits_through_the_api(sim_daemon: RunningDaemon) -> None:
     await until(lambda: feature(sim_daemon).sampler.latest[1].power_limit_mw == 450_000)
 
 
+async def test_efficiency_profile_through_the_api(sim_daemon: RunningDaemon) -> None:
+    c = sim_daemon.client
+    with pytest.raises(
+        ControlAPIError, match="no efficiency profile .turbo.; profiles: quiet, eco, max"
+    ):
+        await c.set_efficiency_profile("turbo")
+    assert len(await c.set_efficiency_profile("eco")) == 2
+    await until(lambda: feature(sim_daemon).sampler.latest[1].power_limit_mw == 337_500)
+    overview = await c.gpus()
+    assert overview.profile == "eco"
+    assert {(k.domain, k.max_mhz) for k in overview.helper.clocks} == {("sm", 1890)}
+    assert len(await c.set_efficiency_profile("max")) == 2
+    await until(lambda: feature(sim_daemon).sampler.latest[1].power_limit_mw == 450_000)
+    assert (await c.gpus()).helper.clocks == ()
+
+
 async def test_guard_thresholds_get_and_put(sim_daemon: RunningDaemon) -> None:
     c = sim_daemon.client
     g = await c.guard()

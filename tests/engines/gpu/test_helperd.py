@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import grp
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from engines.errors import HelperRefused
 from engines.gpu.helper_core import HelperCore
 from engines.gpu.helperd import HelperServer
 from engines.gpu.protocol import OPS, ProtocolError, parse_request
@@ -316,3 +318,150 @@ async def test_restore_all_command(tmp_path: Path) -> None:
     assert proc.returncode == 0 and b"fans automatic" in out
     state = json.loads((tmp_path / "s.json").read_text())
     assert len(state) == 2  # every fan of every GPU was handed back, not only touched ones
+
+
+# --------------------------------------------------------------------------- clock locks
+
+
+def locks(helper: Helper, gpu: str) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = helper.control()[gpu]["clock_locks"]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"clock": "core", "min_mhz": 210, "max_mhz": 900}, "clock must be one of sm, memory"),
+        ({"clock": "sm", "min_mhz": 210}, "needs max_mhz"),
+        ({"clock": "sm", "min_mhz": 210, "max_mhz": 1.5e3}, "whole number of MHz"),
+        ({"clock": "sm", "min_mhz": 210, "max_mhz": 9000}, "outside the sm clocks"),
+    ],
+)
+async def test_bad_clock_locks_are_refused(
+    helper: Helper, fields: dict[str, Any], expected: str
+) -> None:
+    c = await connect(helper)
+    answer = await c.ask("apply_clocks", gpu=GPU0, **fields)
+    assert not answer["ok"] and expected in answer["message"]
+    assert (await c.ask("status"))["result"]["clocks"] == []
+    c.close()
+
+
+async def test_sigterm_unlocks_clocks(helper: Helper) -> None:
+    c = await connect(helper)
+    answer = await c.ask(
+        "apply_clocks", gpu=GPU0, clock="sm", min_mhz=210, max_mhz=1500, persist=True
+    )
+    assert answer["ok"], answer
+    answer = await c.ask(
+        "apply_clocks", gpu=GPU1, clock="memory", min_mhz=405, max_mhz=5001, persist=True
+    )
+    assert answer["ok"], answer
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}
+    assert [x["domain"] for x in (await c.ask("status"))["result"]["clocks"]] == ["sm", "memory"]
+    helper.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(helper.proc.wait(), 10) == 0
+    assert locks(helper, GPU0) == {} and locks(helper, GPU1) == {}
+    saved = json.loads((helper.state_dir / "state.json").read_text())
+    assert [i["kind"] for i in saved["items"]] == ["clock", "clock"]  # re-applied at next start
+    c.close()
+
+
+async def test_client_vanishing_unlocks_its_clocks(helper: Helper) -> None:
+    """The daemon holds its locks as leases: when it dies, they go."""
+    c = await connect(helper)
+    assert (await c.ask("apply_clocks", gpu=GPU1, clock="sm", min_mhz=210, max_mhz=1200))["ok"]
+    assert locks(helper, GPU1) == {"sm": [210, 1200]}
+    c.writer.transport.abort()
+    await wait_until(lambda: locks(helper, GPU1) == {})
+    assert helper.proc.returncode is None
+
+
+async def test_helper_killed_then_the_stop_hook_unlocks(helper: Helper) -> None:
+    c = await connect(helper)
+    assert (await c.ask("apply_clocks", gpu=GPU0, clock="sm", min_mhz=210, max_mhz=1500))["ok"]
+    helper.proc.kill()  # a crash: no restore of its own
+    await helper.proc.wait()
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}  # the card keeps the lock
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engines.gpu.helperd",
+        "--restore-all",
+        "--backend",
+        "sim:2",
+        "--sim-state",
+        str(helper.sim_state),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0 and b"clocks unlocked" in out
+    assert locks(helper, GPU0) == {}
+    c.close()
+
+
+async def test_daemon_controls_lock_and_the_gpus_table_shows_it(helper: Helper) -> None:
+    from engines.events.codec import Event
+    from engines.events.gpu import ClockControl, GPUEntry, GPUOverview, GPUState
+    from engines.gpu.cli import render_overview
+    from engines.gpu.controls import GPUControls
+    from engines.gpu.helper_client import HelperClient
+
+    client = HelperClient(helper.socket)
+    events: list[Event] = []
+    controls = GPUControls(require_helper=lambda: client, publish=events.append, simulated=True)
+    info = SimulatedBackend(2).open()[0]
+    await controls.lock_clocks(info, "sm", 210, 1500, persist=False)
+    assert client.status.clocks == (
+        ClockControl(uuid=GPU0, domain="sm", min_mhz=210, max_mhz=1500),
+    )
+    overview = GPUOverview(
+        backend="simulated",
+        simulated=True,
+        state=GPUState.OK,
+        gpus=(GPUEntry(info=info),),
+        helper=client.status,
+    )
+    assert "clock lock: GPU 0 sm 210-1500 MHz" in render_overview(overview)
+    assert locks(helper, GPU0) == {"sm": [210, 1500]}
+    assert await controls.reset_clocks("all") == [GPU0, GPU1]
+    assert client.status.clocks == () and locks(helper, GPU0) == {}
+    assert [getattr(e, "what", None) for e in events] == [
+        "clock_lock",
+        "clock_reset",
+        "clock_reset",
+    ]
+    await client.stop()
+
+
+async def test_profiles_apply_in_order_and_a_refusal_leaves_defaults(helper: Helper) -> None:
+    from engines.events.codec import Event
+    from engines.gpu.controls import GPUControls
+    from engines.gpu.efficiency import BUILTIN, resolve
+    from engines.gpu.helper_client import HelperClient
+
+    client = HelperClient(helper.socket)
+    events: list[Event] = []
+    controls = GPUControls(require_helper=lambda: client, publish=events.append, simulated=True)
+    infos = SimulatedBackend(2).open()
+    quiet, maximum = resolve(BUILTIN["quiet"], infos), resolve(BUILTIN["max"], infos)
+    await asyncio.gather(  # two profiles in quick succession: one after the other
+        controls.apply_profile("quiet", quiet), controls.apply_profile("max", maximum)
+    )
+    assert controls.profile == "max"
+    state = helper.control()
+    assert state[GPU0]["clock_locks"] == {} and state[GPU0]["power_limit_mw"] == 450_000
+    await controls.apply_profile("quiet", quiet)
+    state = helper.control()
+    assert state[GPU1]["clock_locks"] == {"sm": [210, 1512]}
+    assert state[GPU1]["power_limit_mw"] == 270_000
+    # the quiet curve holds the fans (a cool card is left to the firmware below its first point)
+    assert {f.mode for f in client.status.fans if f.uuid == GPU1} == {"curve"}
+    bad = (dataclasses.replace(quiet[0], sm_lock_mhz=(210, 9000)),)  # the helper refuses it
+    with pytest.raises(HelperRefused, match="outside the sm clocks"):
+        await controls.apply_profile("broken", bad)
+    g0 = helper.control()[GPU0]  # handed back to the defaults: a known state
+    assert g0["clock_locks"] == {} and g0["power_limit_mw"] == 450_000
+    assert not any(f["manual"] for f in g0["fans"]) and controls.profile is None
+    assert {f.mode for f in client.status.fans if f.uuid == GPU0} == {"auto"}
+    await client.stop()

@@ -385,3 +385,46 @@ def test_a_card_that_refuses_v2_memory_falls_back_to_v1_and_says_so(
     assert s.memory_reserved_bytes is None
     said = [r.getMessage() for r in caplog.records if "v2 memory" in r.getMessage()]
     assert len(said) == 1 and "reading v1" in said[0]
+
+
+def test_clock_ranges_come_from_the_supported_clocks(lib: Any) -> None:
+    (info,) = NVMLBackend(lib).open()
+    assert (info.sm_clock_min_mhz, info.sm_clock_max_mhz) == (210, 3105)
+    assert (info.memory_clock_min_mhz, info.memory_clock_max_mhz) == (405, 10501)
+    lib.nvmlDeviceGetSupportedGraphicsClocks.assert_called_with(HANDLE, 10501)
+
+
+def test_no_supported_clocks_means_no_range(lib: Any) -> None:
+    lib.nvmlDeviceGetSupportedMemoryClocks.side_effect = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    (info,) = NVMLBackend(lib).open()
+    assert info.sm_clock_max_mhz is None and info.memory_clock_max_mhz is None
+
+
+def test_clock_locks_and_resets_call_the_real_signatures(lib: Any) -> None:
+    backend = NVMLBackend(lib)
+    backend.lock_clocks(UUID, "sm", 210, 1800)
+    lib.nvmlDeviceSetGpuLockedClocks.assert_called_once_with(HANDLE, 210, 1800)
+    backend.lock_clocks(UUID, "memory", 405, 5001)
+    lib.nvmlDeviceSetMemoryLockedClocks.assert_called_once_with(HANDLE, 405, 5001)
+    backend.reset_clocks(UUID, "sm")
+    lib.nvmlDeviceResetGpuLockedClocks.assert_called_once_with(HANDLE)
+    backend.reset_clocks(UUID, "memory")
+    lib.nvmlDeviceResetMemoryLockedClocks.assert_called_once_with(HANDLE)
+
+
+def test_autospec_refuses_a_lock_with_the_wrong_arguments(lib: Any) -> None:
+    with pytest.raises(TypeError):  # the fake really carries pynvml's signature
+        lib.nvmlDeviceSetGpuLockedClocks(HANDLE, 1800)
+
+
+def test_clock_lock_refusals_say_which_and_what_to_do(lib: Any) -> None:
+    backend = NVMLBackend(lib)
+    lib.nvmlDeviceSetGpuLockedClocks.side_effect = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    with pytest.raises(GPUNotSupported, match="cannot lock its sm clock.*Volta.*power limit"):
+        backend.lock_clocks(UUID, "sm", 210, 1800)
+    lib.nvmlDeviceSetMemoryLockedClocks.side_effect = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    with pytest.raises(GPUPermissionDenied, match="memory clock.*needs root.*traylm-gpud"):
+        backend.lock_clocks(UUID, "memory", 405, 5001)
+    lib.nvmlDeviceResetGpuLockedClocks.side_effect = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(GPUError):  # a failed reset is reported, never swallowed
+        backend.reset_clocks(UUID, "sm")
