@@ -53,6 +53,8 @@ MAX_RETURN_S = 600.0
 FLAP_WINDOW_S = 120.0
 """Room made again on a card this soon after its models came back doubles its return time."""
 SOURCE = "ondemand.room"
+FRESH_S = 30.0
+"""A program this new still claims its card when the free memory falls under the margin."""
 
 Freeing = Callable[[int], tuple[list[Eviction], list[Resident]]]
 """GPU (CUDA index) → the evictions that free it, and the models left on it (Placer.freeing)."""
@@ -83,6 +85,9 @@ class _Card:
     """Programs already told that the models stay (said once)."""
     return_s: float = 0.0
     back_at_s: float | None = None
+    low: bool = False
+    """The card had less than the margin free at the last sample."""
+    first_seen_s: dict[int, float] = field(default_factory=dict)
 
 
 class RoomMaker:
@@ -161,9 +166,17 @@ class RoomMaker:
         for pid in set(card.waiting) - set(present):
             card.waiting.pop(pid)
         card.told &= set(present)
+        fell, card.low = low and not card.low, low
+        for pid in present:
+            card.first_seen_s.setdefault(pid, now_s)
+        for pid in set(card.first_seen_s) - set(present):
+            card.first_seen_s.pop(pid)
         if seen is not None and e.make_room:
             for p in present.values():
                 grew = p.pid not in seen or (p.used_memory_bytes or 0) > seen[p.pid]
+                # free memory fell under the margin just after it appeared (its memory was
+                # read before the engine's, or the engine grew into what it left)
+                grew = grew or (fell and now_s - card.first_seen_s[p.pid] < FRESH_S)
                 always = p.pid not in seen and _named(p.name, e.make_room_always)
                 if always or (grew and low):
                     card.waiting[p.pid] = p
