@@ -1,4 +1,5 @@
-"""GPUs: telemetry, history, fans, power limits, the thermal guard (engines/gpu/routes.py)."""
+"""GPUs: telemetry, history, fans, power limits, the thermal guard, the programs of simulated
+GPUs (engines/gpu/routes.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engines.events.gpu import (
     GPUPresets,
     GuardStatus,
     PowerLimitStatus,
+    SimulatedProgram,
 )
 
 if TYPE_CHECKING:
@@ -108,3 +110,19 @@ class GPUCalls(ClientBase):
         params = {"dry_run": "1"} if dry_run else None
         data = await self._call("PUT", "/api/gpus/guard", json_body=changes, params=params)
         return from_plain(GuardStatus, data)
+
+    async def sim_programs(self, gpu: str) -> list[SimulatedProgram]:
+        """The other programs on a simulated GPU (409 ``not_simulated`` on real ones)."""
+        data = await self._call("GET", api_path("/api/gpus/{}/programs", gpu))
+        return [from_plain(SimulatedProgram, p) for p in data]
+
+    async def start_sim_program(self, gpu: str, name: str, memory_gib: float) -> SimulatedProgram:
+        """A simulated program appears on ``gpu`` and asks for ``memory_gib``."""
+        body: JSON = {"name": name, "memory_gib": memory_gib}
+        data = await self._call("POST", api_path("/api/gpus/{}/programs", gpu), json_body=body)
+        return from_plain(SimulatedProgram, data)
+
+    async def stop_sim_program(self, gpu: str, program: str) -> list[int]:
+        """The simulated programs with that pid or name on ``gpu`` exit; their pids."""
+        data = await self._call("DELETE", api_path("/api/gpus/{}/programs/{}", gpu, program))
+        return [int(p) for p in data["stopped"]]

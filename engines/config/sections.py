@@ -186,6 +186,36 @@ class EngineSettings:
         "A profile's idle_ttl_s and a request's keep_alive override it.",
         min=0,
     )
+    make_room: bool = setting(
+        True,
+        "When another program (a game, Blender) takes memory on a GPU that holds an idle model "
+        "and leaves less than make_room_margin_gib free, free that card: the model sleeps "
+        "(vLLM sleep mode) or unloads, and comes back once the program exits. A model with "
+        "requests running, or pinned (`traylm load --pin`), is never touched.",
+    )
+    make_room_margin_gib: float = setting(
+        1.0,
+        "Room is made when another program takes memory and the card has less than this free.",
+        min=0,
+        max=64,
+    )
+    make_room_ignore: tuple[str, ...] = setting(
+        ("Xorg", "Xwayland", "gnome-shell", "kwin_wayland", "kwin_x11", "plasmashell", "sway"),
+        "Programs never made room for (process names; shell-style patterns such as "
+        "'steam*'): the desktop's own by default.",
+    )
+    make_room_always: tuple[str, ...] = setting(
+        (),
+        "Programs always made room for as soon as they appear, however much the card has free "
+        "(process names or patterns, e.g. 'blender').",
+    )
+    make_room_return_s: float = setting(
+        10.0,
+        "How long a program made room for must be gone before its card's models come back "
+        "(doubled each time it comes back soon after, up to 10 minutes: no sleep-wake flapping).",
+        min=1,
+        max=3600,
+    )
 
 
 @dataclass(frozen=True)

@@ -384,3 +384,19 @@ class GPUEnergyUpdated(Event):
     kind: ClassVar[str] = "gpu.energy"
     energy: EngineEnergy
     psu: PSUStatus | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedProgram:
+    """Another program on a simulated GPU (`traylm gpus program start`): a stand-in for a
+    game or Blender that asks for memory and holds what the card has free."""
+
+    gpu_index: int
+    uuid: str
+    pid: int
+    name: str
+    wanted_bytes: int
+    """What it asked for."""
+    held_bytes: int
+    """What it holds now (less than ``wanted_bytes`` while the card has no more free)."""
+    simulated: bool = True

@@ -180,7 +180,8 @@ class ModelStateChanged(Event):
     state: str
     gpus: tuple[int, ...] = ()
     reason: str = ""
-    """asked | request | idle | keep_alive | evicted | failed | crashed | attached"""
+    """asked | request | idle | keep_alive | evicted | room | failed | crashed | attached
+    (room: asleep or unloaded to make room for another program, engines/ondemand/room_maker.py)"""
     detail: str = ""
 
 
@@ -200,3 +201,33 @@ class ModelLoading(Event):
 class AttachedChanged(Event):
     kind: ClassVar[str] = "attached.state"
     server: AttachedServer
+
+
+@dataclasses.dataclass(frozen=True)
+class FreedModel:
+    """A model put to sleep or unloaded to make room for another program."""
+
+    name: str
+    engine_id: str
+    action: str  # sleep | stop
+    frees_bytes: int
+    """Per GPU."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoomMade(Event):
+    """Another program needed memory on a GPU (engines/ondemand/room_maker.py).
+
+    ``phase``: ``made`` (its idle models sleep or unloaded), ``kept`` (the models there answer
+    requests or are pinned: none was touched), ``back`` (the program exited, the models are
+    back), ``failed`` (a model could not be freed or brought back; it comes back on its next
+    request). ``message`` is the sentence the tray shows."""
+
+    kind: ClassVar[str] = "model.room"
+    gpu: int
+    """CUDA index, as profiles name GPUs."""
+    program: str
+    pid: int
+    phase: str
+    models: tuple[FreedModel, ...] = ()
+    message: str = ""

@@ -3,6 +3,8 @@
     traylm gpus [--json]                  one table (reads NVML directly when no daemon runs)
     traylm gpus watch                     live, refreshing
     traylm gpus record FILE [--seconds]   a JSONL trace from NVML (or --simulate N)
+    traylm gpus program start GPU NAME --gib N | stop GPU PID|NAME | list GPU
+                                          simulated GPUs: another program appears, exits
     traylm fans [--gpu G] | fans presets | fans set PRESET|FILE.toml [--gpu] [--fan] | fans auto
     traylm power [--gpu G] | power set WATTS|PRESET [--gpu] | power reset [--gpu]
     traylm guard | guard set KEY=VALUE ...
@@ -33,6 +35,7 @@ from engines.events.gpu import (
     GPUSnapshot,
     GPUState,
     HelperStatus,
+    SimulatedProgram,
 )
 
 
@@ -51,6 +54,22 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     s.add_argument("--simulate", type=int, metavar="N", help="record N simulated GPUs instead")
     s.set_defaults(func=cmd_gpus_record)
+    s = gsub.add_parser(
+        "program", help="simulated GPUs: another program (a game, Blender) takes memory, exits"
+    )
+    psub = s.add_subparsers(title="program commands", metavar="ACTION", required=True)
+    s = psub.add_parser("start", help="a simulated program appears and asks for memory")
+    s.add_argument("gpu", help="GPU index or UUID")
+    s.add_argument("name", help="its process name, e.g. blender")
+    s.add_argument("--gib", type=float, required=True, help="GiB it asks for")
+    s.set_defaults(func=cmd_program_start)
+    s = psub.add_parser("stop", help="a simulated program exits")
+    s.add_argument("gpu", help="GPU index or UUID")
+    s.add_argument("program", help="its pid or name")
+    s.set_defaults(func=cmd_program_stop)
+    s = psub.add_parser("list", help="the other programs on a simulated GPU")
+    s.add_argument("gpu", help="GPU index or UUID")
+    s.set_defaults(func=cmd_program_list)
 
     f = sub.add_parser("fans", help="fan curves (through traylm-gpud)")
     f.add_argument("--gpu", help="GPU index or UUID (default: all)")
@@ -381,6 +400,36 @@ async def cmd_fans_auto(args: argparse.Namespace) -> int:
     async with await DaemonClient.connect(plain_calls=True) as c:
         gpus = await c.restore_fans(args.gpu)
         print(f"fans under firmware control on {len(gpus)} GPU(s)")
+    return 0
+
+
+# --------------------------------------------------------------------------- simulated programs
+
+
+def _program_line(p: SimulatedProgram) -> str:
+    held = f"holds {p.held_bytes / 2**30:.1f} GiB"
+    if p.held_bytes < p.wanted_bytes:
+        held += f" of the {p.wanted_bytes / 2**30:.1f} GiB it asked for (waiting for memory)"
+    return f"GPU {p.gpu_index}: {p.name} (pid {p.pid}, simulated) {held}"
+
+
+async def cmd_program_start(args: argparse.Namespace) -> int:
+    async with await DaemonClient.connect(plain_calls=True) as c:
+        print(_program_line(await c.start_sim_program(args.gpu, args.name, args.gib)))
+    return 0
+
+
+async def cmd_program_stop(args: argparse.Namespace) -> int:
+    async with await DaemonClient.connect(plain_calls=True) as c:
+        pids = await c.stop_sim_program(args.gpu, args.program)
+    print(f"GPU {args.gpu}: {args.program} exited (pid {', '.join(map(str, pids))}, simulated)")
+    return 0
+
+
+async def cmd_program_list(args: argparse.Namespace) -> int:
+    async with await DaemonClient.connect(plain_calls=True) as c:
+        for p in await c.sim_programs(args.gpu):
+            print(_program_line(p))
     return 0
 
 

@@ -15,6 +15,10 @@
                                             optional "persist": true → PowerLimitStatus
     POST /api/gpus/{gpu}/power/reset        default power limit ({gpu} may be "all")
     POST /api/gpus/profile                  {"name": "eco"}: an efficiency profile on every GPU
+    GET  /api/gpus/{gpu}/programs           simulated GPUs: the other programs on it
+    POST /api/gpus/{gpu}/programs           simulated GPUs: {"name": "blender", "memory_gib": 12}
+                                            → SimulatedProgram (201); real GPUs: 409
+    DELETE /api/gpus/{gpu}/programs/{program}   simulated GPUs: it exits (pid or name)
 
 ``{gpu}`` is a UUID or an NVML index. Writes go through traylm-gpud; without it they answer 409
 ``helper_unavailable`` with the install steps, and dry runs still validate.
@@ -41,7 +45,7 @@ from engines.events.gpu import (
     GuardStatus,
     PowerLimitStatus,
 )
-from engines.gpu import efficiency
+from engines.gpu import efficiency, sim_programs
 from engines.gpu import fans as fan_curves
 from engines.gpu import power as power_presets
 from engines.gpu.backend import find_info
@@ -352,3 +356,31 @@ async def power_reset(request: web.Request) -> web.Response:
     gpu = request.match_info["gpu"]
     target = "all" if gpu == "all" else _info(f, gpu).uuid
     return ok({"gpus": await f.controls.reset_power(target)})
+
+
+# --------------------------------------------------------------------------- simulated programs
+
+
+@routes.get("/api/gpus/{gpu}/programs")
+@traylm_errors
+async def programs(request: web.Request) -> web.Response:
+    f = _feature(request)
+    return ok(sim_programs.listing(f.backend, f.infos(), request.match_info["gpu"]))
+
+
+@routes.post("/api/gpus/{gpu}/programs")
+@traylm_errors
+async def start_program(request: web.Request) -> web.Response:
+    f = _feature(request)
+    sim_programs.simulator(f.backend)  # before the body: real GPUs answer 409 whatever it says
+    body = await json_body(request)
+    program = sim_programs.start(f.backend, f.infos(), request.match_info["gpu"], body)
+    return ok(program, status=201)
+
+
+@routes.delete("/api/gpus/{gpu}/programs/{program}")
+@traylm_errors
+async def stop_program(request: web.Request) -> web.Response:
+    f = _feature(request)
+    gpu, which = request.match_info["gpu"], request.match_info["program"]
+    return ok({"stopped": sim_programs.stop(f.backend, f.infos(), gpu, which)})

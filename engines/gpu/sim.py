@@ -21,6 +21,12 @@ shows ``IDLE_USED_BYTES`` used, and GPU 0 drives the desktop: Xorg and gnome-she
 like any other program (``release_memory`` takes them off). ``desktop=False`` and
 ``reserved_bytes=0`` give the kind card of a headless box with a driver that reserves nothing.
 
+Other programs (``hold_memory``, ``start_program``: a game, Blender) get the memory they ask
+for only as far as the card has it free, as cudaMalloc would: one that starts on a full card
+holds what is left and takes the rest as the memory frees (an engine asleep or stopped), the
+way a program that retries its allocations does. A simulated program's process list entry
+shows what it holds, not what it asked for.
+
 Faults (``inject``): unsupported fields, writes refused (NoPermission), a lost GPU, a stuck fan,
 a forced temperature reading, a fan held in manual mode by another program, and the whole driver
 missing.
@@ -139,9 +145,15 @@ class _GPU:
     processes: tuple[GPUProcess, ...] = ()
     foreign: tuple[GPUProcess, ...] = ()
     """Processes of other programs holding memory (``hold_memory``): listed and counted."""
+    wanted: dict[int, int] = field(default_factory=dict)
+    """pid → the bytes each other program asked for (it holds them once they are free)."""
     load_set_by_hand: bool = False
     clock_locks: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Clock domain ("sm", "memory") → the locked (min, max) MHz."""
+
+
+PROGRAM_PID_BASE = 4_194_500
+"""The first pid ``start_program`` gives (above Linux's largest, like the desktop's)."""
 
 
 def sim_uuid(index: int) -> str:
@@ -202,6 +214,8 @@ class SimulatedBackend:
                 GPUProcess(pid=pid, used_memory_bytes=held, name=name)
                 for pid, name, held in DESKTOP
             )
+            first.wanted = {pid: held for pid, _, held in DESKTOP}
+        self._next_pid = PROGRAM_PID_BASE
         self.writes: list[tuple[str, str, int, int | None]] = []
         """Every accepted write: (op, uuid, fan or -1, value): tests read the control history."""
 
@@ -233,17 +247,36 @@ class SimulatedBackend:
 
     def hold_memory(self, gpu: str, *, pid: int, used_memory_bytes: int, name: str) -> None:
         """Simulate another program (a desktop session, a game, a second inference server)
-        holding memory on a GPU: it shows in the process list and in the memory used."""
+        asking for memory on a GPU: it shows in the process list and in the memory used, with
+        as much of ``used_memory_bytes`` as the card has free (the rest as it frees)."""
         with self._lock:
             g = self._gpu(gpu)
             others = tuple(p for p in g.foreign if p.pid != pid)
-            held = GPUProcess(pid=pid, used_memory_bytes=used_memory_bytes, name=name)
-            g.foreign = (*others, held)
+            g.foreign = (*others, GPUProcess(pid=pid, used_memory_bytes=0, name=name))
+            g.wanted[pid] = used_memory_bytes
+            self._settle(g)
 
     def release_memory(self, gpu: str, pid: int) -> None:
         with self._lock:
             g = self._gpu(gpu)
             g.foreign = tuple(p for p in g.foreign if p.pid != pid)
+            g.wanted.pop(pid, None)
+
+    def start_program(self, gpu: str, *, name: str, used_memory_bytes: int) -> GPUProcess:
+        """A simulated program appears on ``gpu`` and asks for ``used_memory_bytes``; returns
+        its process as listed now (its pid is new)."""
+        with self._lock:
+            pid = self._next_pid
+            self._next_pid += 1
+            self.hold_memory(gpu, pid=pid, used_memory_bytes=used_memory_bytes, name=name)
+            return next(p for p in self._gpu(gpu).foreign if p.pid == pid)
+
+    def programs(self, gpu: str) -> list[tuple[GPUProcess, int]]:
+        """The other programs on ``gpu``: each as listed now, with the bytes it asked for."""
+        with self._lock:
+            g = self._gpu(gpu)
+            self._settle(g)
+            return [(p, g.wanted.get(p.pid, p.used_memory_bytes or 0)) for p in g.foreign]
 
     def inject(self, gpu: str, **faults: Any) -> None:
         """Set fault fields of ``SimFaults`` on one GPU (e.g. ``lost=True``)."""
@@ -432,6 +465,7 @@ class SimulatedBackend:
             )
             for i, f in enumerate(g.fans)
         )
+        self._settle(g)
         foreign_bytes = sum(p.used_memory_bytes or 0 for p in g.foreign)
         usable = self.memory_total_bytes - self.reserved_bytes
         used = min(usable, g.memory_used_bytes + foreign_bytes)
@@ -479,6 +513,19 @@ class SimulatedBackend:
         )
 
     # ----------------------------------------------------------------- helpers
+
+    def _settle(self, g: _GPU) -> None:
+        """Each other program takes what it asked for as far as the card has it free, in the
+        order they started; what one holds it keeps (called under the lock)."""
+        usable = self.memory_total_bytes - self.reserved_bytes
+        free = usable - g.memory_used_bytes - sum(p.used_memory_bytes or 0 for p in g.foreign)
+        settled = []
+        for p in g.foreign:
+            held = p.used_memory_bytes or 0
+            more = max(0, min(g.wanted.get(p.pid, held) - held, free))
+            free -= more
+            settled.append(dataclasses.replace(p, used_memory_bytes=held + more) if more else p)
+        g.foreign = tuple(settled)
 
     def _gpu(self, gpu: str) -> _GPU:
         return self._gpus[find_info([g.info for g in self._gpus.values()], gpu).uuid]

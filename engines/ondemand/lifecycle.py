@@ -329,9 +329,10 @@ class Lifecycle:
             await self.evict(eviction)
         return room.copies(time.monotonic())
 
-    async def evict(self, eviction: Eviction) -> None:
+    async def evict(self, eviction: Eviction, reason: str = "evicted") -> None:
         """Free memory as planned (called under ``lock``). A request that arrived since the
-        plan keeps its model: the load then answers 503 with Retry-After."""
+        plan keeps its model: the load then answers 503 with Retry-After. ``reason``: what
+        the model's ``model.state`` event says (``room``: made room for another program)."""
         engine = self._engines.get(eviction.engine_id)
         if engine is None:
             return
@@ -348,9 +349,9 @@ class Lifecycle:
         name = res.name if res else engine.engine_id
         if eviction.action == "sleep":
             await engine.sleep()
-            self._unloaded(name, engine, "evicted", status=ModelStatus.UNLOADED)
+            self._unloaded(name, engine, reason, status=ModelStatus.UNLOADED)
             return
-        await self._stop(engine, "evicted")
+        await self._stop(engine, reason)
 
     async def _stop(self, engine: ManagedEngine, reason: str) -> None:
         """Stop an engine that serves nothing now (called under ``lock``)."""

@@ -19,7 +19,7 @@ from engines.errors import ConfigError, ModelUnavailable
 from engines.events.core import EngineState
 from engines.events.gpu import GPUInfo, GPUSnapshot
 from engines.events.hub import FitResult
-from engines.events.models import Placement
+from engines.events.models import Eviction, Placement
 from engines.gpu.backend import cuda_order
 from engines.hub import fit
 from engines.ondemand import occupancy
@@ -27,6 +27,7 @@ from engines.ondemand.catalog import Entry
 from engines.ondemand.lifecycle import Engines, Flight, Lifecycle, Residency
 from engines.ondemand.occupancy import Activity, Booking, Room
 from engines.ondemand.planner import (
+    HOST_RAM_MARGIN_BYTES,
     Card,
     Request,
     Resident,
@@ -194,6 +195,27 @@ class Placer:
             {k for k, r in self._lifecycle.residency.items() if r.pinned},
             self._host_bytes,
         )
+
+    def freeing(self, index: int) -> tuple[list[Eviction], list[Resident]]:
+        """What frees GPU ``index`` (CUDA) for another program: each idle model on it asleep
+        (sleep mode, where host RAM takes its weights) or stopped; and the models left on it
+        (busy, pinned, loading or being unloaded). Nothing is changed."""
+        residents = self._residents(self._cards(), None)
+        host_left = self.host_free_bytes() - HOST_RAM_MARGIN_BYTES
+        moving = self._lifecycle.draining | set(self._lifecycle.flights)
+        freed: list[Eviction] = []
+        kept: list[Resident] = []
+        for r in residents:
+            if index not in r.gpus or r.sleeping:
+                continue
+            if r.busy or r.pinned or r.engine_id in moving:
+                kept.append(r)
+            elif r.sleep_frees_bytes is not None and r.sleep_host_bytes <= host_left:
+                host_left -= r.sleep_host_bytes
+                freed.append(Eviction(r.engine_id, "sleep", r.sleep_frees_bytes, r.gpus))
+            else:
+                freed.append(Eviction(r.engine_id, "stop", r.hold_bytes, r.gpus))
+        return freed, kept
 
     def _host_bytes(self, engine: ManagedEngine) -> int:
         res = self._lifecycle.residency.get(engine.engine_id)

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from engines.config.live import SettingsView
 from engines.config.profiles import MAX_REPLICAS, Profile, ProfileStore, replica_id
+from engines.config.replica_ids import replica_base
 from engines.core.bus import EventBus
 from engines.core.modelinfo import read_model_info
 from engines.errors import ModelUnavailable, TraylmError, quoted
@@ -46,6 +47,7 @@ from engines.ondemand.lifecycle import Engines, Flight, Lifecycle
 from engines.ondemand.occupancy import HOLDING
 from engines.ondemand.parts import Parts
 from engines.ondemand.placing import Placer
+from engines.ondemand.room_maker import RoomMaker
 from engines.ondemand.tools import tools_blocked
 from engines.ondemand.verdicts import StartVerdicts
 from engines.runtime.supervisor import ManagedEngine
@@ -139,6 +141,17 @@ class ModelsOnDemand:
             sample_after=self._sample_after,
             activity=self.activity,
         )
+        self.room_maker = RoomMaker(
+            settings=settings,
+            engines=engines,
+            lifecycle=self.lifecycle,
+            infos=lambda: self.placer.infos,
+            freeing=self.placer.freeing,
+            bring_back=self._bring_back,
+            sample_after=self._sample_after,
+            publish=publish,
+        )
+        """Frees a card for another program that needs its memory (room_maker.py)."""
         self.balancer = Balancer()
         self._library_sizes: dict[str, int] = {}
         self._library_read_s = -CATALOG_REFRESH_S
@@ -195,6 +208,9 @@ class ModelsOnDemand:
         ]
         self._tasks.append(
             asyncio.create_task(self._forget_on_changes(self._bus), name="ondemand verdicts")
+        )
+        self._tasks.append(
+            asyncio.create_task(self.room_maker.run(self._bus), name="ondemand room maker")
         )
 
     async def stop(self) -> None:
@@ -315,6 +331,16 @@ class ModelsOnDemand:
                 retry=True,
             )
         return up
+
+    async def _bring_back(self, name: str, engine_id: str) -> None:
+        """A model freed for another program, loaded or woken again as it was (its origin)."""
+        entry = await self.find(name)
+        if entry is None or entry.engine_id != replica_base(engine_id):
+            raise ModelUnavailable(f"{quoted(name)} is no longer served", code="model_not_found")
+        res = self.lifecycle.residency.get(engine_id)
+        f = self.lifecycle.flight(entry, res.origin if res is not None else "jit")
+        assert f.task is not None
+        await f.task
 
     async def _wait(self, f: Flight, model: str, progress: Progress | None) -> None:
         assert f.task is not None
