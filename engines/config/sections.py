@@ -453,8 +453,8 @@ class RequestsSettings:
 class OllamaSettings:
     enabled: bool = setting(
         True,
-        "Serve Ollama's API (/api/chat, /api/generate, /api/tags, ...) for apps that speak only "
-        "Ollama's; when the port is taken (Ollama itself runs) traylm says so and goes on.",
+        "Serve Ollama's API (its chat, generate, model list and the rest) for apps that speak "
+        "only Ollama's; when the port is taken (Ollama itself runs) traylm says so and goes on.",
     )
     port: int = setting(
         11434,
