@@ -66,14 +66,22 @@ def test_right_click_the_real_icon_and_start_an_engine(desktop_session, tmp_path
     wait_until(icon_ready, 30, "the tray icon, connected")
     assert status["fallback"] is False and status["tray_state"] == "stopped"
     left, top, width, height = status["tray_geometry"]
-    x.click(left + width // 2, top + height // 2, button=3)  # right-click the icon
 
     def menu_open() -> bool:
         nonlocal status
         status = _status(paths)
         return bool(status.get("menu_visible") and "Start fake" in status["menu_actions"])
 
-    wait_until(menu_open, 10, "the tray menu")
+    # right-click the icon; beside CPU hogs the tray host can drop a click it gets while busy,
+    # so a menu not open yet is clicked for again, as a user would
+    for attempt in range(3):
+        x.click(left + width // 2, top + height // 2, button=3)
+        try:
+            wait_until(menu_open, 10, "the tray menu")
+            break
+        except TimeoutError:
+            if attempt == 2 or status.get("menu_visible"):
+                raise AssertionError(f"no tray menu with 'Start fake': {status}") from None
     x.screenshot(tmp_path / "tray-menu.png")
     mx, my, enabled = status["menu_actions"]["Start fake"]
     assert enabled
