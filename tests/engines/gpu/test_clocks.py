@@ -19,23 +19,6 @@ from engines.gpu.sim import ManualClock, SimulatedBackend, sim_uuid, throughput_
 GPU0, GPU1 = sim_uuid(0), sim_uuid(1)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def sim(clock: ManualClock) -> SimulatedBackend:
-    return SimulatedBackend(2, clock=clock, wall=clock)
-
-
-@pytest.fixture
-def core(sim: SimulatedBackend, clock: ManualClock, tmp_path: Path) -> HelperCore:
-    core = HelperCore(sim, tmp_path / "gpud", clock=clock)
-    core.start()
-    return core
-
-
 def locks(sim: SimulatedBackend, gpu: str) -> dict[str, list[int]]:
     found: dict[str, list[int]] = sim.control_state()[gpu]["clock_locks"]
     return found

@@ -146,23 +146,6 @@ def loop(core: HelperCore, clock: ManualClock, seconds: int) -> None:
         core.tick()
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def sim(clock: ManualClock) -> SimulatedBackend:
-    return SimulatedBackend(2, clock=clock, wall=clock)
-
-
-@pytest.fixture
-def core(sim: SimulatedBackend, clock: ManualClock, tmp_path: Path) -> HelperCore:
-    core = HelperCore(sim, tmp_path / "gpud", clock=clock)
-    core.start()
-    return core
-
-
 def steady_temperature(sim: SimulatedBackend, core: HelperCore | None, clock: ManualClock) -> float:
     for _ in range(600):
         clock.advance(1.0)
