@@ -204,7 +204,8 @@ class RoomMaker:
         if not freed:
             if kept and program.pid not in card.told:
                 card.told.add(program.pid)
-                self._say(index, program, "kept", (), _kept(index, program, kept))
+                text = _kept(index, program, kept)
+                self._say(index, program.name, program.pid, "kept", (), text)
             if not kept:
                 card.waiting.clear()  # no traylm model on the card: nothing to free
             return None
@@ -279,9 +280,10 @@ class RoomMaker:
             claim = Claim(index, program.name, program.pid, set(claimed), names, freed)
             self.claims.append(claim)
             message = _made(index, program, freed, card.return_s, self._settings)
-            self._say(index, program, "made", tuple(freed), message)
+            self._say(index, program.name, program.pid, "made", tuple(freed), message)
         if failed:
-            self._say(index, program, "failed", (), f"GPU {index}: " + "; ".join(failed))
+            text = f"GPU {index}: " + "; ".join(failed)
+            self._say(index, program.name, program.pid, "failed", (), text)
 
     async def _come_back(self, claim: Claim) -> None:
         back: list[FreedModel] = []
@@ -303,26 +305,15 @@ class RoomMaker:
         if back:
             names = _names(back)
             verb = "is" if len(back) == 1 else "are"
-            message = f"{claim.program} exited: {names} {verb} back on GPU {claim.gpu}"
-            self._say_claim(claim, "back", tuple(back), message)
+            message = f"{who} exited: {names} {verb} back on GPU {claim.gpu}"
+            self._say(claim.gpu, claim.program, claim.pid, "back", tuple(back), message)
         if failed:
             message = f"{who} exited, but " + "; ".join(failed) + ": it loads on its next request"
-            self._say_claim(claim, "failed", (), message)
+            self._say(claim.gpu, claim.program, claim.pid, "failed", (), message)
 
     # ----------------------------------------------------------------- what is said
 
     def _say(
-        self, index: int, program: GPUProcess, phase: str, models: tuple[FreedModel, ...], text: str
-    ) -> None:
-        who = _who(program.name, program.pid)
-        self._publish_room(index, who, program.pid, phase, models, text)
-
-    def _say_claim(
-        self, claim: Claim, phase: str, models: tuple[FreedModel, ...], text: str
-    ) -> None:
-        self._publish_room(claim.gpu, claim.program, claim.pid, phase, models, text)
-
-    def _publish_room(
         self,
         index: int,
         program: str,
@@ -331,6 +322,8 @@ class RoomMaker:
         models: tuple[FreedModel, ...],
         text: str,
     ) -> None:
+        """Publish one step (RoomMade) and the notice the tray shows; ``program`` may be ""."""
+        program = _who(program, pid)
         log.info("making room on GPU %d for %s (pid %d): %s", index, program, pid, text)
         self._publish(
             RoomMade(gpu=index, program=program, pid=pid, phase=phase, models=models, message=text)
