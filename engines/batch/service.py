@@ -211,17 +211,21 @@ class BatchFeature:
 
     async def _expire(self, record: Record, owner: str, todo: list[BatchLine]) -> Record:
         """End a batch past its window: each line it never answered is kept as expired."""
-        for line in todo:
-            result = {
-                "id": "batch_req_" + secrets.token_hex(12),
-                "custom_id": line.custom_id,
-                "response": None,
-                "error": EXPIRED,
-            }
-            if await asyncio.to_thread(
-                self.batches.finish_line, record["id"], line.number, False, result
-            ):
-                record["request_counts"]["failed"] += 1
+        expired = [
+            (
+                line.number,
+                False,
+                {
+                    "id": "batch_req_" + secrets.token_hex(12),
+                    "custom_id": line.custom_id,
+                    "response": None,
+                    "error": EXPIRED,
+                },
+            )
+            for line in todo
+        ]
+        added = await asyncio.to_thread(self.batches.finish_lines, record["id"], expired)
+        record["request_counts"]["failed"] += added
         log.info("batch %s expired with %s", record["id"], record["request_counts"])
         return await self._finalize(record, owner, "expired")
 

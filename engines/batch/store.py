@@ -65,13 +65,19 @@ class BatchStore:
 
     def finish_line(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool:
         """Keep a line's answer; False when it was already kept (never answered twice)."""
+        return self.finish_lines(batch_id, [(line, ok, result)]) == 1
+
+    def finish_lines(self, batch_id: str, results: list[tuple[int, bool, dict[str, Any]]]) -> int:
+        """Keep many lines' answers in one transaction (line, ok, result); how many were new
+        (one already kept stays as it was)."""
         with self.store.transaction() as db:
-            added = db.execute(
+            before = db.total_changes
+            db.executemany(
                 "INSERT OR IGNORE INTO batch_lines (batch_id, line, ok, result_json) "
                 "VALUES (?, ?, ?, ?)",
-                (batch_id, line, int(ok), dumps(result)),
-            ).rowcount
-        return bool(added)
+                [(batch_id, line, int(ok), dumps(result)) for line, ok, result in results],
+            )
+            return int(db.total_changes - before)
 
     def finished_lines(self, batch_id: str) -> dict[int, tuple[bool, dict[str, Any]]]:
         rows = self.store.query(
