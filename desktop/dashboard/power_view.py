@@ -4,6 +4,8 @@ traylm-gpud."""
 
 from __future__ import annotations
 
+import itertools
+
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -34,6 +36,10 @@ class PowerView(QGroupBox):
         self.helper_available = False
         self.valid = False
         self._loading = False
+        self._reads = itertools.count(1)
+        self._latest_read = 0
+        """The newest status read asked for: an older one answering after it is stale (the
+        bridge runs calls side by side, so a read from before an Apply can land last)."""
         self.chosen = False  # the user moved the slider since it last showed the card's limit
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -113,8 +119,9 @@ class PowerView(QGroupBox):
         if self.info is None:
             return
         uuid = self.info.uuid
+        read = self._latest_read = next(self._reads)
         self.ctx.bridge.call(
-            lambda c: c.power_limit(uuid), lambda r: self._on_status(r, move_slider)
+            lambda c: c.power_limit(uuid), lambda r: self._on_status(r, move_slider, read)
         )
 
     def on_enforced_seen(self, enforced_mw: int | None) -> None:
@@ -123,7 +130,9 @@ class PowerView(QGroupBox):
         if self.status is not None and enforced_mw != self.status.enforced_mw:
             self.refresh(move_slider=not self.chosen)
 
-    def _on_status(self, result: CallResult, move_slider: bool) -> None:
+    def _on_status(self, result: CallResult, move_slider: bool, read: int) -> None:
+        if read != self._latest_read:
+            return  # a newer read is on its way
         if not result.ok or not isinstance(result.value, PowerLimitStatus):
             self.facts.setText(result.error)
             return
