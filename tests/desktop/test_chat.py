@@ -282,8 +282,13 @@ def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_th
     assert chat.model_picker.findText("slow") == 0  # loaded ones come first, without the tip
     assert chat.model_picker.itemData(0, Qt.ItemDataRole.ToolTipRole) is None
     # the model chatted with is the one the tray's Start and the next chat name
-    qtbot.waitUntil(lambda: app.state.current_profile() == "slow", timeout=10000)
-    assert app.state.settings is not None and app.state.settings.ui.last_profile == "slow"
+    # (remembered by a settings write the app reads back: wait for the read, not for
+    # current_profile, which already names the one live engine before the write lands)
+    qtbot.waitUntil(
+        lambda: app.state.settings is not None and app.state.settings.ui.last_profile == "slow",
+        timeout=10000,
+    )
+    assert app.state.current_profile() == "slow"
 
 
 def test_a_preset_that_cannot_start_here_is_not_offered(qtbot, app, daemon_thread):
