@@ -35,14 +35,22 @@ NDJSON = "application/x-ndjson"
 
 @dataclass(frozen=True)
 class Ask:
-    """What goes to the engine: the OpenAI route and body, the model the client named, what
-    the reply becomes (chat | generate | raw | embed), Ollama's keep_alive in seconds."""
+    """What goes to the engine: the OpenAI route and body, the traylm model the client named,
+    what the reply becomes (chat | generate | raw | embed), Ollama's keep_alive in seconds, and
+    the name as the client wrote it (``fake:latest`` for ``fake``), which the reply echoes as
+    Ollama's do."""
 
     route: str
     payload: Mapping[str, Any]
     model: str
     kind: str
     keep_alive_s: float | None = None
+    named: str = ""
+
+    @property
+    def echoed(self) -> str:
+        """The model name the reply carries: the client's own spelling."""
+        return self.named or self.model
 
     @property
     def stream(self) -> bool:
@@ -151,8 +159,8 @@ def _whole(ask: Ask, data: bytes, timing: Timing) -> web.Response:
     if not isinstance(parsed, dict):
         return ollama_error(502, "the engine's reply was not a JSON object")
     if ask.kind == "embed":
-        return web.json_response(embedded(ask.model, parsed, timing))
-    return web.json_response(whole(ask.kind, ask.model, parsed, timing))
+        return web.json_response(embedded(ask.echoed, parsed, timing))
+    return web.json_response(whole(ask.kind, ask.echoed, parsed, timing))
 
 
 def embedded(model: str, reply: Mapping[str, Any], timing: Timing) -> dict[str, Any]:
@@ -178,7 +186,7 @@ async def _stream(
 ) -> web.StreamResponse:
     """The engine's events as Ollama's lines, each written as soon as its event is whole."""
     started, usage, flow = run
-    lines = StreamLines("chat" if ask.kind == "chat" else ask.kind, ask.model)
+    lines = StreamLines("chat" if ask.kind == "chat" else ask.kind, ask.echoed)
     exchange = request.get(EXCHANGE)
     capture = ReplyCapture(exchange, None) if exchange is not None else None
     resp = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache"})

@@ -88,7 +88,8 @@ async def chat(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
     model = served_of(body)
     if not body.get("messages"):
         return await _load_only(parts, request, body, model, chat=True)
-    ask = Ask("/v1/chat/completions", chat_request(body, model), model, "chat", _keep(body))
+    payload = chat_request(body, model)
+    ask = Ask("/v1/chat/completions", payload, model, "chat", _keep(body), model_of(body))
     return await forward(parts.gateway, request, ask)
 
 
@@ -99,15 +100,16 @@ async def generate(parts: OllamaParts, request: web.Request) -> web.StreamRespon
         return await _load_only(parts, request, body, model, chat=False)
     route, payload = generate_request(body, model)
     kind = "raw" if route == "/v1/completions" else "generate"
-    return await forward(parts.gateway, request, Ask(route, payload, model, kind, _keep(body)))
+    ask = Ask(route, payload, model, kind, _keep(body), model_of(body))
+    return await forward(parts.gateway, request, ask)
 
 
 async def embed(parts: OllamaParts, request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     model = served_of(body)
     legacy = request.path == "/api/embeddings"
-    ask = Ask("/v1/embeddings", embed_request(body, model, legacy=legacy), model, "embed")
-    ask = Ask(ask.route, ask.payload, model, "embed", _keep(body))
+    payload = embed_request(body, model, legacy=legacy)
+    ask = Ask("/v1/embeddings", payload, model, "embed", _keep(body), model_of(body))
     resp = await forward(parts.gateway, request, ask)
     if not legacy or resp.status != 200 or not isinstance(resp, web.Response):
         return resp
@@ -133,7 +135,7 @@ async def _load_only(
         if isinstance(target, web.Response):
             return target
         reason = "load"
-    out: dict[str, Any] = {"model": model, "created_at": now_text()}
+    out: dict[str, Any] = {"model": model_of(body), "created_at": now_text()}
     if chat:
         out["message"] = {"role": "assistant", "content": ""}
     else:

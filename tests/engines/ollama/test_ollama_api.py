@@ -71,10 +71,11 @@ async def chat_and_generate(client: ollama.AsyncClient) -> None:
     )
     assert reply.message.content == "w0 w1 w2"
     assert reply.done and reply.eval_count == 3
+    assert reply.model == "fake"  # the reply names the model as the request did
     parts = [
         c
         async for c in await client.chat(
-            model="fake",
+            model="fake:latest",
             messages=[{"role": "user", "content": "weather?"}],
             tools=[TOOL],
             options={"num_predict": 4},
@@ -83,12 +84,13 @@ async def chat_and_generate(client: ollama.AsyncClient) -> None:
     ]
     assert "".join(c.message.content or "" for c in parts).split() == ["w0", "w1", "w2", "w3"]
     assert parts[-1].done and parts[-1].eval_count == 4
-    gen = await client.generate(model="fake", prompt="hello", options={"num_predict": 2})
-    assert gen.response == "w0 w1"
+    assert {c.model for c in parts} == {"fake:latest"}  # every line, as Ollama's
+    gen = await client.generate(model="fake:latest", prompt="hello", options={"num_predict": 2})
+    assert (gen.response, gen.model) == ("w0 w1", "fake:latest")
     streamed = [c async for c in await client.generate("fake", "hi", stream=True, raw=True)]
     assert streamed[-1].done
-    emb = await client.embed(model="fake", input=["a", "b"])
-    assert len(emb.embeddings) == 2
+    emb = await client.embed(model="fake:latest", input=["a", "b"])
+    assert len(emb.embeddings) == 2 and emb.model == "fake:latest"
     old = await client.embeddings(model="fake", prompt="a")
     assert len(old.embedding) == 3
 
@@ -103,7 +105,7 @@ async def test_ps_and_keep_alive_zero_unloads(served: tuple[RunningDaemon, str])
         assert out.done_reason == "unload"
         assert (await client.ps()).models == []
         loaded = await client.generate(model="fake:latest", prompt="")  # loads, as Ollama does
-        assert loaded.done_reason == "load"
+        assert (loaded.done_reason, loaded.model) == ("load", "fake:latest")
         assert [m.model for m in (await client.ps()).models] == ["fake:latest"]
 
 
