@@ -155,11 +155,18 @@ def _context(config: Mapping[str, Any]) -> int:
 
 async def show(ondemand: ModelsOnDemand, name: str) -> dict[str, Any]:
     """/api/show: details, model_info (the config's numbers under Ollama's key names) and
-    capabilities; an unknown name raises 404 with the served names."""
+    capabilities; an unknown name raises 404, and one that cannot start here (left out of
+    /api/tags) 400 saying why, as a chat with it is refused."""
     m = next((m for m in await ondemand.listing() if name in (m.name, *m.aliases, *m.names)), None)
     if m is None:
         raise ModelUnavailable(
             f"model {quoted(name)} not found", code="model_not_found", http_status=404
+        )
+    if m.blocked:
+        raise ModelUnavailable(
+            f"model {quoted(name)} cannot start on this computer: {m.blocked}",
+            code=m.blocked_code or "model_unavailable",
+            http_status=400,
         )
     info = await asyncio.to_thread(details, m.model)
     family = info["details"]["family"] or "general"

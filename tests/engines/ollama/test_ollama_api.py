@@ -189,7 +189,10 @@ async def test_a_model_that_cannot_start_here_is_not_listed_and_refused_as_perma
         assert [m.model for m in (await client.list()).models] == ["fake:latest"]
         with pytest.raises(ollama.ResponseError) as refused:
             await client.chat(model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(ollama.ResponseError) as unshown:  # nor shown, as it is not listed
+            await client.show("llama-3.1-8b")
     assert refused.value.status_code == 400 and NO_GPU in refused.value.error
+    assert unshown.value.status_code == 400 and NO_GPU in unshown.value.error
     async with aiohttp.ClientSession() as http, http.get(d.url + "/models") as resp:
         ids = [m["id"] for m in (await resp.json())["data"]]
     assert "fake" in ids and "llama-3.1-8b" not in ids
