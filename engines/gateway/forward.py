@@ -44,7 +44,7 @@ from engines.gateway.service import GatewayContext
 from engines.gateway.shapes import api_error, as_anthropic, as_openai, is_anthropic
 from engines.gateway.upstream import Upstream
 from engines.runtime.supervisor import ManagedEngine
-from engines.runtime.traffic import Flow
+from engines.runtime.traffic import RelayedRequest
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ async def _relay_in_slot(
         sink = ctx.usage_sink(request.path, out.model, target)
         return exchange.counted(sink) if exchange is not None else sink
 
-    async def to(target: Upstream, flow: Flow | None = None) -> web.StreamResponse:
+    async def to(target: Upstream, flow: RelayedRequest | None = None) -> web.StreamResponse:
         mine = flow is not None  # an engine of the model's, not the remote fallback
         seen, sink, rewrite = None, None, None  # what watches the reply: its engine's
         if mine:
@@ -364,7 +364,7 @@ def _moved(
     return other if other is not None and other.name != upstream.name else None
 
 
-def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> Flow:
+def _flow(ctx: GatewayContext, upstream: Upstream, *, streaming: bool) -> RelayedRequest:
     """Count the request as in flight to its engine (the supervisor's hang check reads it, the
     sweep of clients that stopped reading goes through it). When the engine is declared dead or
     stopped, the request is ended at once: its relay is cancelled and tells the client why."""

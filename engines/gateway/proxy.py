@@ -7,7 +7,8 @@ connection is closed, so the engine aborts the request instead of generating for
 write to a client that is gone counts as that (499), never as the engine's fault. If the
 engine dies mid-stream, the client gets an OpenAI-shaped error event (which the openai SDK raises
 as ``APIError``) and a clean end of stream instead of a hung connection; the same at once when
-the supervisor declares the engine dead, hung or stopped (``Flow.stop``: the event says why).
+the supervisor declares the engine dead, hung or stopped (``RelayedRequest.stop``: the event
+says why).
 Events reach the client as valid UTF-8 (gateway/utf8.py).
 """
 
@@ -38,7 +39,7 @@ from engines.gateway.sse import (
 from engines.gateway.upstream import Upstream
 from engines.gateway.upstream_client import EngineUnreachable, UpstreamClient, UpstreamReply
 from engines.gateway.utf8 import Utf8Events
-from engines.runtime.traffic import ENGINE_ERROR, Flow
+from engines.runtime.traffic import ENGINE_ERROR, RelayedRequest
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class _Stream:
     metrics: GatewayMetrics
     usage: UsageSink | None
     on_first_events: Callable[[bytes], None] | None
-    flow: Flow | None
+    flow: RelayedRequest | None
     tap: ReplySink | None
     prepared: web.StreamResponse | None
     rewrite: Rewrite | None = None
@@ -168,7 +169,7 @@ async def relay(
     usage: UsageSink | None = None,
     content_type: str = "application/json",
     on_first_events: Callable[[bytes], None] | None = None,
-    flow: Flow | None = None,
+    flow: RelayedRequest | None = None,
     tap: ReplySink | None = None,
     prepared: web.StreamResponse | None = None,
     rewrite: Rewrite | None = None,
@@ -364,7 +365,7 @@ class Relayed:
         metrics: GatewayMetrics,
         model: str,
         started: float,
-        flow: Flow | None,
+        flow: RelayedRequest | None,
         tap: ReplySink | None = None,
         on_first_events: Callable[[bytes], None] | None = None,
         rewrite: Rewrite | None = None,
@@ -444,7 +445,7 @@ async def _pump(
         await _to_client(resp.write(rest))
 
 
-async def _pending(flow: Flow | None, write: Coroutine[Any, Any, None]) -> None:
+async def _pending(flow: RelayedRequest | None, write: Coroutine[Any, Any, None]) -> None:
     """Await a write; meanwhile the flow says since when it waits for its client (the sweep
     ends a stream whose client reads nothing, gateway.client_stall_timeout_s)."""
     if flow is None:
@@ -507,7 +508,7 @@ async def end_with_error(
     return resp
 
 
-def ended_from_outside(request: web.Request, flow: Flow | None) -> bool:
+def ended_from_outside(request: web.Request, flow: RelayedRequest | None) -> bool:
     """The CancelledError being handled was the flow's own end (its engine died or stopped),
     and its client is still there to be told why: the cancel is taken back."""
     if flow is None or not flow.why or request.transport is None:

@@ -64,7 +64,7 @@ class Engines(Protocol):
         ...
 
 
-Place = Callable[["Flight", Profile, tuple[int, ...] | None, int], Awaitable[Room]]
+Place = Callable[["LoadFlight", Profile, tuple[int, ...] | None, int], Awaitable[Room]]
 """Placement (placing.py): where that many copies of the profile go, each on concrete GPUs,
 and the evictions that make room for them (``Lifecycle.make_room`` carries them out)."""
 
@@ -102,7 +102,7 @@ class Residency:
 
 
 @dataclass
-class Flight:
+class LoadFlight:
     """One load in progress; every request for the model waits on ``task``."""
 
     entry: Entry
@@ -139,7 +139,7 @@ class Lifecycle:
         self._publish = publish
         self._activity = activity
         self.residency: dict[str, Residency] = {}
-        self.flights: dict[str, Flight] = {}
+        self.flights: dict[str, LoadFlight] = {}
         self.draining: set[str] = set()
         """Engines being unloaded: the gateway routes nothing new to them."""
         self.lock = asyncio.Lock()
@@ -147,12 +147,12 @@ class Lifecycle:
 
     # ----------------------------------------------------------------- loads
 
-    def flight(self, entry: Entry, origin: str, gpus: tuple[int, ...] | None = None) -> Flight:
+    def flight(self, entry: Entry, origin: str, gpus: tuple[int, ...] | None = None) -> LoadFlight:
         """The load of ``entry`` in progress, or a new one (single flight per engine id)."""
         current = self.flights.get(entry.engine_id)
         if current is not None:
             return current
-        f = Flight(entry, origin)
+        f = LoadFlight(entry, origin)
         f.task = asyncio.create_task(self._load(f, gpus), name=f"load:{entry.engine_id}")
         self.flights[entry.engine_id] = f
 
@@ -167,7 +167,7 @@ class Lifecycle:
         f.task.add_done_callback(finished)
         return f
 
-    async def _load(self, f: Flight, gpus: tuple[int, ...] | None) -> ManagedEngine:
+    async def _load(self, f: LoadFlight, gpus: tuple[int, ...] | None) -> ManagedEngine:
         try:
             engine = await self._begin(f, gpus)
         except asyncio.CancelledError:
@@ -182,7 +182,7 @@ class Lifecycle:
         f.begun.set_result(engine)
         return await self._until_ready(f, engine)
 
-    async def _begin(self, f: Flight, gpus: tuple[int, ...] | None) -> ManagedEngine:
+    async def _begin(self, f: LoadFlight, gpus: tuple[int, ...] | None) -> ManagedEngine:
         """Under the lock: every engine of the model up or starting (its replicas placed
         together); returns its first."""
         running = self._engines.get(f.entry.engine_id)
@@ -203,7 +203,7 @@ class Lifecycle:
             assert first is not None
             return first
 
-    async def _up(self, f: Flight, engine_id: str) -> ManagedEngine | None:
+    async def _up(self, f: LoadFlight, engine_id: str) -> ManagedEngine | None:
         """The engine ``engine_id`` of the model, running, starting or woken up; None when it
         must be placed and started (called under ``lock``)."""
         engine = self._engines.get(engine_id)
@@ -217,7 +217,7 @@ class Lifecycle:
             await engine.wait_state((EngineState.STOPPED, EngineState.FAILED))
         return None
 
-    async def _start_one(self, f: Flight, profile: Profile, booking: Booking) -> None:
+    async def _start_one(self, f: LoadFlight, profile: Profile, booking: Booking) -> None:
         on_gpus = profile.gpus and profile.device != "cpu"  # a CPU profile's gpus mean nothing
         where = f"on GPU {_gpus(profile.gpus)}" if on_gpus else ""
         replica = "" if profile.name == f.entry.engine_id else f"{profile.name} "
@@ -230,7 +230,7 @@ class Lifecycle:
             ) from exc
         self.residency[profile.name] = self._residency(f, profile, booking)
 
-    async def _check(self, f: Flight) -> None:
+    async def _check(self, f: LoadFlight) -> None:
         if self._check_start is None or f.entry.profile is None:
             return
         try:
@@ -243,7 +243,7 @@ class Lifecycle:
                 f"{f.entry.name} cannot load: {exc.message}", code=exc.code, http_status=status
             ) from exc
 
-    async def _until_ready(self, f: Flight, engine: ManagedEngine) -> ManagedEngine:
+    async def _until_ready(self, f: LoadFlight, engine: ManagedEngine) -> ManagedEngine:
         """Wait for every engine of the model to settle: loaded when one is ready (a replica
         that failed is said in the log and `traylm ps`), failed when none is."""
         engines = [e for i in replica_ids(f.entry) if (e := self._engines.get(i)) is not None]
@@ -274,7 +274,7 @@ class Lifecycle:
         self._failed(f, message)
         raise ModelUnavailable(message, code="model_load_failed")
 
-    async def _wake(self, f: Flight, engine: ManagedEngine) -> None:
+    async def _wake(self, f: LoadFlight, engine: ManagedEngine) -> None:
         self._phase(f, "placing", "making room to wake it")
         await self.make_room(await self._place(f, engine.profile, engine.profile.gpus, 1), f)
         self._phase(f, "waking", "weights back to the GPU")
@@ -285,12 +285,12 @@ class Lifecycle:
                 f"{f.entry.name} did not wake up: {exc.message}", code="model_load_failed"
             ) from exc
 
-    def _residency(self, f: Flight, profile: Profile, booking: Booking) -> Residency:
+    def _residency(self, f: LoadFlight, profile: Profile, booking: Booking) -> Residency:
         default = self._settings.current.engines.idle_ttl_s if f.origin == "jit" else 0.0
         ttl = profile.idle_ttl_s if profile.idle_ttl_s is not None else default
         return Residency(profile.name, f.entry.name, f.origin, ttl, False, booking)
 
-    def _phase(self, f: Flight, phase: str, detail: str) -> None:
+    def _phase(self, f: LoadFlight, phase: str, detail: str) -> None:
         if (phase, detail) == (f.phase, f.detail):
             return
         f.phase, f.detail = phase, detail
@@ -304,7 +304,7 @@ class Lifecycle:
             )
         )
 
-    def _failed(self, f: Flight, message: str) -> None:
+    def _failed(self, f: LoadFlight, message: str) -> None:
         log.warning("load of %s failed: %s", f.entry.name, message)
         self._publish(
             ModelStateChanged(
@@ -319,7 +319,9 @@ class Lifecycle:
 
     # ----------------------------------------------------------------- evictions, unloads
 
-    async def make_room(self, room: Room, f: Flight | None = None) -> list[tuple[Profile, Booking]]:
+    async def make_room(
+        self, room: Room, f: LoadFlight | None = None
+    ) -> list[tuple[Profile, Booking]]:
         """Carry out the evictions ``room`` plans (called under ``lock``), in order, then book
         its copies. A load's flight ``f`` says each one (phase "evicting") to the clients that
         follow the load."""

@@ -24,7 +24,7 @@ from engines.gpu.backend import cuda_order
 from engines.hub import fit
 from engines.ondemand import occupancy
 from engines.ondemand.catalog import Entry
-from engines.ondemand.lifecycle import Engines, Flight, Lifecycle, Residency
+from engines.ondemand.lifecycle import Engines, Lifecycle, LoadFlight, Residency
 from engines.ondemand.occupancy import Activity, Booking, Room
 from engines.ondemand.planner import (
     HOST_RAM_MARGIN_BYTES,
@@ -229,7 +229,7 @@ class Placer:
         next candidate, a load right after `traylm stop`. Previews read the latest as is."""
         await self._sample_after(self._engines.released_at_s())
 
-    async def place(self, f: Flight, profile: Profile, gpus: tuple[int, ...] | None) -> Room:
+    async def place(self, f: LoadFlight, profile: Profile, gpus: tuple[int, ...] | None) -> Room:
         """Plan (under the lifecycle lock) where the model goes and what must make room for
         it; the lifecycle makes the room (``Lifecycle.make_room``)."""
         if resolve_device(profile) == "cpu":
@@ -244,7 +244,7 @@ class Placer:
         return self._room(f, (placement,), profile)
 
     async def place_copies(
-        self, f: Flight, profile: Profile, gpus: tuple[int, ...] | None, count: int
+        self, f: LoadFlight, profile: Profile, gpus: tuple[int, ...] | None, count: int
     ) -> Room:
         """``count`` copies of the model planned together (under the lifecycle lock), and
         what must make room for all: each copy on its GPUs (one per card when each fits one)."""
@@ -257,7 +257,9 @@ class Placer:
         found, profile = self._plan_copies(f.entry, profile, gpus, count)
         return self._room(f, found, profile)
 
-    def _room(self, f: Flight, found: tuple[Placement, ...] | Placement, profile: Profile) -> Room:
+    def _room(
+        self, f: LoadFlight, found: tuple[Placement, ...] | Placement, profile: Profile
+    ) -> Room:
         """The room the placements ask for; a refusal as ModelUnavailable (with Retry-After
         when only busy models stand in the way)."""
         placements = found if isinstance(found, tuple) else (found,)
@@ -360,7 +362,7 @@ class Placer:
         with ``gpus = "auto"`` is placed like a load (evicting idle models); every start is
         booked so that its idle TTL and the planner know it."""
         entry = Entry(profile.effective_served_name, "profile", profile.name, (), profile=profile)
-        f = Flight(entry, "start")
+        f = LoadFlight(entry, "start")
         async with self._lifecycle.lock:
             if profile.gpus_auto:
                 room = await self.place(f, profile, None)
@@ -387,7 +389,7 @@ class Placer:
         entry = Entry(profile.effective_served_name, "profile", profile.name, (), profile=profile)
         async with self._lifecycle.lock:
             gpus = None if profile.gpus_auto else profile.gpus
-            room = await self.place(Flight(entry, "start"), profile, gpus)
+            room = await self.place(LoadFlight(entry, "start"), profile, gpus)
             [(placed, _)] = await self._lifecycle.make_room(room)
         return placed
 

@@ -43,7 +43,7 @@ from engines.gateway.upstream import Upstream
 from engines.ondemand import proposals, views
 from engines.ondemand.attach import AttachedServers
 from engines.ondemand.catalog import Catalog, Entry, FolderSource, LibrarySource, ProfileSource
-from engines.ondemand.lifecycle import Engines, Flight, Lifecycle
+from engines.ondemand.lifecycle import Engines, Lifecycle, LoadFlight
 from engines.ondemand.occupancy import HOLDING
 from engines.ondemand.parts import Parts
 from engines.ondemand.placing import Placer
@@ -59,7 +59,7 @@ ENDED = frozenset({"done", "failed", "cancelled"})
 """The phases that end an engine-env install."""
 
 
-class Router(Engines, Protocol):
+class SupervisorView(Engines, Protocol):
     """The Supervisor, as this feature reads it."""
 
     def route(self, model: str) -> ManagedEngine | None: ...
@@ -96,7 +96,7 @@ class ModelsOnDemand:
         self,
         *,
         settings: SettingsView,
-        engines: Router,
+        engines: SupervisorView,
         profiles: ProfileStore,
         publish: Callable[[Event], None],
         attached_file: Path,
@@ -342,7 +342,7 @@ class ModelsOnDemand:
         assert f.task is not None
         await f.task
 
-    async def _wait(self, f: Flight, model: str, progress: Progress | None) -> None:
+    async def _wait(self, f: LoadFlight, model: str, progress: Progress | None) -> None:
         assert f.task is not None
         if progress is not None:
             await progress(LoadProgress(model, f.phase, f.elapsed_s, f.detail))

@@ -3,8 +3,8 @@ how many requests are in flight (and whether any streams), when the engine last 
 a reply, and a way to end those requests at once, with the reason, when the engine is declared
 dead, hung or stopped (their clients get an error event instead of waiting for the clean-up).
 
-The gateway opens a ``Flow`` per relayed request and, for each piece of the reply, stores the
-time in it and in its engine's record (one clock read: it is on the relay's path); the
+The gateway opens a ``RelayedRequest`` per relayed request and, for each piece of the reply,
+stores the time in it and in its engine's record (one clock read: it is on the relay's path); the
 supervisor reads ``in_flight`` and ``last_progress_s`` and calls ``end_all``; the gateway's own
 sweep ends the requests whose client stopped reading (``stalled_writers``).
 """
@@ -28,7 +28,7 @@ End = Callable[[], None]
 
 
 @dataclass(eq=False)
-class Flow:
+class RelayedRequest:
     """One request the gateway relays to an engine."""
 
     engine: EngineFlows
@@ -58,7 +58,7 @@ class Flow:
 
 @dataclass
 class EngineFlows:
-    flows: set[Flow] = field(default_factory=set)
+    flows: set[RelayedRequest] = field(default_factory=set)
     streams: int = 0
     busy_since_s: float = 0.0
     last_byte_s: float = 0.0
@@ -77,12 +77,12 @@ class EngineTraffic:
             flows = self._engines[engine_id] = EngineFlows()
         return flows
 
-    def open(self, engine_id: str, *, streaming: bool, end: End) -> Flow:
+    def open(self, engine_id: str, *, streaming: bool, end: End) -> RelayedRequest:
         engine = self._of(engine_id)
         if not engine.flows:
             engine.busy_since_s = time.monotonic()
             engine.ended_why = ""
-        flow = Flow(engine, streaming, end)
+        flow = RelayedRequest(engine, streaming, end)
         engine.flows.add(flow)
         if streaming:
             engine.streams += 1
@@ -126,7 +126,7 @@ class EngineTraffic:
                 log.exception("ending a request to engine %s failed", engine_id)
         return len(flows)
 
-    def stalled_writers(self, now_s: float, limit_s: float) -> list[Flow]:
+    def stalled_writers(self, now_s: float, limit_s: float) -> list[RelayedRequest]:
         """Requests whose client has not taken a write for ``limit_s`` (it does not read)."""
         return [
             flow

@@ -36,7 +36,7 @@ class Plan:
     per_run_s: float = 0.0  # a measurement's time, estimated before any (0: not estimated)
 
 
-class Planner:
+class CandidatePlanner:
     def __init__(
         self,
         *,

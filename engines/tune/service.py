@@ -56,7 +56,7 @@ from engines.tune import budget, workloads
 from engines.tune.candidates import Candidate, engine_id
 from engines.tune.figures import figures_of
 from engines.tune.interrupted import RunningTuneFile
-from engines.tune.plan import Plan, Planner
+from engines.tune.plan import CandidatePlanner, Plan
 from engines.tune.power import PowerLimits
 from engines.tune.previous import PreviousProfiles
 from engines.tune.variants import ModelOnDisk
@@ -119,7 +119,7 @@ class TuneFeature:
         self._bench = bench
         self._profiles = profiles
         self._settings = settings
-        self.planner = Planner(
+        self.planner = CandidatePlanner(
             control=control,
             engines=engines,
             ondemand=ondemand,
@@ -215,9 +215,9 @@ class TuneFeature:
 
     async def run_planned(self, config: TuneConfig, plan: Plan) -> TuneJob:
         """Run a plan made elsewhere (a guarded upgrade: the profile on its engine version and
-        on the new one, ``Planner.pair``) as a tune, to its end: the same progress, table and
-        restore as any tune's. Cancelling the caller cancels the tune, which restores what ran
-        before, and then raises CancelledError."""
+        on the new one, ``CandidatePlanner.pair``) as a tune, to its end: the same progress,
+        table and restore as any tune's. Cancelling the caller cancels the tune, which restores
+        what ran before, and then raises CancelledError."""
         running = self._begin(config, plan)
         assert running.handle is not None
         return await running.handle.result()

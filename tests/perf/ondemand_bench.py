@@ -13,7 +13,7 @@ what traylm adds once the engine could serve (noticing readiness, relaying the w
   every 5 ms, first gets 200 from /v1/models (the same rule the supervisor uses).
 Between cold runs the model is unloaded (`DELETE /api/loaded`).
 
-Router cost: daemons, each with the FAKE engine serving one warm model; one has only that
+Routing cost: daemons, each with the FAKE engine serving one warm model; one has only that
 profile, another 20 more servable profiles (unloaded); with ``--baseline CHECKOUT`` a third runs
 that checkout's code (e.g. /work/main, before models on demand; its model is started with
 `traylm start`). Rounds alternate between them: N sequential non-streaming requests (p50
@@ -280,7 +280,7 @@ async def router_cost(requests: int, rounds: int, baseline: Path | None) -> None
     p50 = {k: statistics.median(v) * 1000 for k, v in latency.items()}
     rps = {k: statistics.median(v) for k, v in rate.items()}
     ref = "1 profile"
-    print(f"Router cost, warm model, {rounds} interleaved rounds of {requests} requests")
+    print(f"Routing cost, warm model, {rounds} interleaved rounds of {requests} requests")
     for name in daemons:
         print(
             f"  {name:<12} p50 {p50[name]:.2f} ms (ratio {p50[name] / p50[ref]:.3f}), "
