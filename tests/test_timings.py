@@ -19,6 +19,7 @@ def test_a_run_records_each_test_once_with_its_phases_summed(tmp_path: Path) -> 
         "def slow_setup():\n"
         "    time.sleep(0.3)\n"
         "def test_quick(): pass\n"
+        "@pytest.mark.slow\n"
         "def test_slow(slow_setup): time.sleep(0.2)\n"
         "def test_bad(): assert False\n"
     )
@@ -43,11 +44,12 @@ def test_a_run_records_each_test_once_with_its_phases_summed(tmp_path: Path) -> 
     assert sorted(rows) == ["test_bad", "test_quick", "test_slow"]
     assert rows["test_slow"].seconds >= 0.5  # setup 0.3 + call 0.2
     assert rows["test_quick"].seconds < rows["test_slow"].seconds
+    assert rows["test_slow"].slow and not rows["test_quick"].slow  # the marker, recorded
     assert (rows["test_bad"].outcome, rows["test_quick"].outcome) == ("failed", "passed")
 
 
 def test_the_report_names_the_slowest_and_every_engine_test() -> None:
-    rows = [Timing(f"t.py::test_{i}", float(i), i in (3, 12), "passed") for i in range(15)]
+    rows = [Timing(f"t.py::test_{i}", float(i), i in (3, 12), "passed", True) for i in range(15)]
     text = report(rows, wall_s=500, budget_s=480)
     lines = text.splitlines()
     assert "8:20 wall for the whole run, OVER its budget of 8:00" in lines[0]
@@ -60,3 +62,23 @@ def test_the_report_names_the_slowest_and_every_engine_test() -> None:
         ["3.0", "s", "t.py::test_3"],
     ]
     assert "within its budget" in report(rows, wall_s=100, budget_s=480)
+
+
+def test_the_report_names_slow_tests_without_the_slow_marker(tmp_path: Path) -> None:
+    """--quick leaves out the tests marked slow; one over the mark without it is named."""
+    lines = [
+        '{"nodeid": "t.py::test_marked", "seconds": 9.0, "engine": false, "outcome": "passed", '
+        '"slow": true}',
+        '{"nodeid": "t.py::test_forgot", "seconds": 7.5, "engine": false, "outcome": "passed", '
+        '"slow": false}',
+        '{"nodeid": "t.py::test_old_line", "seconds": 5.0, "engine": false, "outcome": "passed"}',
+        '{"nodeid": "t.py::test_quick", "seconds": 0.5, "engine": false, "outcome": "passed", '
+        '"slow": false}',
+        '{"nodeid": "t.py::test_vllm", "seconds": 60.0, "engine": true, "outcome": "passed", '
+        '"slow": true}',
+    ]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    text = report(read(tmp_path / "t.jsonl"), wall_s=100, budget_s=480)
+    tail = text.split("not marked slow", 1)[1].splitlines()
+    assert text.count("not marked slow") == 1 and "2 tests over 4 s" in text
+    assert [line.split()[-1] for line in tail[1:]] == ["t.py::test_forgot", "t.py::test_old_line"]

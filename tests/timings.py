@@ -7,9 +7,11 @@ and, at the end, prints the report::
 
     python -m tests.timings FILE --wall-s SECONDS --budget-s SECONDS
 
-The report: the whole run's wall time against its budget, the ten slowest tests and every
-engine test's time, so that a slow test is seen in the run where it lands. It exits 0 whatever
-the figures: the budget is watched, not asserted (a loaded machine is slower).
+The report: the whole run's wall time against its budget, the ten slowest tests, every engine
+test's time, and the tests that took more than ``UNMARKED_SLOW_S`` without the ``slow`` marker
+(``--quick`` leaves the slow ones out: an unmarked slow test lands in the quick run's budget),
+so that a slow test is seen in the run where it lands. It exits 0 whatever the figures: the
+budget is watched, not asserted (a loaded machine is slower).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from pathlib import Path
 import pytest
 
 ENV = "TRAYLM_TEST_TIMINGS"
+UNMARKED_SLOW_S = 4.0
+"""A test slower than this in the full run (3 workers on 2 cores: about twice its time alone)
+belongs under ``@pytest.mark.slow``, out of ``--quick``."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Timing:
     seconds: float
     engine: bool
     outcome: str
+    slow: bool = False
 
 
 _SO_FAR: dict[str, tuple[float, bool]] = {}
@@ -54,6 +60,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         "seconds": round(seconds, 3),
         "engine": "engine" in report.keywords,
         "outcome": "failed" if failed else "passed",
+        "slow": "slow" in report.keywords,
     }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -68,7 +75,11 @@ def read(path: Path) -> list[Timing]:
         try:
             raw = json.loads(line)
             timing = Timing(
-                raw["nodeid"], float(raw["seconds"]), bool(raw["engine"]), str(raw["outcome"])
+                raw["nodeid"],
+                float(raw["seconds"]),
+                bool(raw["engine"]),
+                str(raw["outcome"]),
+                bool(raw.get("slow", False)),
             )
         except (ValueError, KeyError, TypeError):
             continue  # a line cut by a killed worker
@@ -93,6 +104,16 @@ def report(rows: Sequence[Timing], *, wall_s: float, budget_s: float) -> str:
         out += [
             f"   {r.seconds:8.1f} s  {r.nodeid}" for r in sorted(engine, key=lambda r: -r.seconds)
         ]
+    unmarked = sorted(
+        (r for r in rows if r.seconds > UNMARKED_SLOW_S and not r.slow and not r.engine),
+        key=lambda r: -r.seconds,
+    )
+    if unmarked:
+        out.append(
+            f"   {len(unmarked)} tests over {UNMARKED_SLOW_S:g} s not marked slow (they run in "
+            "--quick): mark them @pytest.mark.slow or make them faster"
+        )
+        out += [f"   {r.seconds:8.1f} s  {r.nodeid}" for r in unmarked[:10]]
     return "\n".join(out)
 
 
