@@ -7,6 +7,7 @@ import io
 import json
 
 import openai
+import pytest
 from PySide6.QtWidgets import QLabel
 
 from tests.desktop.conftest import ThreadedDaemon
@@ -14,6 +15,7 @@ from tests.desktop.conftest import ThreadedDaemon
 LINES = 300
 
 
+@pytest.mark.slow
 def test_the_engines_page_follows_a_running_batch(qtbot, app, daemon_thread: ThreadedDaemon):
     daemon_thread.write_fake_profile("fake", args="--token-delay 0.2")
     dash = app.open_dashboard("engines")

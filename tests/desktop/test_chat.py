@@ -8,6 +8,7 @@ import json
 import re
 import urllib.request
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QLabel
@@ -251,6 +252,7 @@ def test_an_edit_can_be_cancelled_and_a_sent_edit_retitles_the_chat(
     assert daemon_thread.run(lambda c: c.chats())[0].title == "my own title"
 
 
+@pytest.mark.slow
 def test_a_model_whose_engine_is_not_running_loads_on_send(qtbot, app, daemon_thread):
     """Models on demand: the picker lists a servable model that is not loaded (saying that
     sending loads it); sending starts its engine, the window says how the load goes (the

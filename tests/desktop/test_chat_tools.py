@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 from PySide6.QtCore import Qt
 
 from desktop.app import DesktopApp
@@ -124,6 +125,7 @@ def test_an_allowed_call_runs_its_result_goes_back_and_the_server_stops_with_the
     qtbot.waitUntil(lambda: _gone(pid), timeout=10000)
 
 
+@pytest.mark.slow
 def test_always_allow_asks_once(qtbot, app, daemon_thread, paths: Paths) -> None:
     _servers(paths, calc=[])
     chat = _chat(qtbot, app, daemon_thread, 'add:{"a": 1, "b": 2}')
@@ -135,6 +137,7 @@ def test_always_allow_asks_once(qtbot, app, daemon_thread, paths: Paths) -> None
     assert reply.content.startswith("tool said: 3 ") and reply.tools[0].outcome == "allowed"
 
 
+@pytest.mark.slow
 def test_deny_tells_the_model_and_a_call_past_its_timeout_is_said(
     qtbot, app, daemon_thread, paths: Paths
 ) -> None:

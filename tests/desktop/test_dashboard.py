@@ -180,6 +180,7 @@ def test_environments_and_doctor(qtbot, app, daemon_thread) -> None:
     assert "TTFT p50 ms worse by 12%" in envs.table.item(0, 4).toolTip()
 
 
+@pytest.mark.slow
 def test_a_slow_doctor_is_waited_for_not_called_a_dead_daemon(
     qtbot, daemon_thread, fake_env: Path, app_factory: AppFactory, monkeypatch
 ) -> None:

@@ -51,6 +51,7 @@ def test_an_engine_started_elsewhere_shows_its_version_and_device(
     assert "(vllm 0.32.0, cpu)" in page.detail.text()
 
 
+@pytest.mark.slow
 def test_the_environments_tab_follows_an_install(
     qtbot, paths: Paths, app_factory: AppFactory, tmp_path: Path, monkeypatch
 ) -> None:
@@ -248,6 +249,7 @@ def test_an_offline_hub_search_says_so_across_the_page_with_its_fix(
         d.stop()
 
 
+@pytest.mark.slow
 def test_while_it_starts_the_engines_table_tooltip_and_chat_show_port_pid_and_stage(
     qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
 ) -> None:

@@ -49,6 +49,7 @@ async def test_tools_are_listed_and_called(tmp_path: Path) -> None:
     await host.close()
 
 
+@pytest.mark.slow
 async def test_a_server_that_crashes_at_start_is_said_and_the_others_serve() -> None:
     host = MCPHost((calc_server("broken", "--crash"), calc_server("calc")))
     ready = await host.ensure_started()

@@ -52,6 +52,7 @@ def _setup(qtbot, app: DesktopApp) -> SetupDialog:
     return app.setup
 
 
+@pytest.mark.slow
 def test_first_run_from_nothing_to_a_chat_answer(
     qtbot, fresh_daemon: ThreadedDaemon, fake_hub: FakeHub, app_factory: AppFactory
 ) -> None:
@@ -215,6 +216,7 @@ def test_on_rtx_4090s_the_setup_proposes_the_presets_those_gpus_run(
         d.stop()
 
 
+@pytest.mark.slow
 def test_an_install_cancelled_half_way_leaves_nothing(
     qtbot, fresh_daemon: ThreadedDaemon, app_factory: AppFactory, monkeypatch, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ import shlex
 import threading
 
 import openai
+import pytest
 from PySide6.QtGui import QAction, QGuiApplication
 
 from desktop.app import DesktopApp
@@ -30,6 +31,7 @@ def _menu_action(app: DesktopApp, name: str) -> QAction:
     raise AssertionError(f"no menu action {name}")
 
 
+@pytest.mark.slow
 def test_tray_follows_engine_state_and_menu_starts_and_stops(
     qtbot, app: DesktopApp, daemon_thread: ThreadedDaemon
 ) -> None:
@@ -207,6 +209,7 @@ def test_quit_asks_and_remembers_stop(qtbot, daemon_thread, app_factory: AppFact
     qtbot.waitUntil(lambda: not daemon_thread.paths.daemon_json.exists(), timeout=30000)
 
 
+@pytest.mark.slow
 def test_throughput_comes_from_the_daemons_events(qtbot, app: DesktopApp, daemon_thread) -> None:
     """Another program's stream makes the tray busy and shows its tokens per second, from the
     daemon's throughput events (no /metrics scraping); the zero event after it ends clears both."""

@@ -35,6 +35,7 @@ def is_disk_full(note: Any) -> bool:
     return isinstance(note, Notification) and note.title == "Disk full"
 
 
+@pytest.mark.slow
 def test_the_tray_warns_of_a_full_disk_until_there_is_room(
     qtbot: Any, disk_app: DesktopApp, daemon_thread: ThreadedDaemon, data_disk: DataDisk
 ) -> None:

@@ -334,6 +334,7 @@ async def test_a_queued_batch_cancelled_ends_at_once(
     await client.batches.cancel(running.id)
 
 
+@pytest.mark.slow
 async def test_a_batch_survives_engine_crashes(
     daemon: RunningDaemon, client: openai.AsyncOpenAI
 ) -> None:

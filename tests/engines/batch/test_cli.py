@@ -9,6 +9,7 @@ import io
 import json
 
 import openai
+import pytest
 
 from tests.conftest import RunningDaemon
 from tests.engines.batch.test_batches import CHAT, chat_line, jsonl
@@ -25,6 +26,7 @@ async def make_batch(client: openai.AsyncOpenAI, lines: int) -> str:
     return batch.id
 
 
+@pytest.mark.slow
 async def test_ls_show_follow_and_cancel(daemon: RunningDaemon) -> None:
     await start_fake(daemon, args="--token-delay 0.2")
     async with sdk(daemon) as client:

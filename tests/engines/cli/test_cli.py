@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from engines.cli import run_command
 from engines.config.sections import Paths
@@ -117,6 +118,7 @@ def test_keys_add_list_remove(env: dict[str, str]) -> None:
     assert "no API keys" in traylm(env, "keys", "list").stdout
 
 
+@pytest.mark.slow
 def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -> None:
     """`serve --port P --simulate-gpus 2` holds for that daemon only: a settings change made
     while it runs (`traylm keys add` and `config set`, which save the file and apply it to the
@@ -145,6 +147,7 @@ def test_serve_overrides_are_never_written_to_config_toml(env: dict[str, str]) -
     assert traylm(env, "config", "get", "gateway.max_queue").stdout.strip() == "77"
 
 
+@pytest.mark.slow
 def test_start_stop_status_logs(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
@@ -163,6 +166,7 @@ def test_start_stop_status_logs(
     assert "stopped" in traylm(env, "status").stdout
 
 
+@pytest.mark.slow
 def test_sigterm_stops_engines_and_cleans_up(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
@@ -190,6 +194,7 @@ def test_sigterm_stops_engines_and_cleans_up(
     assert json.loads(paths.engine_pids_json.read_text()) == {}
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_port_names_the_holder(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
@@ -201,6 +206,7 @@ def test_serve_on_a_busy_port_names_the_holder(
     assert "gateway.port" in out.stderr
 
 
+@pytest.mark.slow
 def test_second_daemon_same_user_is_refused(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:

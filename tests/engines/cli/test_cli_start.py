@@ -135,6 +135,7 @@ def one_shot_extras(modules: set[str]) -> list[str]:
         (("bench", "ls"), False),  # a coroutine: the event loop, but still no aiohttp
     ],
 )
+@pytest.mark.slow
 def test_a_command_that_only_calls_the_daemon_imports_no_aiohttp(
     env: dict[str, str],
     served: tuple[subprocess.Popen[str], int],

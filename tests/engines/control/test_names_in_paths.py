@@ -62,6 +62,7 @@ def assert_untouched(env: dict[str, str], before: dict[str, Any]) -> None:
     assert (after["state"], after["pid"], after["restarts"]) == ("ready", before["pid"], 0)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_hostile_names(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int], fast: dict[str, Any]
 ) -> None:
@@ -95,6 +96,7 @@ def raw(port: int, token: str, method: str, path: str, body: Any = None) -> tupl
         conn.close()
 
 
+@pytest.mark.slow
 def test_the_daemon_refuses_names_that_are_not_profile_names(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int], fast: dict[str, Any]
 ) -> None:
@@ -125,6 +127,7 @@ def test_the_daemon_refuses_names_that_are_not_profile_names(
     assert_untouched(env, fast)
 
 
+@pytest.mark.slow
 def test_repo_ids_keep_working_and_each_part_is_one_segment(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:

@@ -9,11 +9,14 @@ import os
 import signal
 import subprocess
 
+import pytest
+
 from engines.config.sections import Paths
 from engines.core.procs import free_loopback_port
 from tests.engines.cli.test_cli import traylm
 
 
+@pytest.mark.slow
 def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:
@@ -30,6 +33,7 @@ def test_deleted_daemon_json_is_written_again_and_clients_find_the_daemon(
     assert f"already running (pid {proc.pid}, http://127.0.0.1:{port})" in second.stderr
 
 
+@pytest.mark.slow
 def test_a_daemon_that_cannot_be_reached_is_still_found_and_stopped(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from engines.config.sections import Paths
 from engines.config.tomlfile import write_toml_atomic
 from engines.core.procs import free_loopback_port
@@ -61,6 +63,7 @@ def serve_with_umask_022(env: dict[str, str], port: int) -> subprocess.Popen[byt
     return proc
 
 
+@pytest.mark.slow
 def test_folders_0700_files_0600_and_an_old_install_is_fixed(env: dict[str, str]) -> None:
     paths = Paths.from_env(env)
     old = old_install(paths)

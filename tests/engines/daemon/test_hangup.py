@@ -59,6 +59,7 @@ def gone(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_sighup_mid_stream_stops_cleanly_and_says_why(env: dict[str, str]) -> None:
     """The client streaming at that moment gets an error event that says traylm stopped (not a
     clean end: a cut reply is not a finished one, and the chat window keeps it as

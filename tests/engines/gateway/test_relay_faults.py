@@ -85,6 +85,7 @@ async def _non_reading_client(d: RunningDaemon, max_tokens: int) -> asyncio.Stre
     return writer
 
 
+@pytest.mark.slow
 async def test_clients_that_never_read_lose_their_slots(daemon_factory, fake_env) -> None:
     """Streams whose clients read nothing are ended after gateway.client_stall_timeout_s and
     their requests aborted in the engine; the slots come back, and the engine (busy and slow to
@@ -140,6 +141,7 @@ async def test_the_daemon_stopping_mid_stream_says_so(daemon_factory, fake_env) 
         await client.close()
 
 
+@pytest.mark.slow
 async def test_a_hung_engine_tells_the_waiting_client_why(daemon_factory, fake_env) -> None:
     base = fast_settings(free_loopback_port())
     settings = dataclasses.replace(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
 from engines.events import GatewayThroughput
 from tests.conftest import RunningDaemon
 from tests.engines.gateway.test_daemon_gateway import sdk, start_fake
@@ -20,6 +22,7 @@ async def _throughput(
         yield event
 
 
+@pytest.mark.slow
 async def test_throughput_events_while_requests_run_then_one_zero(daemon: RunningDaemon) -> None:
     await start_fake(daemon, args="--token-delay 0.25")
     reporter = daemon.daemon.ctx.throughput
@@ -57,6 +60,7 @@ async def test_throughput_events_while_requests_run_then_one_zero(daemon: Runnin
     await client.close()
 
 
+@pytest.mark.slow
 async def test_a_request_after_the_zero_starts_the_reports_again(daemon: RunningDaemon) -> None:
     await start_fake(daemon)
     reporter = daemon.daemon.ctx.throughput

@@ -336,6 +336,7 @@ async def test_cli_against_the_daemon_and_without_one(sim_daemon: RunningDaemon,
     assert [x["kind"] for x in lines] == ["header", "sample", "sample"] and lines[0]["simulated"]
 
 
+@pytest.mark.slow
 async def test_simulated_load_follows_gateway_traffic(sim_daemon: RunningDaemon) -> None:
     """With --simulate-gpus the GPUs an engine runs on get busy while it serves requests (so a
     demo looks alive); a load set by hand is left alone."""

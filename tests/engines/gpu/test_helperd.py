@@ -434,6 +434,7 @@ async def test_daemon_controls_lock_and_the_gpus_table_shows_it(helper: Helper) 
     await client.stop()
 
 
+@pytest.mark.slow
 async def test_profiles_apply_in_order_and_a_refusal_leaves_defaults(helper: Helper) -> None:
     from engines.events.codec import Event
     from engines.gpu.controls import GPUControls

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import RunningDaemon
 from tests.fakes.hub_server import FakeHub
 
@@ -27,6 +29,7 @@ async def traylm(*args: str) -> tuple[int, str]:
     return proc.returncode, out.decode()
 
 
+@pytest.mark.slow
 async def test_models_commands_end_to_end(hub_daemon: RunningDaemon, fake_hub: FakeHub) -> None:
     code, out = await traylm("search", "tiny")
     assert code == 0 and REPO in out

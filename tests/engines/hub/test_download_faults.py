@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from engines.events import DownloadState, DownloadStateChanged
 from tests.conftest import RunningDaemon
@@ -76,6 +77,7 @@ async def test_cancel_mid_file_kills_the_worker_at_once_and_keeps_nothing(
     assert all(m.repo_id != BIG for m in await hub_daemon.client.local_models())
 
 
+@pytest.mark.slow
 async def test_kill_9_of_the_worker_is_retried_and_never_marked_ready_before_verification(
     hub_daemon_factory, fake_hub: FakeHub, hf_home: Path
 ) -> None:

@@ -127,6 +127,7 @@ def test_the_fix_is_named_where_the_engines_settings_live() -> None:
     assert "`traylm models set m tool_parser=hermes` does" in profile
 
 
+@pytest.mark.slow
 async def test_a_folder_without_a_parser_says_the_command_and_the_command_fixes_it(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:

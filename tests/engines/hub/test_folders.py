@@ -59,6 +59,7 @@ def test_registry_adds_lists_and_forgets(tmp_path: Path) -> None:
         registry.get("My-Tiny-Llama")
 
 
+@pytest.mark.slow
 async def test_add_then_start_by_name_then_delete_the_folder(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:

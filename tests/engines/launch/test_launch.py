@@ -73,6 +73,7 @@ def test_claude_gets_the_gateway_the_model_and_passes_through(
     assert "coder" in traylm(env, "ps").stdout  # loaded first
 
 
+@pytest.mark.slow
 def test_codex_and_opencode_get_overrides_not_config_files(
     agent_env: dict[str, str], port: int, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_codex_and_opencode_get_overrides_not_config_files(
     assert not home.exists()  # no config file of the user's written
 
 
+@pytest.mark.slow
 def test_without_model_the_loaded_one_that_can_call_tools(
     agent_env: dict[str, str], port: int
 ) -> None:
@@ -129,6 +131,7 @@ def test_a_model_without_a_tool_parser_is_refused_with_the_fix(
     assert "plain" not in traylm(agent_env, "ps").stdout  # nor was it loaded
 
 
+@pytest.mark.slow
 def test_a_key_made_and_named_for_the_agent(agent_env: dict[str, str], port: int) -> None:
     write(agent_env, "coder", tool_parser="hermes")
     assert traylm(agent_env, "keys", "add", "--name", "mine").returncode == 0

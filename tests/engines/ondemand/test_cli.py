@@ -31,6 +31,7 @@ def write(env: dict[str, str], name: str, **fields: object) -> None:
     )
 
 
+@pytest.mark.slow
 def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:
     write(env, "m", served_name="m", gpus="auto", device="cuda")
     out = traylm(env, "load", "m", "--gpus", "1", "--ttl", "10m", "--timeout", "30")
@@ -49,6 +50,7 @@ def test_load_ps_unload(env: dict[str, str], sim_served: int) -> None:
     assert "no model is loaded" in traylm(env, "ps").stdout
 
 
+@pytest.mark.slow
 def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> None:
     write_toml_atomic(
         Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "slow.toml",
@@ -65,6 +67,7 @@ def test_load_prints_the_start_phases(env: dict[str, str], sim_served: int) -> N
     assert out.stdout.rstrip().endswith("slow: ready")
 
 
+@pytest.mark.slow
 def test_ps_shows_the_start_phase_of_a_loading_model(env: dict[str, str], sim_served: int) -> None:
     write_toml_atomic(
         Path(env["TRAYLM_HOME"]) / "config" / "profiles" / "slow.toml",
@@ -85,6 +88,7 @@ def test_ps_shows_the_start_phase_of_a_loading_model(env: dict[str, str], sim_se
     assert shown in labels
 
 
+@pytest.mark.slow
 def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> None:
     write(env, "m", served_name="m")
     for args, expected in (
@@ -101,6 +105,7 @@ def test_bad_input_gets_clear_errors(env: dict[str, str], sim_served: int) -> No
         assert expected in out.stderr, (args, out.stderr)
 
 
+@pytest.mark.slow
 def test_attach_and_detach(env: dict[str, str], sim_served: int) -> None:
     write(env, "host", served_name="host")
     assert traylm(env, "load", "host", "--timeout", "30").returncode == 0

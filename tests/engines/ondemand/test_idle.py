@@ -40,6 +40,7 @@ async def test_idle_ttl_unloads_the_model(od: RunningDaemon, events_of) -> None:
     await client.close()
 
 
+@pytest.mark.slow
 async def test_a_request_in_flight_keeps_the_model_loaded(od: RunningDaemon, events_of) -> None:
     fake_profile(od, "busy", idle_ttl_s=0.5, args="--token-delay 0.1")
     events = events_of(od, "model.state")

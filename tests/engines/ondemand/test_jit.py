@@ -69,6 +69,7 @@ async def test_a_failed_load_answers_every_waiter_with_the_diagnosis(
     assert len(launches) == 1
 
 
+@pytest.mark.slow
 async def test_streaming_cold_request_gets_comments_then_the_reply(od: RunningDaemon) -> None:
     fake_profile(od, "slow", args="--startup-delay 4")
     async with (

@@ -222,6 +222,7 @@ async def test_sleep_mode_frees_the_card_and_wakes_on_the_next_request(
     await client.close()
 
 
+@pytest.mark.slow
 async def test_an_engine_asleep_or_waking_is_not_taken_for_dead(
     daemon_factory: DaemonFactory, paths
 ) -> None:

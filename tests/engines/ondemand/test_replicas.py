@@ -121,6 +121,7 @@ async def test_two_replicas_one_per_card_both_serve(two_gpus: RunningDaemon) -> 
     assert f"replica 2/2 on GPU {second}" in _engine_line(statuses["twin.r2"], 2)  # status
 
 
+@pytest.mark.slow
 async def test_concurrent_streams_spread_over_the_replicas(
     daemon_factory: DaemonFactory, fake_env: object
 ) -> None:
@@ -154,6 +155,7 @@ async def test_a_conversation_sticks_to_its_replica(two_gpus: RunningDaemon) -> 
         assert other == {"stick", "stick.r2"}  # other conversations still use both
 
 
+@pytest.mark.slow
 async def test_a_killed_replica_moves_what_had_not_started(
     daemon_factory: DaemonFactory, fake_env: object
 ) -> None:

@@ -4,6 +4,8 @@ the program exits; a pinned model is left alone; with the setting off nothing ha
 
 from __future__ import annotations
 
+import pytest
+
 from engines.events import EngineState
 from engines.events.gpu import GPUSampled
 from engines.events.models import RoomMade
@@ -23,6 +25,7 @@ async def loaded(d: RunningDaemon, events_of, **engines) -> tuple[RunningDaemon,
     return d, events
 
 
+@pytest.mark.slow
 async def test_a_program_gets_room_and_the_model_comes_back(
     daemon_factory: DaemonFactory, fake_env, events_of
 ) -> None:
@@ -62,6 +65,7 @@ async def test_a_pinned_model_is_left_alone(
     assert d.daemon.engine("qwen").state == EngineState.READY
 
 
+@pytest.mark.slow
 async def test_with_the_setting_off_nothing_is_freed(
     daemon_factory: DaemonFactory, fake_env, events_of
 ) -> None:

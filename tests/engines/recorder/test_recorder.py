@@ -169,6 +169,7 @@ async def test_a_request_that_loads_its_model_is_recorded(daemon: RunningDaemon)
     assert row["reply"]["text"].split() == ["w0", "w1", "w2"]
 
 
+@pytest.mark.slow
 async def test_ls_and_tail_follow(daemon: RunningDaemon) -> None:
     d = daemon
     await start_fake(d)

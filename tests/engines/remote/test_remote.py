@@ -159,6 +159,7 @@ async def one_slot_chat(
     return d
 
 
+@pytest.mark.slow
 async def test_starting_engine_and_full_queue_fall_back(
     daemon_factory: Any, fake_env: Any, remote_server: RemoteServer
 ) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import aiohttp
 import psutil
+import pytest
 
 from engines.core.procs import free_loopback_port
 from engines.events import EngineState, EngineStateChanged
@@ -60,6 +61,7 @@ class Stream:
         return sum(1 for e in self.events if b'"delta"' in e)
 
 
+@pytest.mark.slow
 async def test_a_stopped_engine_core_is_hung_and_restarted(daemon_factory, fake_env) -> None:
     """SIGSTOP of the process that makes the tokens (vLLM's EngineCore): /health still says
     200, but the engine is hung: the waiting stream ends and the engine is restarted."""
@@ -86,6 +88,7 @@ async def test_a_stopped_engine_core_is_hung_and_restarted(daemon_factory, fake_
     assert not psutil.pid_exists(core.pid) or core.status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 async def test_generation_that_stops_is_hung_and_restarted(daemon_factory, fake_env) -> None:
     """No process is stopped and /health says 200, but no token comes for stall_timeout_s
     while a request waits: hung."""
@@ -104,6 +107,7 @@ async def test_generation_that_stops_is_hung_and_restarted(daemon_factory, fake_
     await wait_until(lambda: engine.state == EngineState.READY and engine.pid != leader, "restart")
 
 
+@pytest.mark.slow
 async def test_slow_health_while_tokens_flow_is_no_crash(daemon_factory, fake_env) -> None:
     """/health answers after 2 s (later than the probe waits) while the engine streams: the
     engine is working, so it is neither restarted nor is the stream cut."""
@@ -121,6 +125,7 @@ async def test_slow_health_while_tokens_flow_is_no_crash(daemon_factory, fake_en
     assert engine.state == EngineState.READY and engine.pid == leader and engine.restarts == 0
 
 
+@pytest.mark.slow
 async def test_replies_flowing_stand_for_health(daemon_factory, fake_env) -> None:
     """While the gateway relays an engine's tokens, the supervisor does not also ask /health
     every second (one request and one connection less per second, off the loop that relays the
@@ -150,6 +155,7 @@ async def test_replies_flowing_stand_for_health(daemon_factory, fake_env) -> Non
     assert engine.state == EngineState.READY and engine.restarts == 0
 
 
+@pytest.mark.slow
 async def test_stopped_leader_is_killed_without_a_graceful_wait(daemon_factory, fake_env) -> None:
     """A SIGSTOPped leader can run no SIGTERM handler: it is declared dead and SIGKILLed at
     once, not after engines.stop_timeout_s (10 minutes here, far past this test's waits)."""

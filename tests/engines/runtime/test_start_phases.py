@@ -136,6 +136,7 @@ def _while_starting(status: object) -> None:
         assert status.phase_elapsed_s >= 0
 
 
+@pytest.mark.slow
 def test_start_wait_prints_phase_lines_and_the_breakdown(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:

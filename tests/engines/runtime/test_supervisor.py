@@ -152,6 +152,7 @@ async def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     assert all(not psutil.pid_exists(c.pid) or c.status() == psutil.STATUS_ZOMBIE for c in children)
 
 
+@pytest.mark.slow
 async def test_crash_is_detected_fast_and_restarted_with_a_cap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

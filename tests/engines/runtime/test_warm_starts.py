@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import pytest
 
 from engines.config.tomlfile import write_toml_atomic
 from engines.events import EngineState
@@ -133,6 +134,7 @@ async def test_pool_keeps_at_most_its_limit_oldest_out(tmp_path: Path) -> None:
     await pool.close()
 
 
+@pytest.mark.slow
 def test_warm_process_exits_when_the_daemon_is_killed(
     env: dict[str, str], served: tuple[subprocess.Popen[str], int]
 ) -> None:

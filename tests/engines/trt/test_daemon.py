@@ -185,6 +185,7 @@ async def test_each_diagnosis_reaches_the_engine_status(
 # --------------------------------------------------------------------------- build mode
 
 
+@pytest.mark.slow
 async def test_build_miss_then_cache_hit_then_eta_for_the_next_build(
     trt: RunningDaemon, model_dir: Path
 ) -> None:
