@@ -1,6 +1,7 @@
 """Making room on simulated GPUs through the real daemon (FAKE engines with sleep mode): a
 simulated program takes 12 GiB on the card of an idle model, which sleeps and comes back once
-the program exits; a pinned model is left alone; with the setting off nothing happens."""
+the program exits; a pinned model, or one answering a request, is left alone; with the setting
+off nothing happens."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
 GIB = 1 << 30
 
 
-async def loaded(d: RunningDaemon, events_of, **engines) -> tuple[RunningDaemon, object]:
+async def loaded(d: RunningDaemon, events_of, args: str = "") -> tuple[RunningDaemon, object]:
     d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
-    fake_profile(d, "qwen", device="cuda", gpus=[1])
+    fake_profile(d, "qwen", args=args, device="cuda", gpus=[1])
     events = events_of(d, "model.room", "notice", "gpu.sample")
     client = sdk(d)
     assert await ask(client, "qwen") == "w0 w1"
@@ -80,3 +81,34 @@ async def test_with_the_setting_off_nothing_is_freed(
     await events.wait(lists_since)
     assert not [e for e in events.drain() if isinstance(e, RoomMade)]
     assert d.daemon.engine("qwen").state == EngineState.READY
+
+
+async def test_a_model_answering_a_request_is_left_alone(
+    daemon_factory: DaemonFactory, fake_env, events_of
+) -> None:
+    """The claim says the model stays and why; the request finishes on a READY model; room is
+    made once the model is idle (the program still needs the memory)."""
+    d = await daemon_factory(settings(gpus=2))
+    d, events = await loaded(d, events_of, args="--token-delay 0.05")
+    client = sdk(d)
+    stream = await client.chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "hi"}], max_tokens=100, stream=True
+    )
+    words = [chunk.choices[0].delta.content async for chunk in _first(stream)]
+    await d.client.start_sim_program("1", "blender", 12)
+    kept = await events.wait(lambda e: isinstance(e, RoomMade))
+    assert kept.phase == "kept" and "qwen (answering requests) stays" in kept.message
+    assert "`traylm unload NAME`" in kept.message
+    assert d.daemon.engine("qwen").state == EngineState.READY
+    words += [c.choices[0].delta.content async for c in stream if c.choices]
+    assert len(words) == 100 and words[-1] == "w99 "  # the request ran to its end
+    await client.close()
+    made = await events.wait(lambda e: isinstance(e, RoomMade) and e.phase == "made")
+    assert made.message.startswith("Made room on GPU 1 for blender: qwen sleeps")
+
+
+async def _first(stream):  # the first token of a stream (the request is then in flight)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            yield chunk
+            return
