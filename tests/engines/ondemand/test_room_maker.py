@@ -1,7 +1,8 @@
 """Making room on simulated GPUs through the real daemon (FAKE engines with sleep mode): a
 simulated program takes 12 GiB on the card of an idle model, which sleeps and comes back once
 the program exits; a pinned model, or one answering a request, is left alone; with the setting
-off nothing happens."""
+off, or for a program in make_room_ignore, nothing happens; one in make_room_always gets room
+on a card with plenty free."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from tests.engines.ondemand.conftest import ask, fake_profile, sdk, settings
 GIB = 1 << 30
 
 
-async def loaded(d: RunningDaemon, events_of, args: str = "") -> tuple[RunningDaemon, object]:
+async def loaded(
+    d: RunningDaemon, events_of, args: str = "", **fields
+) -> tuple[RunningDaemon, object]:
     d.daemon.ondemand.placer.host_free_bytes = lambda: 64 * GIB
-    fake_profile(d, "qwen", args=args, device="cuda", gpus=[1])
+    fake_profile(d, "qwen", args=args, device="cuda", gpus=[1], **fields)
     events = events_of(d, "model.room", "notice", "gpu.sample")
     client = sdk(d)
     assert await ask(client, "qwen") == "w0 w1"
@@ -69,18 +72,53 @@ async def test_with_the_setting_off_nothing_is_freed(
     d = await daemon_factory(settings(gpus=2, make_room=False))
     d, events = await loaded(d, events_of)
     await d.client.start_sim_program("1", "blender", 12)
-    seen: list[int] = []
-
-    def lists_since(e) -> bool:  # three process lists that show the program
-        if isinstance(e, GPUSampled) and any(
-            p.name == "blender" for p in e.gpus[1].processes or ()
-        ):
-            seen.append(1)
-        return len(seen) >= 3
-
-    await events.wait(lists_since)
+    await events.wait(lists_showing("blender", 3))
     assert not [e for e in events.drain() if isinstance(e, RoomMade)]
     assert d.daemon.engine("qwen").state == EngineState.READY
+
+
+def lists_showing(name: str, n: int):
+    """An event match: true at the n-th process list of GPU 1 that shows ``name``."""
+    seen: list[int] = []
+
+    def match(e) -> bool:
+        if isinstance(e, GPUSampled) and any(p.name == name for p in e.gpus[1].processes or ()):
+            seen.append(1)
+        return len(seen) >= n
+
+    return match
+
+
+async def test_an_ignored_program_never_claims_the_card(
+    daemon_factory: DaemonFactory, fake_env, events_of
+) -> None:
+    d = await daemon_factory(settings(gpus=2, make_room_ignore=("Xorg", "blend*")))
+    d, events = await loaded(d, events_of)
+    await d.client.start_sim_program("1", "Blender", 12)  # patterns ignore case
+    await events.wait(lists_showing("Blender", 3))
+    assert not [e for e in events.drain() if isinstance(e, RoomMade)]
+    assert d.daemon.engine("qwen").state == EngineState.READY
+
+
+async def test_a_program_always_made_room_for_claims_a_roomy_card(
+    daemon_factory: DaemonFactory, fake_env, events_of
+) -> None:
+    d = await daemon_factory(settings(gpus=2, make_room_always=("comfy*",)))
+    d, events = await loaded(d, events_of, gpu_memory_utilization=0.5)
+
+    def engine_shown(e) -> bool:  # a sample that counts the engine's memory
+        return isinstance(e, GPUSampled) and any(
+            p.engine_id and p.used_memory_bytes for p in e.gpus[1].processes or ()
+        )
+
+    sample = await events.wait(engine_shown)
+    assert sample.gpus[1].memory_free_bytes > 8 * GIB  # plenty free: no other program claims
+    await d.client.start_sim_program("1", "ComfyUI", 1)
+    made = await events.wait(lambda e: isinstance(e, RoomMade))
+    assert made.phase == "made" and made.message.startswith(
+        "Made room on GPU 1 for ComfyUI: qwen sleeps"
+    )
+    assert d.daemon.engine("qwen").state == EngineState.SLEEPING
 
 
 async def test_a_model_answering_a_request_is_left_alone(
