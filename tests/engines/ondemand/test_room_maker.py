@@ -2,11 +2,14 @@
 simulated program takes 12 GiB on the card of an idle model, which sleeps and comes back once
 the program exits; a pinned model, or one answering a request, is left alone; with the setting
 off, or for a program in make_room_ignore, nothing happens; one in make_room_always gets room
-on a card with plenty free."""
+on a card with plenty free. Against flapping: a program back within the return time keeps the
+model asleep, and room made again soon after a return doubles the return time."""
 
 from __future__ import annotations
 
-from engines.events import EngineState
+import time
+
+from engines.events import EngineState, Notice
 from engines.events.gpu import GPUSampled
 from engines.events.models import RoomMade
 from tests.conftest import DaemonFactory, RunningDaemon
@@ -150,3 +153,73 @@ async def _first(stream):  # the first token of a stream (the request is then in
         if chunk.choices and chunk.choices[0].delta.content:
             yield chunk
             return
+
+
+def made(phase: str):
+    return lambda e: isinstance(e, RoomMade) and e.phase == phase
+
+
+def since(t_s: float, match):
+    """``match``, for events published after wall-clock time ``t_s`` only."""
+    return lambda e: e.ts_s > t_s and match(e)
+
+
+def without(name: str):
+    """An event match: a process list of GPU 1 without ``name``."""
+    return lambda e: (
+        isinstance(e, GPUSampled) and all(p.name != name for p in e.gpus[1].processes or ())
+    )
+
+
+async def test_a_program_back_within_the_return_time_keeps_the_models_asleep(
+    daemon_factory: DaemonFactory, fake_env, events_of
+) -> None:
+    """blender exits and starts again (a new pid, 2 GiB so far: the model would fit beside it)
+    before the 3 s return time: the model stays asleep while it runs, and comes back once it
+    exits for good."""
+    d = await daemon_factory(settings(gpus=2, make_room_return_s=3))
+    d, events = await loaded(d, events_of, gpu_memory_utilization=0.5)
+    await d.client.start_sim_program("1", "blender", 16)
+    await events.wait(made("made"))
+    stopped_s = time.time()
+    await d.client.stop_sim_program("1", "blender")
+    gone = await events.wait(since(stopped_s, without("blender")))  # the return time starts
+    await d.client.start_sim_program("1", "blender", 2)
+
+    def past_return(e) -> bool:  # blender listed again, 2 s past the return time since it exited
+        return lists_showing("blender", 1)(e) and e.ts_s > gone.ts_s + 3 + 2
+
+    await events.wait(past_return)
+    assert not [e for e in events.drain() if made("back")(e)]
+    assert d.daemon.engine("qwen").state == EngineState.SLEEPING
+    stopped_s = time.time()
+    await d.client.stop_sim_program("1", "blender")
+    gone = await events.wait(since(stopped_s, without("blender")))
+    back = await events.wait(made("back"))
+    assert back.message == "blender exited: qwen is back on GPU 1"
+    assert back.ts_s - gone.ts_s >= 3  # the return time counted from this exit, not the first
+    assert d.daemon.engine("qwen").state == EngineState.READY
+
+
+async def test_room_made_again_soon_after_doubles_the_return_time(
+    daemon_factory: DaemonFactory, fake_env, events_of
+) -> None:
+    d = await daemon_factory(settings(gpus=2, make_room_return_s=1))
+    d, events = await loaded(d, events_of)
+    await d.client.start_sim_program("1", "blender", 12)
+    await events.wait(made("made"))
+    await d.client.stop_sim_program("1", "blender")
+    first = await events.wait(made("back"))
+    await d.client.start_sim_program("1", "blender", 12)
+    again = await events.wait(lambda e: made("made")(e) and e.ts_s > first.ts_s)
+    assert again.message == (
+        "Made room on GPU 1 for blender: qwen sleeps; it comes back 2 s after blender exits "
+        "(blender came back soon after last time)"
+    )
+    notice = await events.wait(lambda e: isinstance(e, Notice) and e.message == again.message)
+    assert notice.source == "ondemand.room" and notice.title == "Made room on GPU 1"
+    stopped_s = time.time()
+    await d.client.stop_sim_program("1", "blender")
+    gone = await events.wait(since(stopped_s, without("blender")))
+    back = await events.wait(lambda e: made("back")(e) and e.ts_s > again.ts_s)
+    assert back.ts_s - gone.ts_s >= 2  # the doubled return time, not the 1 s set
