@@ -175,9 +175,9 @@ async def test_a_program_back_within_the_return_time_keeps_the_models_asleep(
     daemon_factory: DaemonFactory, fake_env, events_of
 ) -> None:
     """blender exits and starts again (a new pid, 2 GiB so far: the model would fit beside it)
-    before the 3 s return time: the model stays asleep while it runs, and comes back once it
+    before the 2 s return time: the model stays asleep while it runs, and comes back once it
     exits for good."""
-    d = await daemon_factory(settings(gpus=2, make_room_return_s=3))
+    d = await daemon_factory(settings(gpus=2, make_room_return_s=2))
     d, events = await loaded(d, events_of, gpu_memory_utilization=0.5)
     await d.client.start_sim_program("1", "blender", 16)
     await events.wait(made("made"))
@@ -187,7 +187,7 @@ async def test_a_program_back_within_the_return_time_keeps_the_models_asleep(
     await d.client.start_sim_program("1", "blender", 2)
 
     def past_return(e) -> bool:  # blender listed again, 2 s past the return time since it exited
-        return lists_showing("blender", 1)(e) and e.ts_s > gone.ts_s + 3 + 2
+        return lists_showing("blender", 1)(e) and e.ts_s > gone.ts_s + 2 + 2
 
     await events.wait(past_return)
     assert not [e for e in events.drain() if made("back")(e)]
@@ -197,7 +197,7 @@ async def test_a_program_back_within_the_return_time_keeps_the_models_asleep(
     gone = await events.wait(since(stopped_s, without("blender")))
     back = await events.wait(made("back"))
     assert back.message == "blender exited: qwen is back on GPU 1"
-    assert back.ts_s - gone.ts_s >= 3  # the return time counted from this exit, not the first
+    assert back.ts_s - gone.ts_s >= 2  # the return time counted from this exit, not the first
     assert d.daemon.engine("qwen").state == EngineState.READY
 
 
