@@ -365,6 +365,7 @@ async def power_reset(request: web.Request) -> web.Response:
 @traylm_errors
 async def programs(request: web.Request) -> web.Response:
     f = _feature(request)
+    sim_programs.simulator(f.backend)  # before the GPUs: none here is a 409 too, not a 503
     return ok(sim_programs.listing(f.backend, f.infos(), request.match_info["gpu"]))
 
 
@@ -382,5 +383,6 @@ async def start_program(request: web.Request) -> web.Response:
 @traylm_errors
 async def stop_program(request: web.Request) -> web.Response:
     f = _feature(request)
+    sim_programs.simulator(f.backend)
     gpu, which = request.match_info["gpu"], request.match_info["program"]
     return ok({"stopped": sim_programs.stop(f.backend, f.infos(), gpu, which)})

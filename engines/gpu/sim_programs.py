@@ -25,7 +25,7 @@ def simulator(backend: GPUBackend) -> SimulatedBackend:
     """The simulated backend, or GPUNotSupported (409) saying there is nothing to simulate."""
     if not isinstance(backend, SimulatedBackend):
         raise GPUNotSupported(
-            f"the GPUs here are real ({backend.name}): simulated programs exist only on "
+            f"the GPUs here are not simulated ({backend.name}): simulated programs exist only on "
             "simulated GPUs; start the daemon with `traylm serve --simulate-gpus 2` to try one",
             code="not_simulated",
         )

@@ -1,7 +1,7 @@
 """Making room: when another program (a game, Blender, ComfyUI) takes memory on a GPU that
 holds an idle traylm model, the model gets out of its way, and comes back once it exits.
 
-It reads every GPU sample (``gpu.sampled``). A program that is not traylm's (the sampler marks
+It reads every GPU sample (``gpu.sample``). A program that is not traylm's (the sampler marks
 engine processes) *claims* its card when it appears or grows while the card has less than
 ``engines.make_room_margin_gib`` free, or as soon as it appears when ``make_room_always`` names
 it; ``make_room_ignore`` names programs never made room for (the desktop's own by default).
