@@ -237,6 +237,7 @@ class Daemon:
             logs_dir=paths.logs_dir,
             publish=publish,
             internal_key=lambda: self.ctx.internal_key,
+            note_failed=self.requests.note_errors,
         )
         self.multinode = MultiNode(
             peers=self.peers,

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.look.formatting import fmt_ms, fmt_when
-from engines.events import BenchLevel, BenchRun, LatencyStats
+from engines.events import BenchLevel, BenchRun, BenchState, LatencyStats
 
 COLUMNS = (
     "Run",
@@ -151,6 +151,13 @@ class BenchResults(QWidget):
             f"Run #{run.id}, concurrency {level.concurrency}: {failure_text(level)}"
             for run, level in rows
             if level.failed
+        ]
+        failures += [
+            f"Run #{run.id}'s log names each failed request (Requests lists them under the "
+            f"client 'a benchmark'): {run.log_path}"
+            for run in runs
+            if run.log_path
+            and (run.state == BenchState.FAILED or any(lv.failed for lv in run.levels))
         ]
         self.failures.setText("\n".join(failures))
         self.failures.setVisible(bool(failures))

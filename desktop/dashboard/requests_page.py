@@ -124,6 +124,8 @@ class RequestsPage(Page):
             ("this computer", "local"),
             ("LAN", "lan"),
             ("a paired box", "box"),
+            ("a benchmark", "bench"),
+            ("the tuner", "tuner"),
             ("the Ollama API", "ollama"),
         ):
             self.client_filter.addItem(label, value)

@@ -90,13 +90,25 @@ def heading_html(job: TuneJob) -> str:
         else (f"preset {c.workload}")
     )
     when = fmt_when(job.finished_s or job.started_s)
+    title = f"<b>Tune #{job.id} of {html.escape(job.profile)}</b> · {job.state}"
+    if job.state == TuneState.INTERRUPTED:  # a killed daemon's: only what its file kept
+        return f"{title} · {when}<br>{_said(job.detail.removeprefix('interrupted: '))}"
     done = sum(1 for m in job.measures if not m.error)
     count = f"{done} of {job.planned} measurements · " if job.planned else ""
-    return (
-        f"<b>Tune #{job.id} of {html.escape(job.profile)}</b> · {job.state} · {count}"
+    heading = (
+        f"{title} · {count}"
         f"{html.escape(workload)}, concurrency {job.concurrency}, goal {html.escape(c.goal)}, "
         f"{c.repeat} runs of each candidate, interleaved · {when}"
     )
+    if job.state in (TuneState.FAILED, TuneState.CANCELLED) and job.detail not in ("", "cancelled"):
+        heading += f"<br>{_said(job.detail)}"
+    return heading
+
+
+def _said(detail: str) -> str:
+    """The daemon's words on how a tune ended, as a sentence."""
+    text = detail.strip()
+    return html.escape(text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."))
 
 
 class TuneResults(QWidget):

@@ -271,6 +271,11 @@ def format_run(run: BenchRun) -> str:
         )
         for message, count in lv.errors.items():
             lines.append(f"    {count} x {message}")
+    failed = run.state == BenchState.FAILED or any(lv.failed for lv in run.levels)
+    if run.log_path and failed:
+        lines.append(
+            f"  log (each failed request; `traylm requests ls --client bench`): {run.log_path}"
+        )
     lines.append(f"  {DEFINITIONS}")
     return "\n".join(lines)
 

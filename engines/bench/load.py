@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from engines.bench.metrics import RequestTiming
+from engines.gateway.exchange import BENCH_RUN_HEADER, REQUEST_ID_HEADER
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Target:
     model: str
     api_key: str = ""
     timeout_s: float = 600.0
+    run_id: int = 0  # sent in BENCH_RUN_HEADER: the recorder marks the requests the run's
 
     @property
     def chat_url(self) -> str:
@@ -63,7 +65,10 @@ class Target:
         return root + spec.path
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.run_id:
+            headers[BENCH_RUN_HEADER] = str(self.run_id)
+        return headers
 
 
 @dataclass
@@ -107,6 +112,7 @@ async def send_request(
     chunks: list[float] = []
     usage: dict[str, Any] = {}
     error = ""
+    request_id = ""
     timeout = aiohttp.ClientTimeout(total=target.timeout_s, sock_connect=10)
     start = time.perf_counter()
     try:
@@ -116,6 +122,7 @@ async def send_request(
             headers=target.headers(),
             timeout=timeout,
         ) as resp:
+            request_id = resp.headers.get(REQUEST_ID_HEADER, "")[:64]
             if resp.status != 200:
                 error = f"HTTP {resp.status}: {_error_message(await resp.text())}"
             elif resp.content_type != "text/event-stream":  # a recorded non-streamed request
@@ -141,6 +148,7 @@ async def send_request(
         input_tokens=spec.input_tokens,
         input_source=spec.input_source,
         error=error,
+        request_id=request_id,
     )
 
 

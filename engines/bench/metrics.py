@@ -44,6 +44,7 @@ class RequestTiming:
     input_tokens: int | None = None  # the workload's own count (tokenize) or estimate
     input_source: str = "approx"  # "tokenize" | "approx"
     error: str = ""
+    request_id: str = ""  # the gateway's x-request-id ("" when no answer came)
 
     @property
     def ok(self) -> bool:
@@ -151,9 +152,7 @@ def level_result(
         ["usage" if t.usage_input_tokens is not None else t.input_source for t in good]
     )
     out_source = _source(["usage" if t.usage_output_tokens is not None else "chunks" for t in good])
-    errors = collections.Counter(
-        (t.error or "the reply carried no text")[:200] for t in timings if not t.ok
-    )
+    errors = collections.Counter(failure_reason(t)[:200] for t in timings if not t.ok)
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: 0.0)
     return BenchLevel(
         concurrency=concurrency,
@@ -189,5 +188,11 @@ def _request_row(t: RequestTiming, level_start_s: float) -> BenchRequest:
         tpot_s=t.tpot_s,
         input_tokens=t.measured_input_tokens,
         output_tokens=t.output_tokens if t.ok else 0,
-        error="" if t.ok else (t.error or "the reply carried no text"),
+        error="" if t.ok else failure_reason(t),
+        request_id=t.request_id,
     )
+
+
+def failure_reason(t: RequestTiming) -> str:
+    """Why a request that is not ``ok`` failed, in words."""
+    return t.error or "the reply carried no text"

@@ -8,6 +8,7 @@ load generator's own work does not share the event loop with the gateway it meas
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,16 +17,19 @@ from pathlib import Path
 import aiohttp
 
 from engines.bench.load import LoadResult, RequestSpec, Target, run_load
-from engines.bench.metrics import RequestTiming, level_result
+from engines.bench.metrics import RequestTiming, failure_reason, level_result
 from engines.bench.prompts import WORKLOADS, EngineTokenizer, build_requests
 from engines.bench.replay import read_workload_file
 from engines.bench.telemetry import TelemetryRecorder, TelemetrySource
 from engines.errors import BenchError, ConfigError
 from engines.events.bench import BenchConfig, BenchLevel, BenchProgress, BenchState
 
+log = logging.getLogger("traylm.bench.worker")  # the run's log (engines/bench/worker.py)
 PROGRESS_EVERY_S = 0.5
 MAX_CONCURRENCY = 4096
 MAX_REQUESTS = 100_000
+MAX_LOGGED_FAILURES = 200
+"""Failed requests the run's log names one by one; the rest are counted at the end."""
 
 Progress = Callable[[BenchProgress], None]
 
@@ -137,6 +141,7 @@ class _LevelRun:
         self.tokenizer = tokenizer
         self.recorder = recorder
         self.progress = progress
+        self.logged = 0  # failed requests named in the run's log
 
     def _emit(self, index: int, concurrency: int, phase: str, **fields: object) -> None:
         self.progress(
@@ -172,7 +177,14 @@ class _LevelRun:
             warm, measured = specs[: c.warmup], specs[c.warmup :]
         if warm:
             self._emit(index, concurrency, "warmup", total=len(warm))
-            done = await run_load(self.http, self.target, warm, concurrency=concurrency, stop=stop)
+            done = await run_load(
+                self.http,
+                self.target,
+                warm,
+                concurrency=concurrency,
+                stop=stop,
+                on_done=lambda t: self._log_failure(t, concurrency, "warm-up"),
+            )
             if done.cancelled:
                 return None
             _check_warmup(done, self.target)
@@ -194,6 +206,18 @@ class _LevelRun:
             telemetry=self.recorder.window(start_wall, end_wall, out_tokens),
             cancelled=result.cancelled,
         )
+
+    def _log_failure(self, timing: RequestTiming, concurrency: int, part: str) -> None:
+        """A failed request in the run's log: its id in `traylm requests` and why (the first
+        MAX_LOGGED_FAILURES; the end of the run counts them all by reason)."""
+        if timing.ok or self.logged >= MAX_LOGGED_FAILURES:
+            return
+        self.logged += 1
+        rid = timing.request_id or "(no answer, so no request id)"
+        reason = failure_reason(timing)
+        log.warning("concurrency %d, %s request %s: %s", concurrency, part, rid, reason)
+        if self.logged == MAX_LOGGED_FAILURES:
+            log.warning("%d failed requests named; the others are counted at the end", self.logged)
 
     async def _measure(
         self, index: int, concurrency: int, specs: list[RequestSpec], stop: asyncio.Event
@@ -220,6 +244,10 @@ class _LevelRun:
                 report()
                 await asyncio.sleep(PROGRESS_EVERY_S)  # a progress cadence, not a wait
 
+        def done(timing: RequestTiming) -> None:
+            finished.append(timing)
+            self._log_failure(timing, concurrency, "measured")
+
         tick = asyncio.create_task(ticker())
         try:
             return await run_load(
@@ -230,7 +258,7 @@ class _LevelRun:
                 rate_rps=self.config.rate_rps,
                 seed=self.config.seed + index,
                 stop=stop,
-                on_done=finished.append,
+                on_done=done,
             )
         finally:
             tick.cancel()

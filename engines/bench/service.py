@@ -28,7 +28,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -87,16 +87,19 @@ class BenchFeature:
         logs_dir: Path,
         publish: Callable[[Event], None],
         internal_key: Callable[[], str] = str,
+        note_failed: Callable[[Mapping[str, str]], Awaitable[None]] | None = None,
     ) -> None:
         """No I/O. ``internal_key``: the gateway's credential for the daemon's own
         measurements (``run_to_end``), which never need the user's API key.
         ``control_token``: handed to the worker, which reads GPU telemetry back
-        from the daemon's control API during the run."""
+        from the daemon's control API during the run. ``note_failed``: the flight recorder's
+        ``note_errors``, given each failed request's reason (request id → reason) at the end."""
         self.runs = RunStore(store)
         self._engines = engines
         self._settings = settings
         self._token = control_token
         self._internal_key = internal_key
+        self._note_failed = note_failed
         self._logs_dir = logs_dir
         self.jobs: JobKind[BenchRun] = JobKind(
             "benchmark run",
@@ -146,7 +149,9 @@ class BenchFeature:
             target, tokenize_root, engine = self._resolve(config)
             await _preflight(target, config.model, api_key)
             run = await asyncio.to_thread(self.runs.create, config, target=target, engine=engine)
-            run = dataclasses.replace(run, definitions=DEFINITIONS)
+            run = dataclasses.replace(
+                run, definitions=DEFINITIONS, log_path=str(self._log_path(run.id))
+            )
             port = self._settings.current.gateway.port
             job_spec = {
                 "run_id": run.id,
@@ -213,8 +218,11 @@ class BenchFeature:
                 facts = _engine_facts(engine)
         return url, root, facts
 
+    def _log_path(self, run_id: int) -> Path:
+        return self._logs_dir / "bench" / f"run-{run_id}.log"
+
     async def _spawn(self, run: BenchRun, job_spec: dict[str, Any]) -> _Worker:
-        log_path = self._logs_dir / "bench" / f"run-{run.id}.log"
+        log_path = self._log_path(run.id)
         log_fh = await asyncio.to_thread(_open_log, log_path)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -255,6 +263,7 @@ class BenchFeature:
         finally:
             code = await worker.proc.wait()
         final = self._final(worker, result, code)
+        await self._note_failures(final)
         try:
             await asyncio.to_thread(self.runs.save, final)
         except DiskFull as exc:
@@ -263,6 +272,21 @@ class BenchFeature:
             log.exception("could not store benchmark run %d", final.id)
         self._worker = None
         return final
+
+    async def _note_failures(self, run: BenchRun) -> None:
+        """Each failed request's reason onto its row in the flight recorder."""
+        reasons = {
+            r.request_id: f"benchmark run #{run.id}: {r.error}"
+            for level in run.levels
+            for r in level.requests_detail
+            if r.error and r.request_id
+        }
+        if self._note_failed is None or not reasons:
+            return
+        try:
+            await self._note_failed(reasons)
+        except Exception:  # boundary: the run is stored whatever the recorder did
+            log.exception("could not note benchmark run %d's failures in the recorder", run.id)
 
     def _final(self, job: _Worker, result: dict[str, Any] | None, code: int) -> BenchRun:
         if result is None:

@@ -73,6 +73,7 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
         model=config.model,
         api_key=str(job.get("api_key") or ""),
         timeout_s=config.request_timeout_s,
+        run_id=int(job.get("run_id", 0)),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -96,6 +97,7 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
         watchdog.cancel()
         if client is not None:
             await client.close()
+    _log_outcome(int(job.get("run_id", 0)), outcome)
     return {
         "type": "result",
         "state": str(outcome.state),
@@ -103,6 +105,24 @@ async def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "prompt_source": outcome.prompt_source,
         "levels": to_plain(outcome.levels),
     }
+
+
+def _log_outcome(run_id: int, outcome: RunOutcome) -> None:
+    """The run's end in its log, with each level's failures counted by reason."""
+    for level in outcome.levels:
+        log.info(
+            "concurrency %d: %d completed, %d failed",
+            level.concurrency,
+            level.completed,
+            level.failed,
+        )
+        for message, count in level.errors.items():
+            log.info("concurrency %d: %d x %s", level.concurrency, count, message)
+    detail = f": {outcome.detail}" if outcome.detail else ""
+    if outcome.state == BenchState.FAILED:
+        log.error("run #%d failed%s", run_id, detail)
+    else:
+        log.info("run #%d %s%s", run_id, outcome.state, detail)
 
 
 def main() -> None:

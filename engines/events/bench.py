@@ -71,6 +71,7 @@ class BenchRequest:
     input_tokens: int | None = None
     output_tokens: int = 0
     error: str = ""
+    request_id: str = ""  # the gateway's x-request-id: the request in `traylm requests`
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,6 +159,7 @@ class BenchRun:
     definitions: str = ""  # which TTFT/TPOT/ITL definitions the figures use
     detail: str = ""  # the error of a failed run, or notes
     levels: tuple[BenchLevel, ...] = ()
+    log_path: str = ""  # the run's log: each failed request with its reason, and the end
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

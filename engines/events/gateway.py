@@ -9,11 +9,12 @@ from typing import ClassVar
 
 from engines.events.codec import Event
 
-CLIENTS = ("local", "lan", "box", "tuner", "ollama")
+CLIENTS = ("local", "lan", "box", "tuner", "bench", "ollama")
 """Who sent a recorded request: this computer, another one on the LAN, a paired box (one the
 box served for it; engines/gateway/exchange.py), the daemon's own measurements (the tuner's
-and the guarded upgrade's, with its internal credential), or an app through Ollama's API
-(engines/ollama/, on its own port)."""
+and the guarded upgrade's, with its internal credential), a benchmark run of this computer
+(``peer`` is "run #ID"; a tuner's measurement stays "tuner" with its run there too), or an app
+through Ollama's API (engines/ollama/, on its own port)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,8 @@ assembled from them is cut at ``body_max_bytes``: events wrap each token in JSON
 EVENTS_TAIL_BYTES = 16 * 1024
 """The last bytes of a stream, always kept: its finish reason, usage and error are there."""
 MODEL_NAME_MAX_CHARS = 256
+BENCH_RUN_HEADER = "X-Traylm-Bench-Run"
+"""The benchmark run a request of this computer belongs to (engines/bench/load.py sends it)."""
 
 
 def new_request_id() -> str:
@@ -205,17 +207,26 @@ def begin(
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         given = given or request.headers.get("x-api-key", "").strip()
         key = hash_key(given)[:8] if given else ""
+    run = _bench_run(request) if local and not box else ""
+    who = client or ("box" if box else ("bench" if run else "local") if local else "lan")
     exchange = Exchange(
         id=rid,
         arrived_s=time.time(),
         started=time.perf_counter(),
         method=request.method,
         path=request.path[:512],
-        client="tuner" if internal else client or ("box" if box else "local" if local else "lan"),
-        peer=box or ("" if local else str(request.remote or "")),
+        client="tuner" if internal else who,
+        peer=box or (f"run #{run}" if run else "" if local else str(request.remote or "")),
         key=key,
         capture=capture,
         body_limit=settings.body_max_bytes,
     )
     request[EXCHANGE] = exchange
     return exchange
+
+
+def _bench_run(request: web.Request) -> str:
+    """The benchmark run a request says it belongs to (a number), or "". Only this computer's
+    requests are believed: a LAN client cannot pass its requests off as a benchmark's."""
+    value = request.headers.get(BENCH_RUN_HEADER, "").strip()
+    return value if value.isdigit() and len(value) <= 12 else ""

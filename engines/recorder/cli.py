@@ -59,7 +59,8 @@ def _filters(s: argparse.ArgumentParser) -> None:
         "--client",
         default="",
         choices=("", *CLIENTS),
-        help="local: this computer; lan: another one; box: a paired box",
+        help="local: this computer; lan: another one; box: a paired box; tuner: the tuner's "
+        "measurements; bench: a benchmark run's requests; ollama: through the Ollama API",
     )
     s.add_argument("--text", default="", help="text in the request body or the reply")
 
@@ -78,10 +79,11 @@ def _line(r: dict[str, Any]) -> str:
     rate = r.get("cache_hit_rate")
     if rate is not None:  # the conversation's share of prompt tokens from the prefix cache
         cut += f" cache {rate:.0%} of {r.get('conversation_requests', 1)}"
+    run = f" {r['peer']}" if r["client"] in ("bench", "tuner") and r.get("peer") else ""
     return (
         f"{r['id']}  {when}  {r['status']:>3}  {path:<22} {r['model'][:28]:<28} "
         f"{r['engine_id'][:16]:<16} {tokens:>11} ttft {ttft:>6} {r['duration_s']:.2f}s "
-        f"{r['client']}{cut}"
+        f"{r['client']}{run}{cut}"
     )
 
 

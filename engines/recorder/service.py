@@ -21,7 +21,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,17 @@ class RequestRecorder:
             return
         try:
             await self.flush()
+        except sqlite3.OperationalError as exc:  # a full disk: as the writer's own step
+            self._pause(exc)
+
+    async def note_errors(self, reasons: Mapping[str, str]) -> None:
+        """Why a client found these requests failed (request id → reason), on the rows the
+        gateway saw no error on: a benchmark's verdict (engines/bench/service.py)."""
+        if not reasons or not self._opened:
+            return
+        await self._written_for_reader()
+        try:
+            await asyncio.to_thread(self.store.note_errors, reasons)
         except sqlite3.OperationalError as exc:  # a full disk: as the writer's own step
             self._pause(exc)
 

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,16 @@ class RecorderStore:
             if edge is not None:
                 extra = db.execute("DELETE FROM requests WHERE id <= ?", (edge[0],)).rowcount
             return int(old.rowcount) + int(extra)
+
+    def note_errors(self, reasons: Mapping[str, str]) -> int:
+        """Give rows the gateway saw no error on (a 200 without text, a client that hung
+        up) the reason a client found: request id → reason. Returns the rows changed."""
+        with self.connection() as db:
+            changed = db.executemany(
+                "UPDATE requests SET error = ? WHERE rid = ? AND error = ''",
+                [(reason[:4096], rid) for rid, reason in reasons.items()],
+            )
+            return int(changed.rowcount)
 
     def total_bytes(self) -> int:
         with self.connection() as db:

@@ -13,6 +13,7 @@ from PySide6.QtCore import QItemSelectionModel, QUrl
 from desktop.app import DesktopApp
 from desktop.dashboard.bench_page import BenchPage, parse_levels, progress_text
 from desktop.dashboard.bench_results import COLUMNS
+from desktop.dashboard.requests_page import COLUMNS as COLUMNS_REQ
 from engines.events import BenchConfig, BenchProgress, BenchState
 from tests.desktop.conftest import ThreadedDaemon
 
@@ -183,3 +184,31 @@ def test_the_progress_line_reads_without_empty_parts() -> None:
     assert line("", 648.7) == "measure: 648.7 tok/s so far"
     assert line("level 1", 0.0) == "measure: level 1"
     assert line("", 0.0) == "measure"
+
+
+def test_a_failed_run_names_its_log_and_its_requests_are_in_requests(
+    qtbot, sim_app, sim_daemon_thread
+) -> None:
+    app, d = sim_app, sim_daemon_thread
+    _start_engine(qtbot, app, d, "--no-text")  # every reply ends without text
+    config = BenchConfig(model="fake", concurrency=(1,), requests=2, warmup=0, output_len=4)
+    bad = d.run(lambda c: c.bench_start(config)).id
+    qtbot.waitUntil(lambda: d.run(lambda c: c.bench_current())[0] is None, timeout=30000)
+    page = _bench_page(app)
+    page.reload(select=bad)
+    results = page.results
+    qtbot.waitUntil(lambda: results.failures.isVisibleTo(results), timeout=10000)
+    log = d.paths.logs_dir / "bench" / f"run-{bad}.log"
+    assert f"Run #{bad}'s log names each failed request" in results.failures.text()
+    assert str(log) in results.failures.text()
+    assert "the reply carried no text" in log.read_text()
+
+    requests = app.open_dashboard("requests").page("requests")
+    requests.client_filter.setCurrentIndex(requests.client_filter.findData("bench"))
+    qtbot.waitUntil(lambda: requests.table.rowCount() == 2, timeout=10000)
+    assert requests.table.item(0, COLUMNS_REQ.index("Client")).text() == "bench"
+    requests.table.selectRow(0)
+    qtbot.waitUntil(lambda: "error:" in requests.text.toPlainText(), timeout=10000)
+    detail = requests.text.toPlainText()
+    assert f"client bench run #{bad}" in detail
+    assert f"error: benchmark run #{bad}: the reply carried no text" in detail

@@ -7,6 +7,7 @@ form with the bad field marked; without a daemon the page says so."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import openai
@@ -17,7 +18,13 @@ from PySide6.QtWidgets import QApplication
 from desktop.app import DesktopApp
 from desktop.dashboard.tune_page import TunePage
 from desktop.dashboard.tune_results import COST, HEADERS, PARETO_MARK, TuneResults
+from engines.config.profiles import ProfileStore
+from engines.config.sections import Paths
+from engines.config.tomlfile import write_toml_atomic
+from engines.core.procs import free_loopback_port
 from engines.events import EngineState, TuneConfig, TuneJob, TuneProgress, TuneRow, TuneState
+from engines.tune.interrupted import RunningTuneFile
+from tests.conftest import fast_settings
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 from tests.fakes.fake_trt_env import make_tiny_hf_model
 
@@ -370,3 +377,34 @@ def test_without_the_daemon_the_page_says_so(qtbot, app_factory: AppFactory) -> 
     assert "The traylm daemon is not running" in page.why.text()
     for button in (page.apply_button, page.undo_button, page.report_button, page.cancel_button):
         assert not button.isEnabled() and button.toolTip()
+
+
+def test_an_interrupted_tune_says_what_was_started_again(
+    qtbot, paths: Paths, fake_env: Path, app_factory: AppFactory
+) -> None:
+    """The file a daemon killed mid-tune leaves (written by the tuner's own writer: it had
+    stopped chat for tune #4) is found by the next REAL daemon, which starts chat again and
+    keeps the tune as interrupted; the page says so in words. The SIGKILL itself:
+    tests/engines/tune/test_interrupted.py."""
+    write_toml_atomic(
+        paths.profiles_dir / "chat.toml",
+        {"model": "org/chat", "served_name": "chat", "device": "cpu"},
+    )
+    chat = ProfileStore(paths.profiles_dir).load("chat")
+    RunningTuneFile(paths.data_dir / "tune" / "running.json").write(4, "chat", time.time(), [chat])
+    d = ThreadedDaemon(paths, fast_settings(free_loopback_port())).start()
+    try:
+        app = app_factory()
+        qtbot.waitUntil(lambda: "chat" in app.state.served_models(), timeout=20000)
+        page = app.open_dashboard("tune").page("tune")
+        assert isinstance(page, TunePage)
+        qtbot.waitUntil(lambda: page.job is not None, timeout=10000)
+        assert page.job is not None and page.job.state == TuneState.INTERRUPTED
+        assert page.progress.format() == "tune #4: interrupted"
+        said = page.results.heading.text()
+        assert "Tune #4 of chat" in said and "interrupted" in said
+        assert "The daemon stopped mid-tune (killed or crashed)" in said
+        assert "what ran before was started again: chat" in said
+        app.shutdown()
+    finally:
+        d.stop()

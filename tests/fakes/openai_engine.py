@@ -152,6 +152,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "stray 0xff byte (an engine that detokenizes token by token)",
     )
     p.add_argument(
+        "--no-text",
+        action="store_true",
+        help="a streamed reply ends ([DONE], usage) without any text, as a model that emits "
+        "its end token at once does",
+    )
+    p.add_argument(
         "--accept-any-model",
         action="store_true",
         help="serve whatever `model` a request names (TensorRT-LLM does not check it)",
@@ -444,7 +450,7 @@ class FakeEngine:
             for event in call_chunks(str(body["model"]), calls):
                 await resp.write(event)
             told = tool_answers(body) if chat and self.args.tool_call else ""
-            for i in range(0 if calls else max_tokens):
+            for i in range(0 if calls or self.args.no_text else max_tokens):
                 await self.token()
                 delta = {"content": f"{told if i == 0 else ''}w{i} {pad}"} if chat else None
                 choice = (

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.slow
 
 POST_SCRIPT = """
 import sys, urllib.error, urllib.request
-url, key, body = sys.argv[1:4]
+url, key, body, run = sys.argv[1:5]
 request = urllib.request.Request(url, data=body.encode(), headers={
-    "Host": "localhost", "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    "Host": "localhost", "Authorization": "Bearer " + key, "Content-Type": "application/json",
+    "X-Traylm-Bench-Run": run})
 try:
     with urllib.request.urlopen(request, timeout=10) as r:
         print(r.status, r.headers["x-request-id"])
@@ -32,11 +33,24 @@ except urllib.error.HTTPError as e:
 BODY = json.dumps({"model": "nope", "messages": [{"role": "user", "content": "secret"}]})
 
 
-def post(d: LanDaemon, namespace: str, host: str, key: str) -> str:
-    """POST from ``namespace`` (the peer's, or the daemon's own: this computer)."""
+def post(d: LanDaemon, namespace: str, host: str, key: str, *, bench_run: str = "") -> str:
+    """POST from ``namespace`` (the peer's, or the daemon's own: this computer); ``bench_run``:
+    the request says it is that benchmark run's."""
     url = f"http://{host}:{PORT}/v1/chat/completions"
     out = subprocess.run(
-        ["ip", "netns", "exec", namespace, sys.executable, "-c", POST_SCRIPT, url, key, BODY],
+        [
+            "ip",
+            "netns",
+            "exec",
+            namespace,
+            sys.executable,
+            "-c",
+            POST_SCRIPT,
+            url,
+            key,
+            BODY,
+            bench_run,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -54,7 +68,7 @@ def test_a_peer_is_recorded_as_lan_with_metadata_only(
     key = "tlm-test-key-recorder"
     d = lan_daemon({"lan_sharing": True, "api_key_sha256": [hash_key(key)]})
     wait_for(lambda: d.status().get("bound") == [f"0.0.0.0:{PORT}"], "LAN sharing bound")
-    peer_id = post(d, d.ns.peer_ns, d.ns.daemon_ip, key)
+    peer_id = post(d, d.ns.peer_ns, d.ns.daemon_ip, key, bench_run="7")  # not believed
     local_id = post(d, d.ns.daemon_ns, "127.0.0.1", key)
 
     def shown(rid: str) -> dict[str, object]:
