@@ -93,7 +93,8 @@ async def follow(
     timeout_s: float | None = None,
 ) -> J:
     """Start the job (``start``), follow it to its end and return it as it ended; ``started``
-    says what was started. Ctrl-C cancels the job (within ``spec.cancel_answer_s``).
+    says what was started. Ctrl-C cancels the job (within ``spec.cancel_answer_s``), also when
+    it lands while the start request is still in flight.
     TimeoutError when it has not ended ``timeout_s`` after it started (None: no limit)."""
     queue: asyncio.Queue[Event] = asyncio.Queue()
     opened = asyncio.Event()
@@ -108,7 +109,12 @@ async def follow(
     try:
         with contextlib.suppress(TimeoutError):
             await within(SUBSCRIBE_WAIT_S, opened.wait())
-        job = await start()
+        asked = asyncio.ensure_future(start())
+        try:
+            job = await asyncio.shield(asked)
+        except asyncio.CancelledError:  # Ctrl-C before the daemon answered: what it starts
+            await _cancel_once_started(spec, asked, printer)  # is cancelled once it has an id
+            raise
         started(job)
         if not spec.running(job):
             return job
@@ -116,22 +122,45 @@ async def follow(
         try:
             return await within(timeout_s, _until_ended(spec, job_id, queue, printer))
         except asyncio.CancelledError:  # Ctrl-C: the job is cancelled in the daemon
-            printer.close()
-            if spec.stopping:
-                print(f"\n{spec.stopping.format(id=job_id)}", file=sys.stderr, flush=True)
-            if spec.cancel is None:
-                raise
-            try:
-                await within(spec.cancel_answer_s, spec.cancel(job_id))
-            except (TraylmError, TimeoutError):
-                if spec.disown:
-                    print(spec.disown, file=sys.stderr)
+            await _cancel(spec, job_id, printer)
             raise
     finally:
         printer.close()
         pump_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump_task
+
+
+async def _cancel_once_started(
+    spec: Followed[J, K], asked: asyncio.Future[J], printer: ProgressPrinter
+) -> None:
+    """A Ctrl-C landed while the start request was in flight: wait for its answer (at most
+    ``spec.cancel_answer_s``) and cancel the job it started, so none is left running."""
+    try:
+        job = await within(spec.cancel_answer_s, asyncio.shield(asked))
+    except TimeoutError:
+        asked.cancel()
+        if spec.disown:
+            print(spec.disown, file=sys.stderr)
+        return
+    except TraylmError:
+        return  # nothing was started
+    if spec.running(job):
+        await _cancel(spec, spec.job_id(job), printer)
+
+
+async def _cancel(spec: Followed[J, K], job_id: K, printer: ProgressPrinter) -> None:
+    """Ctrl-C: say so and cancel the job in the daemon (within ``spec.cancel_answer_s``)."""
+    printer.close()
+    if spec.stopping:
+        print(f"\n{spec.stopping.format(id=job_id)}", file=sys.stderr, flush=True)
+    if spec.cancel is None:
+        return
+    try:
+        await within(spec.cancel_answer_s, spec.cancel(job_id))
+    except (TraylmError, TimeoutError):
+        if spec.disown:
+            print(spec.disown, file=sys.stderr)
 
 
 async def _until_ended(

@@ -71,3 +71,32 @@ async def test_a_cancelled_follower_cancels_the_job_in_the_daemon(
     assert run.state == BenchState.CANCELLED
     assert d.daemon.bench.current is None
     assert "stopping the benchmark..." in capsys.readouterr().err
+
+
+async def test_a_ctrl_c_while_the_start_request_is_in_flight_cancels_what_it_starts(
+    sim_daemon: RunningDaemon,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command is cancelled before the daemon has answered its start request: the follower
+    waits for the answer and cancels the run it started (it used to be left running)."""
+    d = sim_daemon
+    await start_fake(d, args="--token-delay 0.05")
+    config = dataclasses.replace(SMALL, requests=200, output_len=40)
+    asking, answer = asyncio.Event(), asyncio.Event()
+
+    async def start() -> BenchRun:  # the daemon has started the run; its answer is on its way
+        run = await d.client.bench_start(config)
+        asking.set()
+        await answer.wait()
+        return run
+
+    task = asyncio.create_task(follow(d.client, followed(d.client), start))
+    await asyncio.wait_for(asking.wait(), 30)
+    task.cancel()  # what Ctrl-C does to the command's task
+    answer.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [run] = await d.client.bench_runs()
+    assert run.state == BenchState.CANCELLED
+    assert d.daemon.bench.current is None
+    assert "stopping the benchmark..." in capsys.readouterr().err
