@@ -170,6 +170,13 @@ _ERROR_KINDS = {
 }
 
 
+def _status(model: dict[str, object]) -> str:
+    """A /v1/models entry's state (``status.value``, llama.cpp's shape); one without a status
+    (another server) is loaded."""
+    status = model.get("status")
+    return str(status.get("value", "loaded")) if isinstance(status, dict) else "loaded"
+
+
 def error_from_body(status: int, body: bytes) -> ChatError:
     try:
         err = json.loads(body)["error"]
@@ -402,9 +409,9 @@ class GatewayHTTP:
         # offered, since sending loads one; the loaded ones first, so a new chat starts on one
         listed = [m for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
         rank = {"loaded": 0, "loading": 1}
-        listed.sort(key=lambda m: rank.get(str(m.get("status", "loaded")), 2))
+        listed.sort(key=lambda m: rank.get(_status(m), 2))
         names = tuple(str(m["id"]) for m in listed)
-        loaded = tuple(str(m["id"]) for m in listed if m.get("status", "loaded") == "loaded")
+        loaded = tuple(str(m["id"]) for m in listed if _status(m) == "loaded")
         context = {
             str(m["id"]): int(m["max_model_len"])
             for m in listed

@@ -22,6 +22,7 @@ from engines.config.fields import parse_duration
 from engines.core.http import openai_error, parse_json_body
 from engines.errors import ConfigError, quoted
 from engines.events.codec import to_plain
+from engines.events.models import ServableModel
 from engines.gateway.audio import audio
 from engines.gateway.checks import check_anthropic, check_openai
 from engines.gateway.forward import Outbound, dispatch
@@ -106,12 +107,23 @@ async def _model_list(ctx: GatewayContext) -> tuple[list[dict[str, Any]], dict[s
                     "object": "model",
                     "created": 0,
                     "owned_by": "traylm",
-                    "status": str(m.status),
+                    "status": listed_status(m),
                     "gpus": list(m.gpus),
                     "traylm": extras,
                 }
             )
     return data, hidden
+
+
+def listed_status(m: ServableModel) -> dict[str, Any]:
+    """A model's ``status`` as llama.cpp's router lists it, at /v1/models as at /models: ``value``
+    loaded | loading | unloaded, ``args`` (none: traylm starts engines from profiles), and
+    ``failed`` when its last start failed. Open WebUI's llama.cpp connection reads its loaded
+    mark and eject button from it."""
+    status: dict[str, Any] = {"value": str(m.status), "args": []}
+    if m.state == "failed":
+        status["failed"] = True
+    return status
 
 
 async def retrieve_model(ctx: GatewayContext, request: web.Request) -> web.Response:

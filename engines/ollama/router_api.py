@@ -20,19 +20,11 @@ from aiohttp import web
 
 from engines.core.http import openai_error, parse_json_body
 from engines.errors import TraylmError
-from engines.events.models import ServableModel
+from engines.gateway.routes import listed_status
 from engines.ondemand.actions import load_model, unload_model
 from engines.ondemand.service import ModelsOnDemand
 
 ROUTER_ROUTES = ("GET /models", "POST /models/load", "POST /models/unload")
-
-
-def _status(m: ServableModel) -> dict[str, Any]:
-    value = str(m.status)
-    status: dict[str, Any] = {"value": value, "args": []}
-    if m.state == "failed":
-        status["failed"] = True
-    return status
 
 
 def router_routes(ondemand: ModelsOnDemand) -> list[web.RouteDef]:
@@ -43,7 +35,7 @@ def router_routes(ondemand: ModelsOnDemand) -> list[web.RouteDef]:
                 "object": "model",
                 "owned_by": "traylm",
                 "created": 0,
-                "status": _status(m),
+                "status": listed_status(m),
             }
             for m in await ondemand.listing()
             if not m.blocked

@@ -52,7 +52,7 @@ def test_a_cold_streaming_request_starts_the_engine_and_is_answered(
     client = openai.OpenAI(base_url=cold_daemon.url + "/v1", api_key="unused", max_retries=0)
     try:
         listed = {m.id: m for m in client.models.list().data}
-        assert listed["tiny-cold"].status == "unloaded"  # type: ignore[attr-defined]
+        assert listed["tiny-cold"].status["value"] == "unloaded"  # type: ignore[attr-defined]
         stream = client.chat.completions.create(  # the SDK's default timeout (600 s)
             model="tiny-cold",
             messages=[{"role": "user", "content": "Hello"}],

@@ -86,7 +86,7 @@ def test_models_lists_served_name_and_alias(vllm_daemon: DaemonProcess) -> None:
     preset, which this CPU box cannot start, is left out (a client must be able to use what it
     picks from the list)."""
     models = {m.id: m for m in sdk(vllm_daemon).models.list().data}
-    assert models["tiny"].status == models["tiny-alias"].status == "loaded"  # type: ignore[attr-defined]
+    assert models["tiny"].status["value"] == models["tiny-alias"].status["value"] == "loaded"  # type: ignore[attr-defined]
     assert "llama-3.1-8b" not in models
 
 

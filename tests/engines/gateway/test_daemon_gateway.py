@@ -54,8 +54,8 @@ async def test_chat_streaming_and_not_through_gateway(daemon: RunningDaemon) -> 
     client = sdk(daemon)
     models = await client.models.list()  # every model that can be served here, unloaded too
     by_id = {m.id: m for m in models.data}
-    assert by_id["fake"].status == "loaded"  # type: ignore[attr-defined]
-    assert by_id["idle"].status == "unloaded"  # type: ignore[attr-defined]
+    assert by_id["fake"].status["value"] == "loaded"  # type: ignore[attr-defined]
+    assert by_id["idle"].status["value"] == "unloaded"  # type: ignore[attr-defined]
     assert "llama-3.1-8b" not in by_id  # a GPU preset, on a computer without a GPU
     reply = await client.chat.completions.create(
         model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=4

@@ -72,7 +72,7 @@ async def test_attached_server_is_routed_shown_external_and_never_stopped(
     assert await ask(client, "mine") == "w0 w1"  # and the server's own model id
     listed = {m.id: m for m in (await client.models.list()).data}
     assert listed["ext"].traylm["external"] is True  # type: ignore[attr-defined]
-    assert listed["ext"].status == "loaded"  # type: ignore[attr-defined]
+    assert listed["ext"].status["value"] == "loaded"  # type: ignore[attr-defined]
     rows = {r.name: r for r in await od.client.loaded_models()}
     assert rows["ext"].external and rows["ext"].origin == "attached" and rows["ext"].url == url
     with pytest.raises(ControlAPIError, match="traylm never stops it"):

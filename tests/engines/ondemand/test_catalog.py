@@ -138,7 +138,7 @@ async def test_a_verified_library_model_is_servable_by_repo_id_and_short_name(
     assert row.name == REPO and row.gpus == () and row.origin == "jit"
     assert row.vram_bytes == 0 and row.ram_bytes > 0  # booked in host RAM
     listed = {m.id: m for m in (await client.models.list()).data}
-    assert listed[REPO].status == "loaded"  # type: ignore[attr-defined]
+    assert listed[REPO].status["value"] == "loaded"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError):
         await ask(client, "traylm-test/other")
     await client.close()

@@ -153,7 +153,7 @@ async def test_unknown_names_get_the_404_listing_what_exists(od: RunningDaemon) 
     assert "the model 'nope' is not served; served models:" in str(err.value)
     assert "known" in str(err.value)
     models = {m.id: m for m in (await client.models.list()).data}
-    assert models["known"].status == "unloaded"  # type: ignore[attr-defined]
+    assert models["known"].status["value"] == "unloaded"  # type: ignore[attr-defined]
     await client.close()
 
 

@@ -404,7 +404,7 @@ async def test_switch_from_vllm_to_trtllm_behind_the_same_alias(
     assert code == 200 and headers["X-Traylm-Engine"] == "t"
     async with aiohttp.ClientSession() as http, http.get(trt.url + "/v1/models") as r:
         models = (await r.json())["data"]
-    loaded = [(m["id"], m["traylm"]["engine"]) for m in models if m["status"] == "loaded"]
+    loaded = [(m["id"], m["traylm"]["engine"]) for m in models if m["status"]["value"] == "loaded"]
     assert loaded == [("chat", "trtllm")]  # every profile is listed; only t serves now
 
 
