@@ -108,6 +108,9 @@ class Actions(QObject):
         keys = ", ".join(changes)
         self.bridge.call(apply, self._report(f"changing {keys}", then))
 
+    def reload_efficiency(self) -> None:
+        self.bridge.call(self.bridge.link.load_efficiency)
+
     def reload_profiles(self) -> None:
         self.bridge.call(self.bridge.link.load_profiles)
 
