@@ -151,6 +151,7 @@ class TrayController(QObject):
         self.efficiency_menu.setObjectName("efficiencyMenu")
         self.efficiency_menu.setToolTipsVisible(True)  # each profile's description
         self.efficiency_menu.menuAction().setVisible(False)
+        self._efficiency_shown: object = None  # what the submenu was filled from
         self.menu.addSeparator()
         self._add("Open chat", lambda: self.windows.open_chat(""), "openChat")
         self._add("Open dashboard", lambda: self.windows.open_dashboard(""), "openDashboard")
@@ -210,12 +211,18 @@ class TrayController(QObject):
     def _fill_efficiency(self) -> None:
         """The efficiency profiles, the one in force on every GPU checked; choosing one puts
         it on every GPU (the notifier says how it went). Only while there are GPUs."""
-        self.efficiency_menu.clear()
         gpu = self.state.gpu
         profiles = gpu.efficiency.profiles if gpu.efficiency is not None else ()
+        in_force = gpu.profile_in_force()
+        shown = (gpu.available, profiles, in_force)
+        checked = [a.objectName() for a in self.efficiency_menu.actions() if a.isChecked()]
+        expected = [f"efficiency:{in_force}"] if in_force else []
+        if shown == self._efficiency_shown and checked == expected:
+            return  # the overview changes every few seconds: the open menu stays as it is
+        self._efficiency_shown = shown
+        self.efficiency_menu.clear()
         self.efficiency_menu.menuAction().setVisible(gpu.available and bool(profiles))
         group = QActionGroup(self.efficiency_menu)
-        in_force = gpu.profile_in_force()
         for entry in profiles:
             action = QAction(entry.name, self.efficiency_menu, checkable=True)
             action.setChecked(entry.name == in_force)

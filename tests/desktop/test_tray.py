@@ -288,3 +288,28 @@ def test_the_tray_menu_switches_the_efficiency_profile(qtbot, sim_app, sim_daemo
     # the menu is filled again from the daemon's answer: the check moved
     qtbot.waitUntil(lambda: app.state.gpu.profile_in_force() == "quiet", timeout=5000)
     assert [a.text() for a in menu.actions() if a.isChecked()] == ["quiet"]
+
+
+def test_a_refused_profile_in_the_tray_is_said_and_the_check_stays(
+    qtbot, sim_app, sim_daemon_thread
+) -> None:
+    app, d = sim_app, sim_daemon_thread
+    folder = d.paths.config_dir / "efficiency"
+    folder.mkdir(parents=True)
+    (folder / "far.toml").write_text("[gpus.5]\npower_w = 300\n")  # a GPU that is gone
+    d.run(lambda c: c.set_efficiency_profile("eco"))
+    app.actions.reload_efficiency()
+    qtbot.waitUntil(lambda: app.state.gpu.profile_in_force() == "eco", timeout=10000)
+    notes: list[Notification] = []
+    app.notifier.notified.connect(notes.append)
+    _efficiency_action(app, "far").trigger()  # Qt checks it at once; the daemon refuses it
+    qtbot.waitUntil(lambda: any(n.level == "error" for n in notes), timeout=20000)
+    note = next(n for n in notes if n.level == "error")
+    assert note.title == "switching the GPUs to far failed"
+    assert "names GPU '5', which is not here" in note.message
+    qtbot.waitUntil(lambda: _efficiency_action(app, "eco").isChecked(), timeout=5000)
+    assert not _efficiency_action(app, "far").isChecked()
+    assert d.run(lambda c: c.efficiency_profiles()).in_force == {
+        sim_uuid(0): "eco",
+        sim_uuid(1): "eco",
+    }
