@@ -108,6 +108,25 @@ class Actions(QObject):
         keys = ", ".join(changes)
         self.bridge.call(apply, self._report(f"changing {keys}", then))
 
+    def set_efficiency_profile(self, name: str, then: Done | None = None) -> None:
+        """An efficiency profile on every GPU; the notifier says how it went."""
+
+        def done(result: CallResult) -> None:
+            if result.ok and isinstance(result.value, tuple | list):
+                count = len(result.value)
+                gpus = f"{count} simulated GPU" if self.state.gpu.simulated else f"{count} GPU"
+                gpus += "" if count == 1 else "s"
+                self.notifier.notify("info", "GPU efficiency", f"{name} is in force on {gpus}")
+            self.reload_efficiency()
+            if then is not None:
+                then(result)
+
+        report = self._report(f"switching the GPUs to {name}", done)
+        self.bridge.call(lambda c: c.set_efficiency_profile(name), report)
+
+    def reload_efficiency(self) -> None:
+        self.bridge.call(self.bridge.link.load_efficiency)
+
     def reload_profiles(self) -> None:
         self.bridge.call(self.bridge.link.load_profiles)
 

@@ -12,8 +12,9 @@ import dataclasses
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop.daemon.messages import GPUsLoaded
+from desktop.daemon.messages import EfficiencyLoaded, GPUsLoaded
 from engines.events import (
+    EfficiencyProfiles,
     EngineEnergy,
     GPUEnergyUpdated,
     GPUGuardAction,
@@ -35,6 +36,7 @@ class GPUWatch(QObject):
     sampled = Signal(object)  # GPUSampled
     hot_changed = Signal(bool)
     guard_acted = Signal(object)  # GPUGuardAction
+    efficiency_changed = Signal()  # the efficiency profiles, or the one in force, changed
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -43,6 +45,8 @@ class GPUWatch(QObject):
         self.latest: dict[str, GPUSnapshot] = {}
         self.guard_levels: dict[str, GuardLevel] = {}
         self.hot = False
+        self.efficiency: EfficiencyProfiles | None = None
+        self.efficiency_error = ""  # why there are no profiles to switch (an older daemon)
 
     # ----------------------------------------------------------------- derived facts
 
@@ -64,6 +68,14 @@ class GPUWatch(QObject):
         if self.overview is None:
             return []
         return [e for e in self.overview.energy if uuid in e.gpus]
+
+    def profile_in_force(self) -> str | None:
+        """The efficiency profile in force on every GPU; None when none is, or they differ."""
+        ef, uuids = self.efficiency, [i.uuid for i in self.infos()]
+        if ef is None or not uuids:
+            return None
+        names = {ef.in_force.get(u) for u in uuids}
+        return names.pop() if len(names) == 1 else None
 
     def tooltip_lines(self) -> list[str]:
         """One line per GPU: temperature and power against the limit."""
@@ -89,6 +101,10 @@ class GPUWatch(QObject):
     def apply(self, message: object) -> None:
         if isinstance(message, GPUsLoaded):
             self._on_loaded(message)
+        elif isinstance(message, EfficiencyLoaded):
+            if (message.profiles, message.error) != (self.efficiency, self.efficiency_error):
+                self.efficiency, self.efficiency_error = message.profiles, message.error
+                self.efficiency_changed.emit()
         elif isinstance(message, GPUSampled):
             for snap in message.gpus:
                 self.latest[snap.uuid] = snap
@@ -132,6 +148,7 @@ class GPUWatch(QObject):
     def clear(self, reason: str) -> None:
         """The daemon is gone: nothing is known until it is back."""
         self._on_loaded(GPUsLoaded(None, reason))
+        self.apply(EfficiencyLoaded(None, reason))
 
     def _update_hot(self) -> None:
         hot = any(level > GuardLevel.NORMAL for level in self.guard_levels.values()) or any(

@@ -20,6 +20,7 @@ from desktop.daemon.launcher import SpawnedDaemon, SpawnFailed, spawn_daemon, wa
 from desktop.daemon.messages import (
     CallResult,
     ConnectionChanged,
+    EfficiencyLoaded,
     EnginesLoaded,
     EnvEntry,
     EnvsLoaded,
@@ -45,6 +46,7 @@ from engines.events import (
     EngineStateChanged,
     EnvInstallProgress,
     Event,
+    GPUControlChanged,
     LibraryChanged,
     Notice,
     RemoteRouted,
@@ -304,6 +306,8 @@ class DaemonLink:
             load = self.load_library
         elif isinstance(event, TuneFinished):  # the tuner forgot its candidates' engines
             load = self.load_engines
+        elif isinstance(event, GPUControlChanged):  # a profile applied, or a control by hand
+            load = self.load_efficiency
         if load is not None:
             task = asyncio.create_task(self._quietly(load, client), name="refresh")
             self._refreshes.add(task)
@@ -322,6 +326,7 @@ class DaemonLink:
         await self.load_profiles(client)
         await self.load_settings(client)
         await self.load_gpus(client)
+        await self.load_efficiency(client)
         await self.load_envs(client)
         await self.load_library(client)
 
@@ -355,6 +360,14 @@ class DaemonLink:
             self._post(GPUsLoaded(None, exc.message))
             return
         self._post(GPUsLoaded(overview))
+
+    async def load_efficiency(self, client: DaemonClient) -> None:
+        try:
+            profiles = await client.efficiency_profiles()
+        except ControlAPIError as exc:  # an older daemon: no profiles to switch
+            self._post(EfficiencyLoaded(None, exc.message))
+            return
+        self._post(EfficiencyLoaded(profiles))
 
     async def load_engines(self, client: DaemonClient) -> None:
         engines = tuple(await client.engines())

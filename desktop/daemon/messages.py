@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from engines.config.sections import Settings
-from engines.events import EngineStatus, GPUOverview, LocalFolder, LocalModel, ServableModel
+from engines.events import (
+    EfficiencyProfiles,
+    EngineStatus,
+    GPUOverview,
+    LocalFolder,
+    LocalModel,
+    ServableModel,
+)
 
 
 class LinkState(enum.StrEnum):
@@ -126,6 +133,15 @@ class GPUsLoaded:
     (``error`` says why)."""
 
     overview: GPUOverview | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class EfficiencyLoaded:
+    """GET /api/gpus/profiles, at connect and after each GPU control change: ``profiles`` is
+    None when this daemon cannot list them (``error`` says why)."""
+
+    profiles: EfficiencyProfiles | None
     error: str = ""
 
 

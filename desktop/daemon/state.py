@@ -17,6 +17,7 @@ from desktop.daemon.gpu_state import GPUWatch
 from desktop.daemon.install_text import InstallPace, install_words
 from desktop.daemon.messages import (
     ConnectionChanged,
+    EfficiencyLoaded,
     EnginesLoaded,
     EnvEntry,
     EnvsLoaded,
@@ -244,7 +245,7 @@ class AppState(QObject):
         elif isinstance(message, GatewayThroughput):
             self.throughput = message
             self.throughput_sampled.emit(message)
-        elif isinstance(message, GPUsLoaded):
+        elif isinstance(message, GPUsLoaded | EfficiencyLoaded):
             self.gpu.apply(message)
         elif isinstance(message, EnvsLoaded):
             self.envs = message.envs

@@ -1,6 +1,7 @@
 """The GPUs page: where the numbers come from (SIMULATED in large letters when the simulator is the
-source), the power supply's headroom, whether the gateway is paused, and a card per GPU with
-live charts (desktop/dashboard/gpu_card.py).
+source), the power supply's headroom, whether the gateway is paused, the efficiency profile
+picker (desktop/dashboard/efficiency_view.py), and a card per GPU with live charts
+(desktop/dashboard/gpu_card.py).
 
 Samples arrive as ``gpu.sample`` events (one a second, all GPUs in each) through AppState; the
 page opens with the last two minutes from ``GET /api/gpus/history``.
@@ -16,6 +17,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from desktop.daemon.boxes import Box, BoxReplica
 from desktop.daemon.messages import CallResult
+from desktop.dashboard.efficiency_view import EfficiencyView
 from desktop.dashboard.gpu_card import HISTORY_POINTS, GPUCard
 from desktop.dashboard.host_usage import HostUsage
 from desktop.dashboard.page import Page, PageContext
@@ -58,6 +60,8 @@ class GPUsPage(Page):
         self.boxes.setTextFormat(Qt.TextFormat.RichText)
         self.boxes.setVisible(False)
         layout.addWidget(self.boxes)
+        self.efficiency = EfficiencyView(ctx)  # shown while there are GPUs and profiles
+        layout.addWidget(self.efficiency)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)

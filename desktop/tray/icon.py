@@ -3,7 +3,8 @@ fallback window's menu bar (see app.py), so every action stays reachable.
 
 Menu: status line · "Set up traylm…" (only while nothing can start here) · Start/Stop/Restart ·
 Profiles ▸ (those that cannot start here greyed, with why) · Models ▸ (chat with a served one,
-unload a loaded one, open an agent CLI in a terminal, start one from the library) · Open chat ·
+unload a loaded one, open an agent CLI in a terminal, start one from the library) · GPU
+efficiency ▸ (the efficiency profiles, the one in force checked; only with GPUs) · Open chat ·
 Open dashboard · Copy endpoint URL · LAN sharing state · Daemon ▸ (start/restart) · Quit.
 """
 
@@ -113,6 +114,8 @@ class TrayController(QObject):
         state.gpu.hot_changed.connect(self.refresh)
         state.gpu.overview_changed.connect(self.refresh)
         state.gpu.sampled.connect(self.on_gpu_sampled)
+        state.gpu.efficiency_changed.connect(self._fill_efficiency)
+        state.gpu.overview_changed.connect(self._fill_efficiency)
         notifier.notified.connect(self.on_notified)
         self.refresh()
         self.refresh_menus()
@@ -144,6 +147,11 @@ class TrayController(QObject):
         self.models_menu = self.menu.addMenu("Models")
         self.models_menu.setObjectName("modelsMenu")
         self.models_menu.setToolTipsVisible(True)
+        self.efficiency_menu = self.menu.addMenu("GPU efficiency")
+        self.efficiency_menu.setObjectName("efficiencyMenu")
+        self.efficiency_menu.setToolTipsVisible(True)  # each profile's description
+        self.efficiency_menu.menuAction().setVisible(False)
+        self._efficiency_shown: object = None  # what the submenu was filled from
         self.menu.addSeparator()
         self._add("Open chat", lambda: self.windows.open_chat(""), "openChat")
         self._add("Open dashboard", lambda: self.windows.open_dashboard(""), "openDashboard")
@@ -199,6 +207,32 @@ class TrayController(QObject):
         if not self.state.profiles:
             empty = self.profiles_menu.addAction("(no profiles: add one in the dashboard)")
             empty.setEnabled(False)
+
+    def _fill_efficiency(self) -> None:
+        """The efficiency profiles, the one in force on every GPU checked; choosing one puts
+        it on every GPU (the notifier says how it went). Only while there are GPUs."""
+        gpu = self.state.gpu
+        profiles = gpu.efficiency.profiles if gpu.efficiency is not None else ()
+        in_force = gpu.profile_in_force()
+        shown = (gpu.available, profiles, in_force)
+        checked = [a.objectName() for a in self.efficiency_menu.actions() if a.isChecked()]
+        expected = [f"efficiency:{in_force}"] if in_force else []
+        if shown == self._efficiency_shown and checked == expected:
+            return  # the overview changes every few seconds: the open menu stays as it is
+        self._efficiency_shown = shown
+        self.efficiency_menu.clear()
+        self.efficiency_menu.menuAction().setVisible(gpu.available and bool(profiles))
+        group = QActionGroup(self.efficiency_menu)
+        for entry in profiles:
+            action = QAction(entry.name, self.efficiency_menu, checkable=True)
+            action.setChecked(entry.name == in_force)
+            action.setToolTip(entry.description)
+            action.setObjectName(f"efficiency:{entry.name}")
+            group.addAction(action)
+            action.triggered.connect(
+                lambda _checked=False, name=entry.name: self.actions.set_efficiency_profile(name)
+            )
+            self.efficiency_menu.addAction(action)
 
     def _fill_models(self) -> None:
         """Served models to chat with (one only a paired box serves marked "on BOX"), then
@@ -294,6 +328,7 @@ class TrayController(QObject):
     def refresh_menus(self) -> None:
         self._fill_profiles()
         self._fill_models()
+        self._fill_efficiency()
 
     def _refresh_actions(self, link: LinkState, lan: bool) -> None:
         s = self.state

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from engines.client.base import JSON, ClientBase, api_path
 from engines.events.codec import from_plain, to_plain
 from engines.events.gpu import (
+    EfficiencyProfiles,
     FanCurve,
     FanCurveResult,
     GPUFanStatus,
@@ -92,6 +93,11 @@ class GPUCalls(ClientBase):
             "PUT", api_path("/api/gpus/{}/power", gpu), json_body=body, params=params
         )
         return from_plain(PowerLimitStatus, data)
+
+    async def efficiency_profiles(self) -> EfficiencyProfiles:
+        """The efficiency profiles (built-in and the user's), the one in force on each GPU and
+        the user's files that could not be read."""
+        return from_plain(EfficiencyProfiles, await self._call("GET", "/api/gpus/profiles"))
 
     async def set_efficiency_profile(self, name: str) -> list[str]:
         """Apply an efficiency profile (quiet, eco, max or the user's) to every GPU."""

@@ -292,6 +292,28 @@ class GPUPresets:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EfficiencyProfileEntry:
+    """One efficiency profile a client may apply (engines/gpu/efficiency.py)."""
+
+    name: str
+    description: str = ""
+    builtin: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EfficiencyProfiles:
+    """GET /api/gpus/profiles: the profiles there are and the one in force on each GPU."""
+
+    profiles: tuple[EfficiencyProfileEntry, ...] = ()
+    in_force: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """GPU UUID → the profile in force on it; a GPU absent has none (never set, a step of one
+    refused, or one of its controls changed by hand since)."""
+    problems: tuple[str, ...] = ()
+    """The user's profile files that could not be read, each saying which and why."""
+    simulated: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PowerLimitStatus:
     uuid: str
     index: int

@@ -28,6 +28,7 @@ from engines.client import DaemonClient
 from engines.errors import ConfigError, DaemonUnavailable
 from engines.events.codec import to_plain
 from engines.events.gpu import (
+    EfficiencyProfiles,
     GPUEntry,
     GPUInfo,
     GPUOverview,
@@ -107,7 +108,12 @@ def add_parsers(sub: Any) -> None:
         "profile",
         help="apply an efficiency profile (power limit, SM clock lock, fans) to every GPU",
     )
-    s.add_argument("name", help="quiet, eco, max or one of ~/.config/traylm/efficiency/*.toml")
+    s.add_argument(
+        "name",
+        nargs="?",
+        help="quiet, eco, max or one of ~/.config/traylm/efficiency/*.toml; "
+        "none: list them and the one in force on each GPU",
+    )
     s.set_defaults(func=cmd_power_profile)
 
     t = sub.add_parser("guard", help="thermal guard thresholds and recent actions")
@@ -475,9 +481,28 @@ async def cmd_power_set(args: argparse.Namespace) -> int:
 
 async def cmd_power_profile(args: argparse.Namespace) -> int:
     async with await DaemonClient.connect(plain_calls=True) as c:
+        if args.name is None:
+            print(render_profiles(await c.efficiency_profiles(), await c.gpus()))
+            return 0
         gpus = await c.set_efficiency_profile(args.name)
         print(f"efficiency profile {args.name} on {len(gpus)} GPU(s)")
     return 0
+
+
+def render_profiles(p: EfficiencyProfiles, o: GPUOverview) -> str:
+    """One line per profile (its description, the GPUs it is in force on), then the user's
+    files that could not be read."""
+    index = {e.info.uuid: e.info.index for e in o.gpus}
+    width = max((len(e.name) for e in p.profiles), default=0)
+    lines = ["efficiency profiles" + (" [SIMULATED GPUs]" if p.simulated else "") + ":"]
+    for e in p.profiles:
+        on = sorted(index.get(u, -1) for u, name in p.in_force.items() if name == e.name)
+        where = f"  [in force on GPU {', '.join(map(str, on))}]" if on else ""
+        lines.append(f"  {e.name:<{width}}  {e.description}{where}")
+    if not p.in_force:
+        lines.append("none in force: the GPUs run as the cards or your own settings set them")
+    lines.extend(f"cannot be used: {problem}" for problem in p.problems)
+    return "\n".join(lines)
 
 
 async def cmd_power_reset(args: argparse.Namespace) -> int:

@@ -37,17 +37,29 @@ class GPUControls:
         self._publish = publish
         self._simulated = simulated
         self._profile_lock = asyncio.Lock()
-        self.profile: str | None = None
-        """The efficiency profile last applied (None: none, or one that failed part way)."""
+        self.in_force: dict[str, str] = {}
+        """GPU UUID → the efficiency profile in force on it. A GPU leaves it when a step of a
+        profile is refused there (it is back at its defaults) or when one of its controls is
+        changed by hand (the profile no longer holds as a whole)."""
+
+    def profile(self, uuids: Sequence[str]) -> str | None:
+        """The profile in force on every one of ``uuids``; None when none is, or they differ."""
+        names = {self.in_force.get(u) for u in uuids}
+        return names.pop() if len(names) == 1 else None
+
+    def _by_hand(self, uuids: Sequence[str]) -> None:
+        for uuid in uuids:
+            self.in_force.pop(uuid, None)
 
     async def apply_curve(
         self, info: GPUInfo, curve: FanCurve, fans: tuple[int, ...], *, persist: bool
     ) -> tuple[str, ...]:
         """Put ``curve`` on the GPU's ``fans``; returns the helper's warnings."""
         helper = self._require_helper()
-        answer = await helper.request(
+        answer = await self._write(
             "apply_curve", gpu=info.uuid, curve=to_plain(curve), fans=list(fans), persist=persist
         )
+        self._by_hand([info.uuid])
         await helper.refresh()
         detail = f"{curve.name or 'custom'} curve on fans {', '.join(map(str, fans))}"
         self._publish(
@@ -61,6 +73,7 @@ class GPUControls:
         """Fans back under firmware control on ``target`` (a UUID or "all"); the GPUs
         touched."""
         gpus = await self._all_or_one("restore_fans", target, {})
+        self._by_hand(gpus)
         for uuid in gpus:
             self._changed(uuid, "fans_auto", "fans back under firmware control")
         return gpus
@@ -72,11 +85,12 @@ class GPUControls:
         hands the limit back instead of holding it."""
         helper = self._require_helper()
         if default:
-            await helper.request("restore_power", gpu=info.uuid, source="user")
+            await self._write("restore_power", gpu=info.uuid, source="user")
             detail = f"power limit back to the default {limit_mw / 1000:g} W"
         else:
-            await helper.request("apply_power", gpu=info.uuid, limit_mw=limit_mw, persist=persist)
+            await self._write("apply_power", gpu=info.uuid, limit_mw=limit_mw, persist=persist)
             detail = f"power limit set to {limit_mw / 1000:g} W"
+        self._by_hand([info.uuid])
         await helper.refresh()
         self._publish(
             GPUControlChanged(
@@ -87,6 +101,7 @@ class GPUControls:
     async def reset_power(self, target: str) -> list[str]:
         """The default power limit on ``target`` (a UUID or "all"); the GPUs touched."""
         gpus = await self._all_or_one("restore_power", target, {"source": "user"})
+        self._by_hand(gpus)
         for uuid in gpus:
             self._changed(uuid, "power_reset", "power limit back to the default")
         return gpus
@@ -96,7 +111,7 @@ class GPUControls:
     ) -> None:
         """Lock the GPU's ``domain`` ("sm" or "memory") clock between the two MHz."""
         helper = self._require_helper()
-        await helper.request(
+        await self._write(
             "apply_clocks",
             gpu=info.uuid,
             clock=domain,
@@ -104,6 +119,7 @@ class GPUControls:
             max_mhz=max_mhz,
             persist=persist,
         )
+        self._by_hand([info.uuid])
         await helper.refresh()
         detail = f"{domain} clock locked at {min_mhz}-{max_mhz} MHz"
         self._publish(
@@ -115,6 +131,7 @@ class GPUControls:
     async def reset_clocks(self, target: str, domain: str = "all") -> list[str]:
         """Clock locks on ``target`` (a UUID or "all") back to the driver; the GPUs touched."""
         gpus = await self._all_or_one("restore_clocks", target, {"clock": domain})
+        self._by_hand(gpus)
         for uuid in gpus:
             self._changed(uuid, "clock_reset", "clocks back under driver control")
         return gpus
@@ -125,13 +142,15 @@ class GPUControls:
         helper refuses hands that GPU back to its defaults (a known state), then re-raises."""
         async with self._profile_lock:
             for target in targets:
+                uuid = target.info.uuid
+                self.in_force.pop(uuid, None)
                 try:
                     await self._apply_target(target)
                 except GPUError:
                     await self._defaults(target.info)
                     raise
-                self._changed(target.info.uuid, "profile", f"efficiency profile {name}")
-            self.profile = name
+                self.in_force[uuid] = name
+                self._changed(uuid, "profile", f"efficiency profile {name}")
 
     async def _apply_target(self, t: ProfileTarget) -> None:
         uuid = t.info.uuid
@@ -163,16 +182,15 @@ class GPUControls:
             except GPUError as exc:
                 log.error("GPU %s: %s after a failed profile step: %s", info.uuid, op, exc)
         await self._require_helper().refresh()
-        self.profile = None
 
-    async def _write(self, op: str, **fields: Any) -> None:
-        """One helper write; a profile is several, and the helper allows a few a second, so a
-        ``rate_limited`` refusal is waited out (up to PROFILE_WRITE_WAIT_S), never dropped."""
+    async def _write(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One helper write, its answer. A profile is several, and the helper allows a few a
+        second, so a ``rate_limited`` refusal is waited out (up to PROFILE_WRITE_WAIT_S), never
+        dropped: a change by hand right after a profile switch waits its turn too."""
         deadline = asyncio.get_running_loop().time() + PROFILE_WRITE_WAIT_S
         while True:
             try:
-                await self._require_helper().request(op, **fields)
-                return
+                return await self._require_helper().request(op, **fields)
             except HelperRefused as exc:
                 if exc.code != "rate_limited" or asyncio.get_running_loop().time() > deadline:
                     raise
@@ -180,7 +198,7 @@ class GPUControls:
 
     async def _all_or_one(self, op: str, target: str, fields: dict[str, str]) -> list[str]:
         helper = self._require_helper()
-        answer = await helper.request(op, gpu=target, **fields)
+        answer = await self._write(op, gpu=target, **fields)
         await helper.refresh()
         return list(answer.get("gpus", []))
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engines.config.paths import Paths
 from engines.errors import ConfigError, GPUNotFound
 from engines.events.gpu import GPUInfo
 from engines.gpu.backend import find_info
@@ -95,24 +96,45 @@ _FIELDS = {f.name for f in dataclasses.fields(GPUSettings)}
 
 
 def profiles_dir() -> Path:
-    return Path.home() / ".config" / "traylm" / "efficiency"
+    """``efficiency/`` in traylm's config folder (~/.config/traylm; under TRAYLM_HOME when
+    that is set)."""
+    return Paths.from_env().config_dir / "efficiency"
 
 
 def load_profiles(folder: Path | None = None) -> dict[str, EfficiencyProfile]:
     """The built-in profiles and the user's (``folder``/*.toml; a user's file may not take a
     built-in name). Raises ConfigError naming the file and the field."""
+    profiles, problems = scan_profiles(folder)
+    if problems:
+        raise ConfigError(next(iter(problems.values())))
+    return profiles
+
+
+def scan_profiles(
+    folder: Path | None = None,
+) -> tuple[dict[str, EfficiencyProfile], dict[str, str]]:
+    """The profiles that can be used, and the user's files that cannot (by profile name: why,
+    naming the file and the field): one broken file leaves the others usable."""
     out = dict(BUILTIN)
+    problems: dict[str, str] = {}
     base = folder or profiles_dir()
     for path in sorted(base.glob("*.toml")) if base.is_dir() else []:
-        if path.stem in BUILTIN:
-            raise ConfigError(f"{path}: {path.stem!r} is a built-in profile; rename the file")
         try:
-            with path.open("rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: not readable TOML ({exc})") from None
-        out[path.stem] = _profile(path, data)
-    return out
+            out[path.stem] = _load_file(path)
+        except ConfigError as exc:
+            problems[path.stem] = exc.message
+    return out, problems
+
+
+def _load_file(path: Path) -> EfficiencyProfile:
+    if path.stem in BUILTIN:
+        raise ConfigError(f"{path}: {path.stem!r} is a built-in profile; rename the file")
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not readable TOML ({exc})") from None
+    return _profile(path, data)
 
 
 def resolve(profile: EfficiencyProfile, infos: Sequence[GPUInfo]) -> tuple[ProfileTarget, ...]:

@@ -14,6 +14,8 @@
     PUT  /api/gpus/{gpu}/power[?dry_run=1]  {"watts": 300} or {"preset": "efficient"},
                                             optional "persist": true → PowerLimitStatus
     POST /api/gpus/{gpu}/power/reset        default power limit ({gpu} may be "all")
+    GET  /api/gpus/profiles                 EfficiencyProfiles: names, descriptions, the one
+                                            in force on each GPU, the user's unreadable files
     POST /api/gpus/profile                  {"name": "eco"}: an efficiency profile on every GPU
     GET  /api/gpus/{gpu}/programs           simulated GPUs: the other programs on it
     POST /api/gpus/{gpu}/programs           simulated GPUs: {"name": "blender", "memory_gib": 12}
@@ -35,6 +37,8 @@ from aiohttp import web
 from engines.core.http import json_body, ok, query_flag, query_float, query_int, traylm_errors
 from engines.errors import ConfigError
 from engines.events.gpu import (
+    EfficiencyProfileEntry,
+    EfficiencyProfiles,
     FanCurve,
     FanCurveResult,
     GPUEntry,
@@ -112,7 +116,7 @@ async def overview(request: web.Request) -> web.Response:
             psu=f.psu(),
             sample_interval_s=f.sampler.interval_s,
             paused=f.gateway.paused,
-            profile=f.controls.profile,
+            profile=f.controls.profile([i.uuid for i in f.sampler.infos]),
         )
     )
 
@@ -333,15 +337,37 @@ async def set_power(request: web.Request) -> web.Response:
     return ok(_power_status(f, info, requested=limit_mw, applied=True, persist=persist))
 
 
+@routes.get("/api/gpus/profiles")
+@traylm_errors
+async def list_profiles(request: web.Request) -> web.Response:
+    f = _feature(request)
+    profiles, problems = await asyncio.to_thread(efficiency.scan_profiles)
+    entries = tuple(
+        EfficiencyProfileEntry(name=p.name, description=p.description, builtin=p.builtin)
+        for p in profiles.values()
+    )
+    return ok(
+        EfficiencyProfiles(
+            profiles=entries,
+            in_force=dict(f.controls.in_force),
+            problems=tuple(problems.values()),
+            simulated=f.backend.simulated,
+        )
+    )
+
+
 @routes.post("/api/gpus/profile")
 @traylm_errors
 async def set_profile(request: web.Request) -> web.Response:
-    """{"name": "eco"}: apply an efficiency profile (engines.gpu.efficiency) to every GPU."""
+    """{"name": "eco"}: apply an efficiency profile (engines.gpu.efficiency) to every GPU.
+    Every GPU's targets are resolved and checked before the first write."""
     f = _feature(request)
     body = await json_body(request)
     _check_keys(body, {"name"})
-    profiles = await asyncio.to_thread(efficiency.load_profiles)
+    profiles, problems = await asyncio.to_thread(efficiency.scan_profiles)
     name = body.get("name")
+    if isinstance(name, str) and name not in profiles and name in problems:
+        raise ConfigError(f"efficiency profile {name!r} cannot be used: {problems[name]}")
     if not isinstance(name, str) or name not in profiles:
         raise ConfigError(f"no efficiency profile {name!r}; profiles: {', '.join(profiles)}")
     targets = efficiency.resolve(profiles[name], f.infos())

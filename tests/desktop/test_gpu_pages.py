@@ -344,3 +344,69 @@ def test_samples_reach_the_app_once_per_sample(qtbot, sim_app) -> None:
     assert [len(s.gpus) for s in samples[:3]] == [2, 2, 2]
     assert all(s.simulated for s in samples)
     assert len({s.ts_s for s in samples}) == len(samples)
+
+
+def _efficiency_view(qtbot, app: DesktopApp):  # type: ignore[no-untyped-def]
+    view = _gpus_page(app).efficiency
+    qtbot.waitUntil(lambda: view.isVisibleTo(view.parentWidget()), timeout=5000)
+    qtbot.waitUntil(lambda: view.apply_button.isEnabled(), timeout=5000)  # the helper is up
+    return view
+
+
+def test_the_gpus_page_switches_the_efficiency_profile(qtbot, sim_app, sim_daemon_thread) -> None:
+    app, d = sim_app, sim_daemon_thread
+    view = _efficiency_view(qtbot, app)
+    picker = view.picker
+    assert [picker.itemText(i) for i in range(picker.count())] == ["quiet", "eco", "max"]
+    eco = picker.findText("eco")
+    tooltip = picker.itemData(eco, Qt.ItemDataRole.ToolTipRole)
+    assert tooltip.startswith("75 % power, SM clock at 75 %")
+    assert view.in_force.text().startswith("No profile in force")
+    picker.setCurrentIndex(eco)
+    picker.activated.emit(eco)  # as a click on the item does
+    assert view.description.text() == tooltip
+    qtbot.mouseClick(view.apply_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: view.result.state == "ok", timeout=20000)
+    assert view.result.message == "eco is in force on 2 simulated GPUs."
+    assert d.run(lambda c: c.efficiency_profiles()).in_force == {GPU0: "eco", GPU1: "eco"}
+    qtbot.waitUntil(lambda: view.in_force.text() == "In force: eco on both GPUs.", timeout=5000)
+    assert picker.currentText() == "eco"
+    assert "SIMULATED" in _gpus_page(app).source.text()  # the source still says so
+    # switched elsewhere (the CLI): the page follows the daemon
+    d.run(lambda c: c.set_efficiency_profile("max"))
+    qtbot.waitUntil(lambda: view.in_force.text() == "In force: max on both GPUs.", timeout=10000)
+    assert picker.currentText() == "max"
+
+
+def test_a_profile_naming_a_gone_gpu_or_a_broken_file_is_refused_in_words(
+    qtbot, sim_app, sim_daemon_thread
+) -> None:
+    app, d = sim_app, sim_daemon_thread
+    folder = d.paths.config_dir / "efficiency"
+    folder.mkdir(parents=True)
+    (folder / "far.toml").write_text('description = "for a third card"\n[gpus.5]\npower_w = 300\n')
+    (folder / "typo.toml").write_text("power_pct = 70\nfanz = 'quiet'\n")
+    d.run(lambda c: c.set_efficiency_profile("eco"))
+    view = _efficiency_view(qtbot, app)
+    app.actions.reload_efficiency()
+    qtbot.waitUntil(lambda: view.picker.findText("far") >= 0, timeout=5000)
+    qtbot.waitUntil(lambda: view.in_force.text() == "In force: eco on both GPUs.", timeout=5000)
+    assert view.picker.findText("typo") == -1  # not offered: it cannot be used
+    assert view.problems.state == "warning"
+    assert "typo.toml: unknown field(s) fanz" in view.problems.message
+    sampler = d.feature("gpu").sampler
+    eco_limits = [337_500, 337_500]
+    qtbot.waitUntil(lambda: [s.power_limit_mw for s in sampler.latest] == eco_limits, timeout=5000)
+    far = view.picker.findText("far")
+    view.picker.setCurrentIndex(far)
+    view.picker.activated.emit(far)
+    qtbot.mouseClick(view.apply_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: view.result.state == "error", timeout=20000)
+    said = view.result.message
+    assert said.startswith("far was not applied; the GPUs are as they were:")
+    assert "names GPU '5', which is not here" in said and "edit the profile" in said
+    # nothing half-applied: eco still holds on both, limits included
+    assert d.run(lambda c: c.efficiency_profiles()).in_force == {GPU0: "eco", GPU1: "eco"}
+    limits = [d.run(lambda c, g=g: c.power_limit(g)).enforced_mw for g in (GPU0, GPU1)]
+    assert limits == eco_limits
+    assert view.in_force.text() == "In force: eco on both GPUs."

@@ -15,6 +15,7 @@ from desktop.app import DesktopApp
 from desktop.daemon.notify import Notification
 from desktop.tray.icons import TrayState
 from engines.events import EngineState, EngineStatus, GatewayThroughput
+from engines.gpu.sim import sim_uuid
 from tests.desktop.conftest import AppFactory, ThreadedDaemon
 
 
@@ -255,3 +256,60 @@ def test_a_tuners_engine_never_becomes_the_model_the_tray_starts(
     assert app.state.settings is not None and app.state.settings.ui.last_profile == ""
     assert app.state.current_profile() == "mine"
     assert _menu_action(app, "start").text() == "Start mine"
+
+
+def _efficiency_action(app: DesktopApp, name: str):  # type: ignore[no-untyped-def]
+    app.tray.menu.aboutToShow.emit()  # the menu refreshes itself when it opens
+    menu = app.tray.efficiency_menu
+    return next(a for a in menu.actions() if a.objectName() == f"efficiency:{name}")
+
+
+def test_the_tray_menu_switches_the_efficiency_profile(qtbot, sim_app, sim_daemon_thread) -> None:
+    app, d = sim_app, sim_daemon_thread
+    qtbot.waitUntil(lambda: app.state.gpu.efficiency is not None, timeout=5000)
+    menu = app.tray.efficiency_menu
+    app.tray.menu.aboutToShow.emit()
+    assert menu.title() == "GPU efficiency" and menu.menuAction().isVisible()
+    assert [a.text() for a in menu.actions()] == ["quiet", "eco", "max"]
+    assert not any(a.isChecked() for a in menu.actions())
+    assert _efficiency_action(app, "quiet").toolTip().startswith("60 % power")
+    d.run(lambda c: c.set_efficiency_profile("eco"))
+    qtbot.waitUntil(lambda: _efficiency_action(app, "eco").isChecked(), timeout=10000)
+    notes: list[Notification] = []
+    app.notifier.notified.connect(notes.append)
+    _efficiency_action(app, "quiet").trigger()
+    qtbot.waitUntil(lambda: any(n.title == "GPU efficiency" for n in notes), timeout=20000)
+    note = next(n for n in notes if n.title == "GPU efficiency")
+    assert note.level == "info" and note.message == "quiet is in force on 2 simulated GPUs"
+    assert d.run(lambda c: c.efficiency_profiles()).in_force == {
+        sim_uuid(0): "quiet",
+        sim_uuid(1): "quiet",
+    }
+    # the menu is filled again from the daemon's answer: the check moved
+    qtbot.waitUntil(lambda: app.state.gpu.profile_in_force() == "quiet", timeout=5000)
+    assert [a.text() for a in menu.actions() if a.isChecked()] == ["quiet"]
+
+
+def test_a_refused_profile_in_the_tray_is_said_and_the_check_stays(
+    qtbot, sim_app, sim_daemon_thread
+) -> None:
+    app, d = sim_app, sim_daemon_thread
+    folder = d.paths.config_dir / "efficiency"
+    folder.mkdir(parents=True)
+    (folder / "far.toml").write_text("[gpus.5]\npower_w = 300\n")  # a GPU that is gone
+    d.run(lambda c: c.set_efficiency_profile("eco"))
+    app.actions.reload_efficiency()
+    qtbot.waitUntil(lambda: app.state.gpu.profile_in_force() == "eco", timeout=10000)
+    notes: list[Notification] = []
+    app.notifier.notified.connect(notes.append)
+    _efficiency_action(app, "far").trigger()  # Qt checks it at once; the daemon refuses it
+    qtbot.waitUntil(lambda: any(n.level == "error" for n in notes), timeout=20000)
+    note = next(n for n in notes if n.level == "error")
+    assert note.title == "switching the GPUs to far failed"
+    assert "names GPU '5', which is not here" in note.message
+    qtbot.waitUntil(lambda: _efficiency_action(app, "eco").isChecked(), timeout=5000)
+    assert not _efficiency_action(app, "far").isChecked()
+    assert d.run(lambda c: c.efficiency_profiles()).in_force == {
+        sim_uuid(0): "eco",
+        sim_uuid(1): "eco",
+    }

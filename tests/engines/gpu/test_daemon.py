@@ -154,6 +154,36 @@ async def test_efficiency_profile_through_the_api(sim_daemon: RunningDaemon) -> 
     assert (await c.gpus()).helper.clocks == ()
 
 
+async def test_efficiency_profiles_listed_with_the_one_in_force_per_gpu(
+    sim_daemon: RunningDaemon,
+) -> None:
+    c = sim_daemon.client
+    folder = sim_daemon.paths.config_dir / "efficiency"
+    folder.mkdir(parents=True)
+    (folder / "night.toml").write_text('description = "night"\npower_pct = 70\n')
+    (folder / "far.toml").write_text("[gpus.5]\npower_w = 300\n")  # a GPU that is gone
+    (folder / "typo.toml").write_text("power_pct = 70\nfanz = 'quiet'\n")
+    listed = await c.efficiency_profiles()
+    assert [p.name for p in listed.profiles] == ["quiet", "eco", "max", "far", "night"]
+    assert listed.profiles[1].description.startswith("75 % power") and listed.profiles[1].builtin
+    assert listed.in_force == {} and listed.simulated
+    # a broken file is said, and leaves the other profiles usable
+    assert len(listed.problems) == 1 and "typo.toml: unknown field(s) fanz" in listed.problems[0]
+    with pytest.raises(ControlAPIError, match="'typo' cannot be used: .*unknown field"):
+        await c.set_efficiency_profile("typo")
+    await c.set_efficiency_profile("eco")
+    assert (await c.efficiency_profiles()).in_force == {GPU0: "eco", GPU1: "eco"}
+    # a profile naming a GPU that is gone is refused before anything is written
+    with pytest.raises(ControlAPIError, match="names GPU '5', which is not here"):
+        await c.set_efficiency_profile("far")
+    assert (await c.efficiency_profiles()).in_force == {GPU0: "eco", GPU1: "eco"}
+    await until(lambda: feature(sim_daemon).sampler.latest[1].power_limit_mw == 337_500)
+    # a control changed by hand: the profile no longer holds on that GPU
+    await c.set_power_limit(GPU0, watts=300)
+    assert (await c.efficiency_profiles()).in_force == {GPU1: "eco"}
+    assert (await c.gpus()).profile is None
+
+
 async def test_guard_thresholds_get_and_put(sim_daemon: RunningDaemon) -> None:
     c = sim_daemon.client
     g = await c.guard()
@@ -306,6 +336,7 @@ async def test_gpus_without_the_helper_are_read_only(
     lib.nvmlDeviceSetFanSpeed_v2.assert_not_called()
 
 
+@pytest.mark.slow
 async def test_cli_against_the_daemon_and_without_one(sim_daemon: RunningDaemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
     async def traylm(*args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
@@ -325,6 +356,12 @@ async def test_cli_against_the_daemon_and_without_one(sim_daemon: RunningDaemon,
     assert code == 0 and "would apply quiet on fans [0, 1]" in out
     code, out = await traylm("power", "set", "90")
     assert code == 1 and "90 W is outside what GPU 0" in out
+    code, out = await traylm("power", "profile")
+    assert code == 0 and "efficiency profiles [SIMULATED GPUs]:" in out
+    assert "  eco    75 % power" in out and "none in force" in out
+    await sim_daemon.client.set_efficiency_profile("quiet")
+    code, out = await traylm("power", "profile")
+    assert code == 0 and "cool and silent, slower prefill  [in force on GPU 0, 1]" in out
     code, out = await traylm("guard")
     assert code == 0 and "guard_stop_margin_c = 2" in out
     trace = tmp_path / "t.jsonl"

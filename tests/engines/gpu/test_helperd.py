@@ -449,7 +449,8 @@ async def test_profiles_apply_in_order_and_a_refusal_leaves_defaults(helper: Hel
     await asyncio.gather(  # two profiles in quick succession: one after the other
         controls.apply_profile("quiet", quiet), controls.apply_profile("max", maximum)
     )
-    assert controls.profile == "max"
+    assert controls.in_force == {GPU0: "max", GPU1: "max"}
+    assert controls.profile([GPU0, GPU1]) == "max"
     state = helper.control()
     assert state[GPU0]["clock_locks"] == {} and state[GPU0]["power_limit_mw"] == 450_000
     await controls.apply_profile("quiet", quiet)
@@ -463,6 +464,7 @@ async def test_profiles_apply_in_order_and_a_refusal_leaves_defaults(helper: Hel
         await controls.apply_profile("broken", bad)
     g0 = helper.control()[GPU0]  # handed back to the defaults: a known state
     assert g0["clock_locks"] == {} and g0["power_limit_mw"] == 450_000
-    assert not any(f["manual"] for f in g0["fans"]) and controls.profile is None
+    assert not any(f["manual"] for f in g0["fans"]) and GPU0 not in controls.in_force
+    assert controls.profile([GPU0, GPU1]) is None  # GPU 1 still runs quiet: they differ
     assert {f.mode for f in client.status.fans if f.uuid == GPU0} == {"auto"}
     await client.stop()
