@@ -7,6 +7,7 @@ pairing; nothing here trusts a certificate authority.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import ssl
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from engines.errors import ConfigError
 
 CERT_FILE = "cert.pem"
 KEY_FILE = "key.pem"
+LOCK_FILE = "identity.lock"  # held while an identity is made
 VALID_DAYS = 100 * 365  # a pinned identity: its lifetime is the pairing's, not a CA's policy
 
 
@@ -71,23 +73,37 @@ def shown(fingerprint: str) -> str:
 def load_or_create(folder: Path, common_name: str) -> Identity:
     """The identity in ``folder``, made there first if it has none (blocking: call in a
     thread). The key is written 0600 before the certificate, so a half-made identity (a key
-    without its certificate) is made again rather than used."""
+    without its certificate) is made again rather than used; two processes making one at once
+    take turns (a lock file in the folder), so neither ends with the other's key beside its
+    certificate."""
     cert_file, key_file = folder / CERT_FILE, folder / KEY_FILE
-    if not (cert_file.exists() and key_file.exists()):
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = ec.generate_private_key(ec.SECP256R1())
-        write_bytes_atomic(
-            key_file,
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            ),
-            mode=0o600,
-        )
-        write_bytes_atomic(cert_file, _self_signed(key, common_name), mode=0o644)
+    if cert_file.exists() and key_file.exists():
+        return _identity(cert_file, key_file)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with (folder / LOCK_FILE).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (cert_file.exists() and key_file.exists()):  # the other made it meanwhile
+            _create(cert_file, key_file, common_name)
+    return _identity(cert_file, key_file)
+
+
+def _identity(cert_file: Path, key_file: Path) -> Identity:
     pem = cert_file.read_text()
     return Identity(pem, cert_file, key_file, fingerprint_pem(pem))
+
+
+def _create(cert_file: Path, key_file: Path, common_name: str) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    write_bytes_atomic(
+        key_file,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        mode=0o600,
+    )
+    write_bytes_atomic(cert_file, _self_signed(key, common_name), mode=0o644)
 
 
 def _self_signed(key: ec.EllipticCurvePrivateKey, common_name: str) -> bytes:

@@ -4,7 +4,11 @@ daemon on loopback (the peer listener on 127.0.0.1 and a free port)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,6 +18,8 @@ from engines.config.sections import Paths, PeersSettings
 from engines.core.procs import free_loopback_port
 from engines.errors import ControlAPIError
 from tests.conftest import DaemonFactory, fast_settings
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _settings(**peers: object) -> object:
@@ -88,3 +94,40 @@ async def test_unpair_names_what_it_cannot_find(daemon_factory: DaemonFactory) -
     ):
         assert resp.status == 400
         assert "is not a valid box name" in (await resp.json())["error"]["message"]
+
+
+MAKE = """
+import sys, time
+from pathlib import Path
+from engines.peers import tls
+folder, go = Path(sys.argv[1]), Path(sys.argv[2])
+print("waiting", flush=True)
+while not go.exists():
+    time.sleep(0.001)
+own = tls.load_or_create(folder, "twin")
+tls.server_context(own, [])  # refuses a key that is not the certificate's
+print(own.fingerprint, flush=True)
+"""
+
+
+def test_two_processes_making_one_identity_at_once_get_one_that_works(tmp_path: Path) -> None:
+    """Made at the same moment by two processes, the key of one beside the certificate of the
+    other would fail every TLS listener (KEY_VALUES_MISMATCH: 13 of 30 pairs before the lock)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for trial in range(3):
+        folder, go = tmp_path / f"identity{trial}", tmp_path / f"go{trial}"
+        twins = [
+            subprocess.Popen(
+                [sys.executable, "-c", MAKE, str(folder), str(go)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        assert all(t.stdout is not None and t.stdout.readline() == "waiting\n" for t in twins)
+        go.touch()  # both start making it now
+        outs = [t.communicate(timeout=60)[0] for t in twins]
+        assert [t.returncode for t in twins] == [0, 0], outs
+        assert outs[0] == outs[1]  # one identity, and both use it

@@ -162,9 +162,11 @@ def test_a_machine_in_the_middle_cannot_pair_and_the_waiting_pair_sees_the_real_
         a.command("-m", "engines", "pair"), env=a.env, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
-    relays = [
+    relays = [  # each relay its own identity folder: two making one folder race (key vs cert)
         subprocess.Popen(
-            a.command("-m", "tests.engines.peers.mitm", str(tmp_path / "mitm"), str(port), target),
+            a.command(
+                "-m", "tests.engines.peers.mitm", str(tmp_path / f"mitm{port}"), str(port), target
+            ),
             env=a.env,
             text=True,
             stdout=subprocess.PIPE,
