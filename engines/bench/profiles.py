@@ -151,7 +151,12 @@ class CtrlC:
             )
             return
         self.abandoned = True
-        print(f"\n{left_on(self.current, self.back)}", file=sys.stderr, flush=True)
+        print(
+            f"\n{left_on(self.current, self.back)}; `traylm bench cancel` stops the benchmark "
+            "if it still runs",
+            file=sys.stderr,
+            flush=True,
+        )
         raise KeyboardInterrupt
 
 
