@@ -223,6 +223,8 @@ async def _run_profiles(args: argparse.Namespace, config: BenchConfig) -> int:
     repeat = profiles.check_repeat(args.repeat)
     async with await _client() as c:
         overview = await profiles.check(c, names)
+        if not config.url:
+            await _check_served(c, config.model)  # refused before a profile is applied
         before = overview.profile
         if before is None:
             print(
@@ -289,6 +291,13 @@ async def _load_if_cold(c: DaemonClient, model: str) -> None:
     await load_and_wait(
         c, model, timeout_s=LOAD_TIMEOUT_S, say=lambda line: print(line, file=sys.stderr)
     )
+
+
+async def _check_served(c: DaemonClient, model: str) -> None:
+    servable = await c.servable_models()
+    if not any(model == m.name or model in m.names for m in servable):
+        listing = ", ".join(sorted(m.name for m in servable)) or "none"
+        raise ConfigError(f"the model {model!r} is not served here; servable: {listing}")
 
 
 def _progress_line(p: BenchProgress) -> str:

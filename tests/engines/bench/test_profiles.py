@@ -123,6 +123,16 @@ async def test_an_unknown_profile_is_refused_before_anything_runs(
     assert (await d.client.gpus()).profile is None  # eco, the known one, was not applied
 
 
+async def test_an_unknown_model_is_refused_before_a_profile_is_applied(
+    sim_daemon: RunningDaemon,
+) -> None:
+    d = sim_daemon
+    code, out = await traylm("bench", "run", "--model", "nope", "--profiles", "quiet", *SMALL)
+    assert code == 1 and out.startswith("traylm: the model 'nope' is not served here"), out
+    assert len(out.strip().splitlines()) == 1
+    assert (await d.client.gpus()).profile is None and await d.client.bench_runs() == []
+
+
 async def test_without_gpus_profiles_say_they_need_them(daemon_factory: Any) -> None:
     d: RunningDaemon = await daemon_factory(
         fast_settings(free_loopback_port())
