@@ -2,6 +2,7 @@
 
 traylm bench run --model NAME [--url URL] [--concurrency 1,8,32] [--input-len 128
                  --output-len 128] [--requests N] [--name TEXT] [--html FILE]
+                 [--profiles quiet,eco,max [--repeat 2]]
 traylm bench ls
 traylm bench show ID [--html FILE]
 traylm bench compare ID ID... [--html FILE]
@@ -95,7 +96,24 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument("--name", default="", help="a label for this run")
     s.add_argument("--html", type=Path, help="also write the HTML report here")
-    s.add_argument("--json", action="store_true", help="print the stored run as JSON")
+    s.add_argument(
+        "--profiles",
+        default="",
+        help="run the same benchmark under each efficiency profile (`traylm power profile`), "
+        "e.g. quiet,eco,max, and print them side by side; the profile in force before is put "
+        "back at the end",
+    )
+    s.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="--profiles: runs of each profile, interleaved (2 or more gives the noise band)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print the stored run as JSON (--profiles: the runs' ids and the table)",
+    )
     s.set_defaults(func=cmd_run)
 
     s = bsub.add_parser("ls", aliases=["list"], help="stored benchmark runs")
@@ -172,22 +190,69 @@ async def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         name=args.name,
     )
+    if args.profiles:
+        return await _run_profiles(args, config)
     async with await _client() as c:
         if not config.url:
             await _load_if_cold(c, config.model)
-        api_key = os.environ.get(API_KEY_ENV, "")
-        final = await follow(
-            c,
-            followed(c),
-            lambda: c.bench_start(config, api_key=api_key),
-            started=lambda run: print(
-                f"benchmark run #{run.id} started against {run.target}", file=sys.stderr
-            ),
-        )
+        final = await _run_one(c, config)
         _print_or_json(final, args.json)
         if args.html:
             await _write_html(c, [final.id], args.html)
     return 0 if final.state == BenchState.DONE else 1
+
+
+async def _run_one(c: DaemonClient, config: BenchConfig) -> BenchRun:
+    """One run in the daemon, followed to its end (Ctrl-C cancels it)."""
+    api_key = os.environ.get(API_KEY_ENV, "")
+    return await follow(
+        c,
+        followed(c),
+        lambda: c.bench_start(config, api_key=api_key),
+        started=lambda run: print(
+            f"benchmark run #{run.id} started against {run.target}", file=sys.stderr
+        ),
+    )
+
+
+async def _run_profiles(args: argparse.Namespace, config: BenchConfig) -> int:
+    """--profiles: engines/bench/profiles.py; 130 after a Ctrl-C (the profile before put back)."""
+    from engines.bench import profiles  # the efficiency profiles: only for --profiles
+
+    names = profiles.parse_profiles(args.profiles)
+    repeat = profiles.check_repeat(args.repeat)
+    async with await _client() as c:
+        overview = await profiles.check(c, names)
+        if not config.url:
+            await _check_served(c, config.model)  # refused before a profile is applied
+        before = overview.profile
+        if before is None:
+            print(
+                "no efficiency profile is in force: the GPUs end on "
+                f"{profiles.FALLBACK} (the card's defaults)",
+                file=sys.stderr,
+            )
+        if not config.url:
+            await _load_if_cold(c, config.model)
+        try:
+            runs, restored = await profiles.run_profiles(
+                c, config, names, repeat=repeat, before=before, run_one=lambda k: _run_one(c, k)
+            )
+        except asyncio.CancelledError:
+            return 130  # Ctrl-C: the run was cancelled and the profile before put back
+        table = profiles.rows(runs, names)
+        after = (await c.gpus()).profile
+        if args.json:
+            data = profiles.as_json(table, runs, repeat=repeat, before=before, after=after)
+            print(json.dumps(data, indent=1))
+        else:
+            print(profiles.format_table(table, runs, repeat))
+        if args.html and runs:
+            await _write_html(c, [r.run.id for r in runs], args.html)
+    finished = len(runs) == len(names) * repeat and all(
+        r.run.state == BenchState.DONE for r in runs
+    )
+    return 0 if finished and restored else 1
 
 
 def followed(c: DaemonClient) -> Followed[BenchRun, int]:
@@ -226,6 +291,13 @@ async def _load_if_cold(c: DaemonClient, model: str) -> None:
     await load_and_wait(
         c, model, timeout_s=LOAD_TIMEOUT_S, say=lambda line: print(line, file=sys.stderr)
     )
+
+
+async def _check_served(c: DaemonClient, model: str) -> None:
+    servable = await c.servable_models()
+    if not any(model == m.name or model in m.names for m in servable):
+        listing = ", ".join(sorted(m.name for m in servable)) or "none"
+        raise ConfigError(f"the model {model!r} is not served here; servable: {listing}")
 
 
 def _progress_line(p: BenchProgress) -> str:

@@ -6,7 +6,8 @@ Energy over a window is the NVML total-energy counter (mJ) read at the window's 
 interpolated between the samples around it (or carried at most a couple of sample periods with
 that sample's power when the window ends past the last sample), summed over every GPU the daemon
 sees, then divided by the level's output tokens. Mean power is that energy over the window; the
-1-second power readings are only a fallback when a GPU has no energy counter (labelled).
+1-second power readings are only a fallback when a GPU has no energy counter (labelled). Peak
+temperature and peak fan speed are the hottest GPU's and the fastest fan's in the window.
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def _combine(
         detail = f"SIMULATED GPUs{how}: {detail}"
     temps = [t for t in hottest if t is not None]
     mems = [m for m in memory_sums if m is not None]
+    fans = [f.speed_pct for s in inside for g in s.gpus for f in g.fans if f.speed_pct is not None]
     return BenchTelemetry(
         available=True,
         simulated=simulated,
@@ -240,6 +242,7 @@ def _combine(
         else None,
         energy_source=source,
         memory_used_peak_bytes=int(max(mems)) if mems else None,
+        fan_speed_peak_pct=float(max(fans)) if fans else None,
         gpus=gpus,
         ts_s=tuple(s.ts_s - start_s for s in inside),
         temperature_c=tuple(hottest),

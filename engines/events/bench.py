@@ -108,6 +108,7 @@ class BenchTelemetry:
     joules_per_token: float | None = None  # energy_j / output tokens of the level
     energy_source: str = ""  # "counter" (NVML total energy) | "power" (readings × time) | ""
     memory_used_peak_bytes: int | None = None
+    fan_speed_peak_pct: float | None = None  # the fastest fan of any GPU (NVML's intended %)
     gpus: tuple[GPUBenchTelemetry, ...] = ()
     ts_s: tuple[float, ...] = ()  # timeline: seconds from the level's start
     temperature_c: tuple[float | None, ...] = ()  # hottest GPU per sample

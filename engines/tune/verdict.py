@@ -2,24 +2,24 @@
 ratios to the default, the verdict on the goal's figure, the Pareto set, the recommendation in
 words, and the electricity cost per 100 M tokens.
 
-The noise band of a figure is half the spread of its repeats relative to their mean (two runs
-at 100 and 110 tokens/s: ±4.8 %), at least ``MIN_BAND``; a candidate is better or worse than
-the default only when their difference is larger than the wider of the two bands.
+The noise band of a figure is engines.bench.noise's: half the spread of its repeats relative to
+their mean (two runs at 100 and 110 tokens/s: ±4.8 %), at least ``MIN_BAND``; a candidate is
+better or worse than the default only when their difference is larger than the wider of the two
+bands.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engines.bench import noise
+from engines.bench.noise import MIN_BAND
 from engines.events.tune import TuneMeasure, TuneRow
 from engines.tune.candidates import POWER_APPLIES, Candidate
 from engines.tune.figures import BY_KEY
 
-MIN_BAND = 0.02
-"""Two runs that happen to agree exactly do not make a 0 % band: 2 % is the least assumed."""
 JOULES_PER_KWH = 3.6e6
 
 
@@ -78,16 +78,14 @@ def _row(c: Candidate, measures: Sequence[TuneMeasure], price: float) -> TuneRow
     good = [m for m in measures if not m.error]
     error = next((m.error for m in measures if m.error), "")
     figures: dict[str, float] = {}
-    band: dict[str, float] = {}
-    spread: dict[str, float] = {}
+    bands: dict[str, float] = {}
+    spreads: dict[str, float] = {}
     for key in {k for m in good for k in m.figures}:
         values = [m.figures[key] for m in good if key in m.figures]
-        mean = math.fsum(values) / len(values)
-        figures[key] = mean
-        half = (max(values) - min(values)) / 2 / abs(mean) if mean else 0.0
-        band[key] = max(MIN_BAND, half)
+        figures[key] = noise.mean(values)
+        bands[key] = noise.band(values)
         if len(values) > 1:
-            spread[key] = half
+            spreads[key] = noise.spread(values)
     jpt = figures.get("joules_per_token")
     cost = jpt * 1e8 / JOULES_PER_KWH * price if jpt is not None else None
     return TuneRow(
@@ -96,8 +94,8 @@ def _row(c: Candidate, measures: Sequence[TuneMeasure], price: float) -> TuneRow
         changes=c.changes,
         runs=len(good),
         figures=figures,
-        band=band,
-        spread=spread,
+        band=bands,
+        spread=spreads,
         verdict="failed" if error and not good else ("default" if c.key == "default" else ""),
         cost_per_100m=cost,
         error=error,

@@ -22,6 +22,7 @@ from engines.events import (
     BenchRun,
     BenchState,
     BenchTelemetry,
+    FanReading,
     GPUInfo,
     GPUSnapshot,
     from_plain,
@@ -161,8 +162,24 @@ def test_window_sums_gpus_and_divides_by_tokens() -> None:
             Sample(
                 t,
                 (
-                    snap("a", t, 100_000 * i, 100_000, temperature_c=60 + i, memory_used_bytes=2),
-                    snap("b", t, 50_000 * i, 50_000, temperature_c=50, memory_used_bytes=3),
+                    snap(
+                        "a",
+                        t,
+                        100_000 * i,
+                        100_000,
+                        temperature_c=60 + i,
+                        memory_used_bytes=2,
+                        fans=(FanReading(index=0, speed_pct=30 + 10 * i),),
+                    ),
+                    snap(
+                        "b",
+                        t,
+                        50_000 * i,
+                        50_000,
+                        temperature_c=50,
+                        memory_used_bytes=3,
+                        fans=(FanReading(index=0, speed_pct=45), FanReading(index=1)),
+                    ),
                 ),
             )
         )
@@ -174,6 +191,7 @@ def test_window_sums_gpus_and_divides_by_tokens() -> None:
     assert w.power_mean_w == pytest.approx(150.0)
     assert w.samples == 3 and w.temperature_peak_c == 63 and w.temperature_mean_c == 62
     assert w.memory_used_peak_bytes == 5
+    assert w.fan_speed_peak_pct == 60  # the fastest fan inside the window (70 % comes after it)
     assert [g.energy_j for g in w.gpus] == pytest.approx([300.0, 150.0])
     assert w.power_w == pytest.approx((150.0, 150.0, 150.0))
 
