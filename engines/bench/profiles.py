@@ -109,7 +109,10 @@ async def check(c: DaemonClient, names: Sequence[str]) -> GPUOverview:
                 or "install it: sudo bash installers/linux/install-gpud.sh"
             )
         )
-    profiles = await asyncio.to_thread(efficiency.load_profiles)
+    profiles, broken = await asyncio.to_thread(efficiency.scan_profiles)  # as the daemon reads
+    for name in names:  # a broken file of a profile not asked for stops nothing
+        if name in broken:
+            raise ConfigError(broken[name])
     unknown = [n for n in names if n not in profiles]
     if unknown:
         raise ConfigError(

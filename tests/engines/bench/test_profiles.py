@@ -123,6 +123,20 @@ async def test_an_unknown_profile_is_refused_before_anything_runs(
     assert (await d.client.gpus()).profile is None  # eco, the known one, was not applied
 
 
+async def test_a_broken_profile_file_stops_only_a_run_that_asks_for_it(
+    sim_daemon: RunningDaemon,
+) -> None:
+    d = sim_daemon
+    folder = d.paths.config_dir / "efficiency"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "far.toml").write_text("power = [broken\n")
+    code, out = await traylm("bench", "run", "--model", "fake", "--profiles", "eco,far", *SMALL)
+    assert code == 1 and "far.toml" in out and len(out.strip().splitlines()) == 1, out
+    code, out = await traylm("bench", "run", "--model", "fake", "--profiles", "eco,turbo", *SMALL)
+    assert out.strip() == "traylm: no efficiency profile 'turbo'; profiles: quiet, eco, max"
+    assert (await d.client.gpus()).profile is None and await d.client.bench_runs() == []
+
+
 async def test_an_unknown_model_is_refused_before_a_profile_is_applied(
     sim_daemon: RunningDaemon,
 ) -> None:
