@@ -178,13 +178,6 @@ class Daemon:
         )
         self.chats = ChatsFeature(ChatStore(self.store), publish)
         self.files = FileStore(self.store, paths.data_dir / "files")
-        self.batches = BatchFeature(
-            store=self.store,
-            files=self.files,
-            settings=live,
-            internal_key=lambda: self.ctx.internal_key,
-            publish=publish,
-        )
         self.remote = RemoteFallback(lambda: live.current.remote, publish)
         self.ctx = GatewayContext(
             settings=live,
@@ -208,6 +201,14 @@ class Daemon:
             state_dir=paths.state_dir,
         )
         self.registry.collector(self.gpu.exposition)
+        self.batches = BatchFeature(
+            store=self.store,
+            files=self.files,
+            settings=live,
+            internal_key=lambda: self.ctx.internal_key,
+            publish=publish,
+            efficiency=self.gpu,
+        )
         inventory = self.gpu.inventory
         self.envs = EnvManager(paths.envs_dir, extras=env_extras(inventory), gpus=inventory.gpus)
         self.hub = HubFeature(

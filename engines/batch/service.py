@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -25,7 +25,7 @@ from engines.batch.validate import BatchLine, parse_input
 from engines.config.live import SettingsView
 from engines.core.jobs import Job, JobKind, JobState, JobStatus
 from engines.core.store import Store, dumps
-from engines.errors import ConfigError
+from engines.errors import ConfigError, GPUUnavailable, TraylmError
 from engines.events.batch import BatchFinished, BatchProgress
 from engines.events.codec import Event
 from engines.gateway.admission import LOW_PRIORITY_HEADER
@@ -44,6 +44,26 @@ EXPIRED = {
     "message": "This request could not be executed before the completion window expired.",
 }
 """The error of a line a batch never sent before its window ended (OpenAI's words)."""
+
+
+PROFILE_KEY = "traylm_efficiency_profile"
+"""The batch's metadata key that asks for a GPU efficiency profile while it runs (quiet, eco,
+max or the user's): put on every GPU when the batch starts sending, and the profile in force
+before put back when it ends (``FALLBACK`` when none was)."""
+FALLBACK = "max"
+"""What a batch puts back when no profile was in force before it: the cards' defaults."""
+
+
+class Efficiency(Protocol):
+    """The GPUs' efficiency profiles, as a batch uses them (engines/gpu/service.py)."""
+
+    async def efficiency_targets(self, name: object) -> object:
+        """Check a profile fits these GPUs (ConfigError; GPUUnavailable: no GPUs)."""
+        ...
+
+    async def apply_efficiency(self, name: str) -> list[str]: ...
+
+    def efficiency_in_force(self) -> str | None: ...
 
 
 def new_record(
@@ -89,9 +109,11 @@ class BatchFeature:
         settings: SettingsView,
         internal_key: Callable[[], str],
         publish: Callable[[Event], None],
+        efficiency: Efficiency | None = None,
     ) -> None:
-        """No I/O."""
+        """No I/O. ``efficiency``: the GPUs' profiles, for a batch that asks for one."""
         self.batches = BatchStore(store)
+        self._efficiency = efficiency
         self.files = files
         self._settings = settings
         self._internal_key = internal_key
@@ -122,11 +144,59 @@ class BatchFeature:
                 f"file {file_id} is a {found.purpose} file, not batch input; upload the input "
                 "with purpose=batch"
             )
+        await self._check_profile(meta)
         lines = await asyncio.to_thread(self._lines, file_id, endpoint)
         record = new_record("batch_" + secrets.token_hex(12), file_id, endpoint, lines, meta)
         await asyncio.to_thread(self.batches.save, record, owner)
         self._run(record)
         return record
+
+    async def _check_profile(self, meta: object) -> None:
+        """A profile asked for in the metadata must exist and fit these GPUs (ConfigError)."""
+        name = meta.get(PROFILE_KEY) if isinstance(meta, dict) else None
+        if name is None:
+            return
+        if self._efficiency is None:
+            raise ConfigError(f"metadata {PROFILE_KEY}: this daemon has no GPU controls")
+        try:
+            await self._efficiency.efficiency_targets(name)
+        except GPUUnavailable as exc:
+            raise ConfigError(
+                f"metadata {PROFILE_KEY}: efficiency profiles need NVIDIA GPUs, and there are "
+                f"none here ({exc.message}); leave {PROFILE_KEY} out"
+            ) from None
+        except ConfigError as exc:
+            raise ConfigError(f"metadata {PROFILE_KEY}: {exc.message}") from None
+
+    async def _profile_on(self, record: Record) -> str | None:
+        """Put the batch's profile on (if it asks for one); the one to put back after it."""
+        meta = record.get("metadata") or {}
+        name = meta.get(PROFILE_KEY) if isinstance(meta, dict) else None
+        if not isinstance(name, str) or self._efficiency is None:
+            return None
+        try:
+            before = self._efficiency.efficiency_in_force()
+            await self._efficiency.apply_efficiency(name)
+        except TraylmError as exc:  # the batch runs on as the GPUs are; said in the log
+            log.warning(
+                "batch %s: efficiency profile %s not applied: %s", record["id"], name, exc.message
+            )
+            return None
+        log.info("batch %s: efficiency profile %s in force while it runs", record["id"], name)
+        return before or FALLBACK
+
+    async def _profile_off(self, record: Record, before: str | None) -> None:
+        if before is None or self._efficiency is None:
+            return
+        try:
+            await self._efficiency.apply_efficiency(before)
+        except TraylmError as exc:
+            log.warning(
+                "batch %s: efficiency profile %s not put back: %s",
+                record["id"],
+                before,
+                exc.message,
+            )
 
     def _live(self, batch_id: str) -> Job[Record] | None:
         job_id = self._job_of.get(batch_id)
@@ -199,12 +269,15 @@ class BatchFeature:
         await asyncio.to_thread(self.batches.save, record, owner)
         todo = [line for line in lines if line.number not in done]
         job.report(_progress(record))
+        before = await self._profile_on(record)
         try:
             await self._send_all(job, owner, todo)
         except asyncio.CancelledError:
+            await self._profile_off(record, before)
             if not self._stopping:
                 await self._finalize(record, owner, "cancelled")
             raise
+        await self._profile_off(record, before)
         if _expired(record):
             return await self._expire(record, owner, todo)
         return await self._finalize(record, owner, "completed")

@@ -364,15 +364,10 @@ async def set_profile(request: web.Request) -> web.Response:
     f = _feature(request)
     body = await json_body(request)
     _check_keys(body, {"name"})
-    profiles, problems = await asyncio.to_thread(efficiency.scan_profiles)
     name = body.get("name")
-    if isinstance(name, str) and name not in profiles and name in problems:
-        raise ConfigError(f"efficiency profile {name!r} cannot be used: {problems[name]}")
-    if not isinstance(name, str) or name not in profiles:
-        raise ConfigError(f"no efficiency profile {name!r}; profiles: {', '.join(profiles)}")
-    targets = efficiency.resolve(profiles[name], f.infos())
-    await f.controls.apply_profile(name, targets)
-    return ok({"profile": name, "gpus": [t.info.uuid for t in targets]})
+    if not isinstance(name, str):
+        await f.efficiency_targets(name)  # raises: no such profile, naming those there are
+    return ok({"profile": name, "gpus": await f.apply_efficiency(str(name))})
 
 
 @routes.post("/api/gpus/{gpu}/power/reset")

@@ -26,7 +26,7 @@ from engines.config.sections import Settings
 from engines.core.bus import EventBus
 from engines.core.procs import descendants
 from engines.core.store import Store
-from engines.errors import GPUUnavailable, HelperUnavailable, TraylmError
+from engines.errors import ConfigError, GPUUnavailable, HelperUnavailable, TraylmError
 from engines.events.core import EngineState, Notice
 from engines.events.gpu import (
     EngineEnergy,
@@ -39,9 +39,10 @@ from engines.events.gpu import (
     HelperStatus,
     PSUStatus,
 )
-from engines.gpu import card_profile
+from engines.gpu import card_profile, efficiency
 from engines.gpu.backend import GPUBackend, cuda_order
 from engines.gpu.controls import GPUControls
+from engines.gpu.efficiency import ProfileTarget
 from engines.gpu.energy import (
     EnergyPoint,
     EnergyWindow,
@@ -264,6 +265,27 @@ class GPUFeature:
         if not self.sampler.infos:
             raise GPUUnavailable(self.sampler.message)
         return self.sampler.infos
+
+    async def efficiency_targets(self, name: object) -> tuple[ProfileTarget, ...]:
+        """Efficiency profile ``name`` resolved on these GPUs, checked before any write:
+        ConfigError for an unknown name, a user's file that cannot be used or a value outside
+        a card's range; GPUUnavailable when there are no GPUs."""
+        profiles, problems = await asyncio.to_thread(efficiency.scan_profiles)
+        if isinstance(name, str) and name not in profiles and name in problems:
+            raise ConfigError(f"efficiency profile {name!r} cannot be used: {problems[name]}")
+        if not isinstance(name, str) or name not in profiles:
+            raise ConfigError(f"no efficiency profile {name!r}; profiles: {', '.join(profiles)}")
+        return efficiency.resolve(profiles[name], self.infos())
+
+    async def apply_efficiency(self, name: str) -> list[str]:
+        """Put efficiency profile ``name`` on every GPU (through the helper); their UUIDs."""
+        targets = await self.efficiency_targets(name)
+        await self.controls.apply_profile(name, targets)
+        return [t.info.uuid for t in targets]
+
+    def efficiency_in_force(self) -> str | None:
+        """The efficiency profile in force on every GPU (None: none, or they differ)."""
+        return self.controls.profile([i.uuid for i in self.infos()])
 
     def engine_gpus(self, engine: ManagedEngine) -> tuple[str, ...]:
         """UUIDs of the GPUs an engine uses (profile.gpus are CUDA indices in PCI order). An
