@@ -110,8 +110,8 @@ class GPUCard(QFrame):
         self.sim_badge = QLabel("SIMULATED")
         self.sim_badge.setObjectName("simBadge")
         self.sim_badge.setToolTip(
-            "These numbers come from traylm's GPU simulator (traylm serve --simulate-gpus N), "
-            "not from hardware."
+            "These numbers come from traylm's GPU simulator (the daemon was started with "
+            "simulated GPUs), not from hardware."
         )
         self.sim_badge.setVisible(self.info.simulated)
         row.addWidget(self.sim_badge)

@@ -94,7 +94,7 @@ class GPUsPage(Page):
             self._set_source(
                 "simulated",
                 f"<b>SIMULATED</b> — these GPUs and every number below come from {what} "
-                "(<code>traylm serve --simulate-gpus N</code>), not from hardware.",
+                "(the daemon was started with simulated GPUs), not from hardware.",
             )
         elif ov.state != GPUState.OK:
             # the daemon's "(retrying in 2 s)" was true once and then stood still on the page

@@ -71,11 +71,14 @@ def test_the_first_size_fits_the_screen(qtbot, sim_app: DesktopApp) -> None:
     assert dash.height() <= area.height()
 
 
-# a setting's key ("ui.theme = 'dark'") or an HTTP path ("GET /v1/models") is for the CLI and
-# the code; what the app shows says it in words
+# a setting's key ("ui.theme = 'dark'"), an HTTP path ("GET /v1/models") or a command line
+# ("traylm serve --simulate-gpus N") is for the CLI and the code; what the app shows says it in
+# words
 KEY_OR_PATH = re.compile(
     r"\b(gateway|ui|hub|energy|gpu|engines|guard|ondemand)\.[a-z_]+\b|"
-    r"\b(GET|POST|PATCH|PUT|DELETE) /|/api/|/v1/"
+    r"\b(GET|POST|PATCH|PUT|DELETE) /|/api/|/v1/|"
+    r"\btraylm (serve|start|stop|models|engines|remote|config|gpus|power|tune|bench|load)\b|"
+    r"(?<![\w-])--[a-z][a-z-]+"
 )
 
 
