@@ -43,6 +43,7 @@ def _chat(
 ) -> ChatWindow:
     args = " ".join(f"--tool-call {shlex.quote(c)}" for c in calls)
     d.write_fake_profile("fake", args=args, **({"tool_parser": parser} if parser else {}))
+    app.actions.reload_profiles()  # a profile written behind the app's back: it hears of it
     app.actions.start_profile("fake")
     qtbot.waitUntil(lambda: app.state.served_models() == ["fake"], timeout=20000)
     chat = app.open_chat("")
@@ -174,9 +175,9 @@ def test_a_model_without_a_tool_parser_is_said_and_asked_without_tools(
 ) -> None:
     _servers(paths, calc=[])
     chat = _chat(qtbot, app, daemon_thread, 'add:{"a": 1, "b": 2}', parser="")
-    qtbot.waitUntil(
+    qtbot.waitUntil(  # the app's next read of the servable models (slow on a loaded box)
         lambda: bool(app.state.servable.get("fake") and app.state.servable["fake"].tools_blocked),
-        timeout=10000,
+        timeout=30000,
     )
     _send(qtbot, chat, "add")
     qtbot.waitUntil(lambda: chat.transcript.extras != [], timeout=10000)
