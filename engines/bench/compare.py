@@ -43,6 +43,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("E2EL p99 ms", "lower", lambda lv: _pct_ms(lv.e2el, "99")),
     Metric("failed", "lower", lambda lv: float(lv.failed), 0),
     Metric("peak °C", "lower", lambda lv: lv.telemetry.temperature_peak_c, 0),
+    Metric("peak fan %", "lower", lambda lv: lv.telemetry.fan_speed_peak_pct, 0),
     Metric("mean W", "lower", lambda lv: lv.telemetry.power_mean_w),
     Metric("J/token", "lower", lambda lv: lv.telemetry.joules_per_token, 3),
     Metric(

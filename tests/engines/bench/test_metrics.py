@@ -4,6 +4,7 @@ workloads that need no engine, comparisons and the HTML report."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -304,6 +305,20 @@ def test_compare_ratios_and_table() -> None:
     assert rows["TPOT p50 ms"].ratios[1] == pytest.approx(0.5)
     text = format_table(compare([a, faster]))
     assert "concurrency 2" in text and "0.50x+" in text  # lower TPOT is better
+
+
+def test_compare_has_the_peak_fan_speed() -> None:
+    """The figure `bench run --profiles` reports beside the temperature is compared too."""
+    runs = []
+    for run_id, fan in ((1, 40.0), (2, 60.0)):
+        run = _run(run_id, 10.0, (2,))
+        seen = BenchTelemetry(available=True, fan_speed_peak_pct=fan)
+        levels = tuple(dataclasses.replace(lv, telemetry=seen) for lv in run.levels)
+        runs.append(dataclasses.replace(run, levels=levels))
+    rows = {r.metric.label: r for r in compare(runs).rows}
+    assert rows["peak fan %"].values == (40.0, 60.0)
+    assert rows["peak fan %"].ratios == pytest.approx((1.0, 1.5))
+    assert "peak fan %" in format_table(compare(runs))
 
 
 def test_report_is_self_contained() -> None:
