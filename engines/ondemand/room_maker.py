@@ -375,7 +375,10 @@ def _kept(index: int, program: GPUProcess, kept: list[Resident]) -> str:
         f"{r.engine_id} ({'pinned' if r.pinned else 'answering requests' if r.busy else 'busy'})"
         for r in kept
     )
+    one = len(kept) == 1
+    command = f"`traylm unload {kept[0].engine_id}`" if one else "`traylm unload` each"
     return (
-        f"{who} needs memory on GPU {index}, but {why} stays: traylm makes room once it is "
-        "idle; unload it with `traylm unload NAME` to free the card now"
+        f"{who} needs memory on GPU {index}, but {why} {'stays' if one else 'stay'}: traylm "
+        f"makes room once {'it is' if one else 'they are'} idle; unload {'it' if one else 'them'}"
+        f" to free the card now (Unload in the tray, or {command})"
     )

@@ -142,7 +142,7 @@ async def test_a_model_answering_a_request_is_left_alone(
     await d.client.start_sim_program("1", "blender", 12)
     kept = await events.wait(lambda e: isinstance(e, RoomMade))
     assert kept.phase == "kept" and "qwen (answering requests) stays" in kept.message
-    assert "`traylm unload NAME`" in kept.message
+    assert "`traylm unload qwen`" in kept.message and "NAME" not in kept.message
     assert d.daemon.engine("qwen").state == EngineState.READY
     words += [c.choices[0].delta.content async for c in stream if c.choices]
     assert len(words) == 100 and words[-1] == "w99 "  # the request ran to its end
