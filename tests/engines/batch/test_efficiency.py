@@ -77,31 +77,25 @@ async def test_a_batch_runs_under_the_profile_it_asks_for_and_puts_back_the_one_
     assert (await d.client.gpus()).profile == "eco"
 
 
-async def test_an_unknown_profile_is_a_400_and_no_batch(sim_daemon: RunningDaemon) -> None:
-    d = sim_daemon
+async def refused(d: RunningDaemon, profile: str, match: str) -> None:
+    """A batch asking for ``profile`` is a 400 matching ``match``, and no batch is made."""
     await start_fake(d)
     async with sdk(d) as client:
         made = await client.files.create(
             file=("in.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch"
         )
-        with pytest.raises(openai.BadRequestError, match="no efficiency profile 'turbo'"):
+        with pytest.raises(openai.BadRequestError, match=match):
             await client.batches.create(
                 input_file_id=made.id, endpoint=CHAT, completion_window="24h",
-                metadata={PROFILE_KEY: "turbo"},
+                metadata={PROFILE_KEY: profile},
             )  # fmt: skip
         assert (await client.batches.list()).data == []
-    assert (await d.client.gpus()).profile is None
+
+
+async def test_an_unknown_profile_is_a_400_and_no_batch(sim_daemon: RunningDaemon) -> None:
+    await refused(sim_daemon, "turbo", "no efficiency profile 'turbo'")
+    assert (await sim_daemon.client.gpus()).profile is None
 
 
 async def test_without_gpus_a_profile_is_a_400_saying_so(daemon: RunningDaemon) -> None:
-    await start_fake(daemon)
-    async with sdk(daemon) as client:
-        made = await client.files.create(
-            file=("in.jsonl", io.BytesIO(jsonl([chat_line("a")]))), purpose="batch"
-        )
-        with pytest.raises(openai.BadRequestError, match="need NVIDIA GPUs"):
-            await client.batches.create(
-                input_file_id=made.id, endpoint=CHAT, completion_window="24h",
-                metadata={PROFILE_KEY: "eco"},
-            )  # fmt: skip
-        assert (await client.batches.list()).data == []
+    await refused(daemon, "eco", "need NVIDIA GPUs")

@@ -4,8 +4,8 @@ are read from its source (backend/open_webui/routers/openai.py: MODEL_MANAGEMENT
 get_model_management_root_url, get_provider_model_loaded_state, load_provider_model,
 unload_provider_model), not copied from it. Open WebUI itself is not run in the suite.
 
-What it does, with the connection's URL ``http://127.0.0.1:8000/v1`` and key as ``Authorization:
-Bearer``:
+What it does, with the connection's URL ``http://localhost:PORT/v1`` (traylm's gateway) and key as
+``Authorization: Bearer``:
 - list: ``GET {url}/models`` (the OpenAI list); each model's loaded state is read from its
   ``status`` object, llama.cpp's: ``status.value`` loaded or sleeping is loaded, loading or
   unloaded is not, anything else (a ``status`` that is not an object) is no state at all, so no
