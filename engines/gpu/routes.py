@@ -365,9 +365,7 @@ async def set_profile(request: web.Request) -> web.Response:
     body = await json_body(request)
     _check_keys(body, {"name"})
     name = body.get("name")
-    if not isinstance(name, str):
-        await f.efficiency_targets(name)  # raises: no such profile, naming those there are
-    return ok({"profile": name, "gpus": await f.apply_efficiency(str(name))})
+    return ok({"profile": name, "gpus": await f.apply_efficiency(name)})
 
 
 @routes.post("/api/gpus/{gpu}/power/reset")

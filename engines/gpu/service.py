@@ -277,10 +277,10 @@ class GPUFeature:
             raise ConfigError(f"no efficiency profile {name!r}; profiles: {', '.join(profiles)}")
         return efficiency.resolve(profiles[name], self.infos())
 
-    async def apply_efficiency(self, name: str) -> list[str]:
+    async def apply_efficiency(self, name: object) -> list[str]:
         """Put efficiency profile ``name`` on every GPU (through the helper); their UUIDs."""
-        targets = await self.efficiency_targets(name)
-        await self.controls.apply_profile(name, targets)
+        targets = await self.efficiency_targets(name)  # ConfigError unless a profile's name
+        await self.controls.apply_profile(str(name), targets)
         return [t.info.uuid for t in targets]
 
     def efficiency_in_force(self) -> str | None:
